@@ -22,9 +22,9 @@ const MaxModelNameLen = 1024
 // Descriptor and Compatibility ID", R-CMP-1..17): everything that decides
 // whether two KV caches can substitute for each other.
 type Descriptor struct {
-	Model           string      `json:"model"`
-	ModelDigest     Digest      `json:"model_digest"`
-	TokenizerDigest Digest      `json:"tokenizer_digest"`
+	Model           string `json:"model"`
+	ModelDigest     Digest `json:"model_digest"`
+	TokenizerDigest Digest `json:"tokenizer_digest"`
 	// Adapters lists adapter digests in the order of application. Nil means
 	// the member is absent; an empty, non-nil slice is invalid (R-CMP-6).
 	Adapters    []Digest    `json:"adapters,omitempty"`

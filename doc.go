@@ -30,8 +30,9 @@
 //
 //	ch, _ := kvsp.NewChain(scopeKey, compat, desc.BlockTokens)
 //	for _, tok := range generated {
-//		if key, ok := ch.Push(tok); ok {
-//			publish(key) // a block completed
+//		if ch.Push(tok) { // a block completed
+//			key, _ := ch.Last()
+//			publish(key)
 //		}
 //	}
 //

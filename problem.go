@@ -25,30 +25,30 @@ func (e *kindError) Error() string { return e.msg }
 // Types"). Handlers return errors that wrap these; [ProblemFor] maps them to
 // the wire, and a client decodes a problem back to the same sentinel.
 var (
-	ErrNotFound          error = &kindError{"kvsp: not found"}          // kvsp-not-found, 404
-	ErrScopeDenied       error = &kindError{"kvsp: scope denied"}       // kvsp-scope-denied, 403
-	ErrIncompatible      error = &kindError{"kvsp: incompatible"}       // kvsp-incompatible, 409
+	ErrNotFound          error = &kindError{"kvsp: not found"}            // kvsp-not-found, 404
+	ErrScopeDenied       error = &kindError{"kvsp: scope denied"}         // kvsp-scope-denied, 403
+	ErrIncompatible      error = &kindError{"kvsp: incompatible"}         // kvsp-incompatible, 409
 	ErrLeaseQuota        error = &kindError{"kvsp: lease quota exceeded"} // kvsp-lease-quota, 429
-	ErrStaleEpoch        error = &kindError{"kvsp: stale epoch"}        // kvsp-stale-epoch, 409
-	ErrInvalidState      error = &kindError{"kvsp: invalid state"}      // kvsp-invalid-state, 409
-	ErrDigestMismatch    error = &kindError{"kvsp: digest mismatch"}    // kvsp-digest-mismatch, 422
-	ErrPlanConflict      error = &kindError{"kvsp: plan conflict"}      // kvsp-plan-conflict, 409
-	ErrLayersUnavailable error = &kindError{"kvsp: layers unavailable"} // kvsp-layers-unavailable, 404
+	ErrStaleEpoch        error = &kindError{"kvsp: stale epoch"}          // kvsp-stale-epoch, 409
+	ErrInvalidState      error = &kindError{"kvsp: invalid state"}        // kvsp-invalid-state, 409
+	ErrDigestMismatch    error = &kindError{"kvsp: digest mismatch"}      // kvsp-digest-mismatch, 422
+	ErrPlanConflict      error = &kindError{"kvsp: plan conflict"}        // kvsp-plan-conflict, 409
+	ErrLayersUnavailable error = &kindError{"kvsp: layers unavailable"}   // kvsp-layers-unavailable, 404
 )
 
 // Errors without a KVSP problem type. They travel as "about:blank" problems
 // whose status carries the meaning (RFC 9457 section 4.2.1).
 var (
-	ErrInvalid              error = &kindError{"kvsp: invalid request"}         // 400
-	ErrForbidden            error = &kindError{"kvsp: forbidden"}               // 403, a role failure (A-5)
-	ErrMethodNotAllowed     error = &kindError{"kvsp: method not allowed"}      // 405
-	ErrConflict             error = &kindError{"kvsp: conflict"}                // 409 without a KVSP type (A-17)
-	ErrPreconditionFailed   error = &kindError{"kvsp: precondition failed"}     // 412 (R-BLK-14)
-	ErrTooLarge             error = &kindError{"kvsp: content too large"}       // 413 (A-27)
-	ErrUnsupportedMediaType error = &kindError{"kvsp: unsupported media type"}  // 415 (A-29)
-	ErrPreconditionRequired error = &kindError{"kvsp: precondition required"}   // 428 (A-10)
-	ErrTooManyRequests      error = &kindError{"kvsp: too many requests"}       // 429 (A-27)
-	ErrUnavailable          error = &kindError{"kvsp: service unavailable"}     // 503
+	ErrInvalid              error = &kindError{"kvsp: invalid request"}        // 400
+	ErrForbidden            error = &kindError{"kvsp: forbidden"}              // 403, a role failure (A-5)
+	ErrMethodNotAllowed     error = &kindError{"kvsp: method not allowed"}     // 405
+	ErrConflict             error = &kindError{"kvsp: conflict"}               // 409 without a KVSP type (A-17)
+	ErrPreconditionFailed   error = &kindError{"kvsp: precondition failed"}    // 412 (R-BLK-14)
+	ErrTooLarge             error = &kindError{"kvsp: content too large"}      // 413 (A-27)
+	ErrUnsupportedMediaType error = &kindError{"kvsp: unsupported media type"} // 415 (A-29)
+	ErrPreconditionRequired error = &kindError{"kvsp: precondition required"}  // 428 (A-10)
+	ErrTooManyRequests      error = &kindError{"kvsp: too many requests"}      // 429 (A-27)
+	ErrUnavailable          error = &kindError{"kvsp: service unavailable"}    // 503
 	ErrSecret               error = &kindError{"kvsp: refusing to encode a secret"}
 )
 
