@@ -848,6 +848,9 @@ func (r *Reshard) UnmarshalJSONFrom(dec *jsontext.Decoder) error {
 			return err
 		}
 		r.Kind, r.From, r.To = ReshardPlan, *w.From, *w.To
+		// Absent retain/fetch/release mean "none": hold them as empty
+		// slices, as they are sent.
+		r.Retain, r.Fetch, r.Release = nonNil(r.Retain), nonNil(r.Fetch), nonNil(r.Release)
 		kinds++
 	}
 	if w.Commit != nil {
