@@ -107,7 +107,7 @@ type Problem struct {
 	Detail   string `json:"detail,omitempty"`
 	Instance string `json:"instance,omitempty"`
 	// Extensions holds the extension members, inlined on the wire.
-	Extensions map[string]any `json:",unknown"`
+	Extensions map[string]any `json:",embed"`
 
 	kind error // the sentinel, set by NewProblem or resolved from Type/Status
 }

@@ -74,7 +74,7 @@ func TestProblemDetails(t *testing.T) {
 	}
 	stale := kvsp.NewProblem(kvsp.ErrStaleEpoch, "epoch 11 is below 12").With("epoch", 12)
 	body, _ := kvsp.MarshalProblem(kvsp.ProblemFor(fmt.Errorf("status: %w", stale)))
-	if !strings.Contains(string(body), `"epoch":12`) || !strings.Contains(string(body), `"status":409`) {
+	if !strings.Contains(string(body), `"epoch":12`) || !strings.Contains(string(body), `"status":409`) || strings.Contains(string(body), "Extensions") {
 		t.Errorf("extension lost: %s", body)
 	}
 	back, err := kvsp.ParseProblem(body, 409)

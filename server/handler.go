@@ -1,0 +1,274 @@
+package server
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"mime"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/internal/mtls"
+)
+
+// HandlerFunc is a KVSP route handler: it writes a success response itself
+// and returns an error for everything else, which the adapter turns into a
+// problem details response (STYLE rule 7).
+type HandlerFunc func(w http.ResponseWriter, r *http.Request) error
+
+// Route configures one route.
+type Route struct {
+	// Roles may call the route; empty means any known principal.
+	Roles []Role
+	// MaxBody bounds the request body (413 above it); 0 means
+	// DefaultMaxBody, and a negative value no body at all.
+	MaxBody int64
+	// Timeout bounds the handler (its context and write deadline); 0 means
+	// none: streaming routes set their own per-handler deadlines.
+	Timeout time.Duration
+}
+
+// DefaultMaxBody is the body limit of JSON routes.
+const DefaultMaxBody = 1 << 20
+
+type ctxKey int
+
+const (
+	principalKey ctxKey = iota
+	requestIDKey
+	loggerKey
+)
+
+// PrincipalFrom returns the authenticated, authorized principal of a
+// request (never nil inside a handler).
+func PrincipalFrom(ctx context.Context) *Principal {
+	p, _ := ctx.Value(principalKey).(*Principal)
+	return p
+}
+
+// RequestID returns the request's id, as logged on every line.
+func RequestID(ctx context.Context) string {
+	id, _ := ctx.Value(requestIDKey).(string)
+	return id
+}
+
+// Logger returns the request's logger (with its request id).
+func Logger(ctx context.Context) *slog.Logger {
+	if l, ok := ctx.Value(loggerKey).(*slog.Logger); ok {
+		return l
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+func newRequestID() string {
+	var b [8]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// statusWriter records whether and what the handler wrote.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+	bytes  int64
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(p []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	n, err := w.ResponseWriter.Write(p)
+	w.bytes += int64(n)
+	return n, err
+}
+
+// Unwrap lets http.ResponseController reach the connection.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// authenticate returns the identity of the request's verified client
+// certificate. The chain was verified at the handshake (mtls); the
+// identity rules are applied again here, so no request passes without one.
+func authenticate(r *http.Request) (string, error) {
+	if r.TLS == nil || len(r.TLS.PeerCertificates) == 0 {
+		return "", fmt.Errorf("%w: no client certificate", kvsp.ErrForbidden)
+	}
+	id, err := mtls.Identity(r.TLS.PeerCertificates[0])
+	if err != nil {
+		return "", fmt.Errorf("%w: %v", kvsp.ErrForbidden, err)
+	}
+	return id, nil
+}
+
+// wrap is the adapter: request id and logger, authentication and
+// authorization against the current policy, body limit, deadline, the
+// handler, then problem details for its error, metrics and a log line.
+func (s *Server) wrap(pattern string, rt Route, h HandlerFunc) http.Handler {
+	maxBody := rt.MaxBody
+	if maxBody == 0 {
+		maxBody = DefaultMaxBody
+	}
+	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		id := newRequestID()
+		log := s.log.With("request_id", id)
+		w := &statusWriter{ResponseWriter: rw}
+		if s.altSvc != "" {
+			w.Header().Set("Alt-Svc", s.altSvc)
+		}
+		err := func() error {
+			ident, err := authenticate(r)
+			if err != nil {
+				return err
+			}
+			p := s.policy.Policy().Lookup(ident)
+			if p == nil {
+				return fmt.Errorf("%w: identity not in the policy", kvsp.ErrForbidden)
+			}
+			if len(rt.Roles) > 0 && !p.HasAny(rt.Roles...) {
+				return fmt.Errorf("%w: role not allowed on this resource", kvsp.ErrForbidden)
+			}
+			log = log.With("principal", ident)
+			ctx := context.WithValue(r.Context(), principalKey, p)
+			ctx = context.WithValue(ctx, requestIDKey, id)
+			ctx = context.WithValue(ctx, loggerKey, log)
+			if rt.Timeout > 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, rt.Timeout)
+				defer cancel()
+				http.NewResponseController(w).SetWriteDeadline(start.Add(rt.Timeout))
+			}
+			if maxBody < 0 {
+				if r.ContentLength > 0 {
+					return fmt.Errorf("%w: this resource takes no body", kvsp.ErrTooLarge)
+				}
+			} else {
+				r.Body = http.MaxBytesReader(w, r.Body, maxBody)
+			}
+			return h(w, r.WithContext(ctx))
+		}()
+		if err != nil {
+			if w.status != 0 {
+				// The response was under way (a block stream): it cannot
+				// become a problem; abort the stream so the client sees a
+				// truncated body rather than a complete-looking one.
+				log.Warn("request failed after the response started", "route", pattern, "err", err)
+				s.metrics.observe(pattern, r.Method, w.status, time.Since(start), w.bytes)
+				panic(http.ErrAbortHandler)
+			}
+			writeProblem(w, err, id)
+		}
+		s.metrics.observe(pattern, r.Method, w.status, time.Since(start), w.bytes)
+		lvl := slog.LevelInfo
+		if w.status >= 500 {
+			lvl = slog.LevelError
+		}
+		log.Log(r.Context(), lvl, "request", "method", r.Method, "route", pattern, "status", w.status,
+			"bytes", w.bytes, "duration_ms", time.Since(start).Milliseconds(), "err", errText(err))
+	})
+}
+
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// WriteProblem writes err as application/problem+json (RFC 9457, A-7) with
+// Cache-Control: no-store (R-HTTP-10). A body over its limit is 413.
+// Handlers return their errors instead; this is for code outside routes.
+func WriteProblem(w http.ResponseWriter, r *http.Request, err error) {
+	writeProblem(w, err, RequestID(r.Context()))
+}
+
+func writeProblem(w http.ResponseWriter, err error, id string) {
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		err = fmt.Errorf("%w: request body over %d octets", kvsp.ErrTooLarge, mbe.Limit)
+	}
+	p := kvsp.ProblemFor(err)
+	if id != "" && p.Instance == "" {
+		p.Instance = "urn:kvsp:request:" + id
+	}
+	body, merr := kvsp.MarshalProblem(p)
+	if merr != nil {
+		body = []byte(`{"type":"about:blank","status":500}`)
+		p.Status = http.StatusInternalServerError
+	}
+	h := w.Header()
+	h.Del("Content-Length")
+	h.Del("Repr-Digest")
+	h.Set("Content-Type", kvsp.MediaTypeProblem)
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Content-Type-Options", "nosniff")
+	if p.Status == http.StatusTooManyRequests && h.Get("Retry-After") == "" {
+		h.Set("Retry-After", "1")
+	}
+	w.WriteHeader(p.Status)
+	w.Write(body)
+}
+
+// WriteJSON writes a KVSP JSON response (application/kvsp+json,
+// Cache-Control: no-store).
+func WriteJSON(w http.ResponseWriter, status int, v any) error {
+	body, err := kvsp.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("server: encoding response: %w", err)
+	}
+	h := w.Header()
+	h.Set("Content-Type", kvsp.MediaType)
+	h.Set("Cache-Control", "no-store")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(status)
+	_, err = w.Write(body)
+	return err
+}
+
+// NoContent writes a 204 with Cache-Control: no-store.
+func NoContent(w http.ResponseWriter) error {
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// DecodeJSON reads a request body of media type application/kvsp+json
+// (415 otherwise, A-29) within the route's limit (413) into v, strictly,
+// and validates it (400).
+func DecodeJSON(r *http.Request, v kvsp.Validator) error {
+	if err := RequireMediaType(r, kvsp.MediaType); err != nil {
+		return err
+	}
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return err
+		}
+		return fmt.Errorf("%w: reading body: %v", kvsp.ErrInvalid, err)
+	}
+	return kvsp.Decode(body, v)
+}
+
+// RequireMediaType checks the request's Content-Type (parameters allowed).
+func RequireMediaType(r *http.Request, want string) error {
+	ct := r.Header.Get("Content-Type")
+	mt, _, err := mime.ParseMediaType(ct)
+	if err != nil || !strings.EqualFold(mt, want) {
+		return fmt.Errorf("%w: want Content-Type %s", kvsp.ErrUnsupportedMediaType, want)
+	}
+	return nil
+}

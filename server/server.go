@@ -1,0 +1,214 @@
+package server
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/quic-go/quic-go"
+	"github.com/quic-go/quic-go/http3"
+
+	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/internal/mtls"
+)
+
+// Config configures a Server. Validate runs first, then defaults fill the
+// zero values (STYLE rule 8).
+type Config struct {
+	// Credentials are this process's certificate and client CA bundle.
+	Credentials *mtls.Credentials
+	// Policy is the current authorization policy.
+	Policy *PolicyStore
+	// HTTP3 also serves HTTP/3 over QUIC on the same port (UDP) and
+	// advertises it with Alt-Svc.
+	HTTP3 bool
+	// ReadHeaderTimeout cuts off clients that send headers too slowly
+	// (slowloris); default 5s.
+	ReadHeaderTimeout time.Duration
+	// IdleTimeout closes idle keep-alive connections; default 120s.
+	IdleTimeout time.Duration
+	// MaxHeaderBytes bounds request headers; default 64 KiB.
+	MaxHeaderBytes int
+	// Logger receives one line per request; default: discard.
+	Logger *slog.Logger
+	// Registerer receives the HTTP metrics; nil: not registered.
+	Registerer prometheus.Registerer
+}
+
+// Validate reports the first missing or bad field.
+func (c *Config) Validate() error {
+	switch {
+	case c.Credentials == nil:
+		return errors.New("server: tls: credentials required")
+	case c.Policy == nil || c.Policy.Policy() == nil:
+		return errors.New("server: policy required")
+	case c.ReadHeaderTimeout < 0 || c.IdleTimeout < 0 || c.MaxHeaderBytes < 0:
+		return errors.New("server: negative timeout or limit")
+	}
+	return nil
+}
+
+func (c *Config) populate() {
+	if c.ReadHeaderTimeout == 0 {
+		c.ReadHeaderTimeout = 5 * time.Second
+	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = 120 * time.Second
+	}
+	if c.MaxHeaderBytes == 0 {
+		c.MaxHeaderBytes = 64 << 10
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// Server serves the routes of the roles a process hosts, each under its own
+// base path, on one listener.
+type Server struct {
+	cfg     Config
+	log     *slog.Logger
+	policy  *PolicyStore
+	mux     *http.ServeMux
+	metrics *metrics
+	hs      *http.Server
+	h3      *http3.Server
+	altSvc  string
+
+	mu      sync.Mutex
+	methods map[string][]string // path pattern -> registered methods
+}
+
+// New returns a Server; routes are added with Mount before Serve.
+func New(cfg Config) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.populate()
+	s := &Server{
+		cfg:     cfg,
+		log:     cfg.Logger,
+		policy:  cfg.Policy,
+		mux:     http.NewServeMux(),
+		metrics: newMetrics(cfg.Registerer),
+		methods: make(map[string][]string),
+	}
+	// Anything no role serves: 404 problem, after authentication.
+	s.mux.Handle("/", s.wrap("/", Route{MaxBody: -1}, func(w http.ResponseWriter, r *http.Request) error {
+		// Not a KVSP resource, so not kvsp-not-found (which names blocks,
+		// leases, sessions and directives).
+		return &kvsp.Problem{Type: "about:blank", Title: "Not Found", Status: http.StatusNotFound, Detail: "no such resource"}
+	}))
+	tlsConf := mtls.ServerTLSConfig(cfg.Credentials)
+	s.hs = &http.Server{
+		Handler:           s.mux,
+		TLSConfig:         tlsConf,
+		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
+		IdleTimeout:       cfg.IdleTimeout,
+		MaxHeaderBytes:    cfg.MaxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelDebug),
+		// No WriteTimeout: block streams take as long as their size needs;
+		// routes set their own deadlines (Route.Timeout).
+	}
+	if cfg.HTTP3 {
+		s.h3 = &http3.Server{
+			Handler:        s.mux,
+			TLSConfig:      http3.ConfigureTLSConfig(tlsConf.Clone()),
+			MaxHeaderBytes: cfg.MaxHeaderBytes,
+			IdleTimeout:    cfg.IdleTimeout,
+		}
+	}
+	return s, nil
+}
+
+// Router adds the routes of one role under its base path.
+type Router struct {
+	s    *Server
+	base string
+}
+
+// Mount returns the Router of the role whose base URI has path base (for
+// example "/is/" for https://host:8443/is/). The spec defines no path
+// prefix: everything is relative to the base (R-HTTP-2, R-HTTP-3).
+func (s *Server) Mount(base string) *Router {
+	if !strings.HasPrefix(base, "/") {
+		base = "/" + base
+	}
+	if !strings.HasSuffix(base, "/") {
+		base += "/"
+	}
+	return &Router{s: s, base: base}
+}
+
+// Handle adds a route: method and a path relative to the base, with
+// ServeMux wildcards ("replicas/{holder}/{key}"). Other methods on the same
+// path get 405 with Allow (R-HTTP-1).
+func (r *Router) Handle(method, path string, rt Route, h HandlerFunc) {
+	full := r.base + strings.TrimPrefix(path, "/")
+	pattern := method + " " + full
+	r.s.mux.Handle(pattern, r.s.wrap(pattern, rt, h))
+	r.s.mu.Lock()
+	defer r.s.mu.Unlock()
+	ms, seen := r.s.methods[full]
+	ms = append(ms, method)
+	slices.Sort(ms)
+	r.s.methods[full] = ms
+	if !seen {
+		r.s.mux.Handle(full, r.s.wrap(full, Route{MaxBody: -1}, func(w http.ResponseWriter, req *http.Request) error {
+			r.s.mu.Lock()
+			allow := strings.Join(r.s.methods[full], ", ")
+			r.s.mu.Unlock()
+			w.Header().Set("Allow", allow)
+			return fmt.Errorf("%w: allowed: %s", kvsp.ErrMethodNotAllowed, allow)
+		}))
+	}
+}
+
+// Handler returns the server's handler, for tests that bring their own
+// listener (httptest).
+func (s *Server) Handler() http.Handler { return s.mux }
+
+// TLSConfig returns the listener's TLS configuration.
+func (s *Server) TLSConfig() *tls.Config { return s.hs.TLSConfig }
+
+// Serve accepts TCP connections on ln (and, with HTTP3, QUIC on the same
+// port over UDP) until Shutdown. It returns nil after a clean shutdown.
+func (s *Server) Serve(ln net.Listener) error {
+	errc := make(chan error, 2)
+	if s.h3 != nil {
+		addr := ln.Addr().(*net.TCPAddr)
+		udp, err := net.ListenUDP("udp", &net.UDPAddr{IP: addr.IP, Port: addr.Port})
+		if err != nil {
+			return fmt.Errorf("server: http3: %w", err)
+		}
+		s.altSvc = `h3=":` + strconv.Itoa(addr.Port) + `"; ma=86400`
+		go func() { errc <- s.h3.Serve(udp) }()
+	}
+	go func() { errc <- s.hs.Serve(tls.NewListener(ln, s.hs.TLSConfig)) }()
+	err := <-errc
+	if errors.Is(err, http.ErrServerClosed) || errors.Is(err, quic.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// Shutdown stops accepting, lets in-flight requests (block streams
+// included) finish until ctx ends, then closes.
+func (s *Server) Shutdown(ctx context.Context) error {
+	var errs []error
+	if s.h3 != nil {
+		errs = append(errs, s.h3.Shutdown(ctx))
+	}
+	errs = append(errs, s.hs.Shutdown(ctx))
+	return errors.Join(errs...)
+}
