@@ -1,4 +1,4 @@
-package server
+package server_test
 
 import (
 	"bufio"
@@ -11,7 +11,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -22,151 +21,88 @@ import (
 
 	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/internal/mtls"
+	"github.com/kvsp/kvsp/internal/kvsptest"
 	"github.com/kvsp/kvsp/internal/pki"
+	"github.com/kvsp/kvsp/server"
 )
 
 func TestMain(m *testing.M) {
 	mtls.ReloadInterval = 0 // tests rotate files and expect the next handshake to see them
-	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/quic-go/quic-go.(*Transport).listen"))
+	goleak.VerifyTestMain(m)
 }
 
-const testScope = "6d1c6481cd428737da312c089db3832a"
+const testScope = kvsptest.Scope
+
+const basePolicy = kvsptest.Policy
 
 // env is a running Server with a test CA, policy file and client certs.
 type env struct {
 	t       *testing.T
-	dir     string
+	*kvsptest.Server
 	ca      *pki.CA
-	srv     *Server
+	srv     *server.Server
 	addr    string
-	creds   *mtls.Credentials
-	policy  *PolicyStore
-	errc    chan error
+	policy  *server.PolicyStore
 	clients map[string]*pki.Leaf
 }
 
-const basePolicy = `principals:
-  - {id: "spiffe://kvsp.test/pc", roles: [controller], scopes: [` + testScope + `]}
-  - {id: "spiffe://kvsp.test/holder/h1", roles: [holder], speaks_for: ["https://127.0.0.1/h1/"], scopes: [` + testScope + `]}
-  - {id: "spiffe://kvsp.test/client/a", roles: [client], scopes: [` + testScope + `]}
-  - {id: "dns-only.kvsp.test", roles: [client]}
-`
-
-func newEnv(t *testing.T, http3on bool, mount func(*Server)) *env {
+func newEnv(t *testing.T, http3on bool, mount func(*server.Server)) *env {
 	t.Helper()
-	e := &env{t: t, dir: t.TempDir(), clients: map[string]*pki.Leaf{}, errc: make(chan error, 1)}
-	var err error
-	if e.ca, err = pki.NewCA("kvsp test CA", time.Hour); err != nil {
-		t.Fatal(err)
+	p := kvsptest.NewPKI(t)
+	s := kvsptest.StartServer(t, p, kvsptest.Options{HTTP3: http3on, ReadHeaderTimeout: 300 * time.Millisecond}, mount)
+	e := &env{t: t, Server: s, ca: p.CA, srv: s.Server, addr: s.Addr, policy: s.Policy, clients: map[string]*pki.Leaf{}}
+	for _, id := range []string{kvsptest.PC, kvsptest.Holder1, kvsptest.ClientA, kvsptest.Stranger, kvsptest.DNSOnly} {
+		e.clients[id] = p.Leaf(id)
 	}
-	srvLeaf := e.issue(pki.LeafOptions{URIs: []string{"spiffe://kvsp.test/server"}, IPs: []net.IP{net.IPv4(127, 0, 0, 1)}})
-	e.write("server.pem", "server.key", srvLeaf)
-	os.WriteFile(e.path("ca.pem"), pki.CertPEM(e.ca.Cert), 0o644)
-	os.WriteFile(e.path("policy.yaml"), []byte(basePolicy), 0o644)
-	if e.creds, err = mtls.LoadCredentials(mtls.TLSFiles{Cert: e.path("server.pem"), Key: e.path("server.key"), ClientCA: e.path("ca.pem")}, nil); err != nil {
-		t.Fatal(err)
-	}
-	if e.policy, err = LoadPolicyStore(e.path("policy.yaml"), nil); err != nil {
-		t.Fatal(err)
-	}
-	e.srv, err = New(Config{Credentials: e.creds, Policy: e.policy, HTTP3: http3on, ReadHeaderTimeout: 300 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mount(e.srv)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.addr = ln.Addr().String()
-	go func() { e.errc <- e.srv.Serve(ln) }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := e.srv.Shutdown(ctx); err != nil {
-			t.Errorf("shutdown: %v", err)
-		}
-		if err := <-e.errc; err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	})
-	for _, id := range []string{"spiffe://kvsp.test/pc", "spiffe://kvsp.test/holder/h1", "spiffe://kvsp.test/client/a", "spiffe://kvsp.test/stranger"} {
-		e.clients[id] = e.issue(pki.LeafOptions{URIs: []string{id}})
-	}
-	e.clients["dns-only.kvsp.test"] = e.issue(pki.LeafOptions{DNSNames: []string{"dns-only.kvsp.test"}})
 	return e
 }
 
-func (e *env) path(name string) string { return filepath.Join(e.dir, name) }
+func (e *env) path(name string) string { return e.PKI.Path(name) }
 
-func (e *env) issue(o pki.LeafOptions) *pki.Leaf {
-	e.t.Helper()
-	l, err := e.ca.Issue(o)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return l
-}
+func (e *env) issue(o pki.LeafOptions) *pki.Leaf { return e.PKI.Issue(o) }
 
-func (e *env) write(cert, key string, l *pki.Leaf) {
-	e.t.Helper()
-	if err := l.WriteFiles(e.path(cert), e.path(key)); err != nil {
-		e.t.Fatal(err)
-	}
-}
+func (e *env) write(cert, key string, l *pki.Leaf) { e.PKI.WriteLeaf(cert, key, l) }
 
-// tlsFor returns a client TLS config presenting leaf (nil: none).
-func (e *env) tlsFor(leaf *pki.Leaf) *tls.Config {
-	c := &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: e.ca.Pool(), NextProtos: []string{"h2", "http/1.1"}}
-	if leaf != nil {
-		c.Certificates = []tls.Certificate{leaf.TLSCertificate()}
-	}
-	return c
-}
+func (e *env) tlsFor(leaf *pki.Leaf) *tls.Config { return e.PKI.ClientTLS(leaf) }
 
 func (e *env) client(leaf *pki.Leaf) *http.Client {
-	tr := &http.Transport{TLSClientConfig: e.tlsFor(leaf), ForceAttemptHTTP2: true}
-	e.t.Cleanup(tr.CloseIdleConnections)
-	return &http.Client{Transport: tr, Timeout: 5 * time.Second}
+	return kvsptest.HTTPClient(e.t, &http.Transport{TLSClientConfig: e.tlsFor(leaf), ForceAttemptHTTP2: true})
 }
 
-func (e *env) clientWith(tr *http.Transport) *http.Client {
-	e.t.Cleanup(tr.CloseIdleConnections)
-	return &http.Client{Transport: tr, Timeout: 5 * time.Second}
-}
+func (e *env) clientWith(tr *http.Transport) *http.Client { return kvsptest.HTTPClient(e.t, tr) }
 
-func (e *env) url(p string) string { return "https://" + e.addr + p }
+func (e *env) url(p string) string { return e.URL(p) }
 
 // echoRoutes mounts a small role used by the tests.
-func echoRoutes(s *Server) {
+func echoRoutes(s *server.Server) {
 	r := s.Mount("/t/")
-	r.Handle("GET", "any", Route{}, func(w http.ResponseWriter, req *http.Request) error {
-		return WriteJSON(w, 200, &kvsp.StateBody{State: kvsp.StateActive})
+	r.Handle("GET", "any", server.Route{}, func(w http.ResponseWriter, req *http.Request) error {
+		return server.WriteJSON(w, 200, &kvsp.StateBody{State: kvsp.StateActive})
 	})
-	r.Handle("POST", "ctl", Route{Roles: []Role{RoleController}}, func(w http.ResponseWriter, req *http.Request) error {
-		return WriteJSON(w, 200, &kvsp.StateBody{State: kvsp.StateActive})
+	r.Handle("POST", "ctl", server.Route{Roles: []server.Role{server.RoleController}}, func(w http.ResponseWriter, req *http.Request) error {
+		return server.WriteJSON(w, 200, &kvsp.StateBody{State: kvsp.StateActive})
 	})
-	r.Handle("PUT", "pub/{holder}", Route{Roles: []Role{RoleHolder}}, func(w http.ResponseWriter, req *http.Request) error {
-		if !PrincipalFrom(req.Context()).SpeaksFor("https://127.0.0.1/" + req.PathValue("holder") + "/") {
+	r.Handle("PUT", "pub/{holder}", server.Route{Roles: []server.Role{server.RoleHolder}}, func(w http.ResponseWriter, req *http.Request) error {
+		if !server.PrincipalFrom(req.Context()).SpeaksFor("https://127.0.0.1/" + req.PathValue("holder") + "/") {
 			return fmt.Errorf("%w: not this holder", kvsp.ErrForbidden)
 		}
-		return NoContent(w)
+		return server.NoContent(w)
 	})
-	r.Handle("POST", "lookup", Route{Roles: []Role{RoleController, RoleClient}, MaxBody: 4096}, func(w http.ResponseWriter, req *http.Request) error {
+	r.Handle("POST", "lookup", server.Route{Roles: []server.Role{server.RoleController, server.RoleClient}, MaxBody: 4096}, func(w http.ResponseWriter, req *http.Request) error {
 		var q kvsp.LookupRequest
-		if err := DecodeJSON(req, &q); err != nil {
+		if err := server.DecodeJSON(req, &q); err != nil {
 			return err
 		}
-		if !PrincipalFrom(req.Context()).MayUseScope(q.ScopeID) {
+		if !server.PrincipalFrom(req.Context()).MayUseScope(q.ScopeID) {
 			return kvsp.ErrScopeDenied
 		}
-		return WriteJSON(w, 200, &kvsp.LookupResponse{Replicas: [][]kvsp.ReplicaRecord{}})
+		return server.WriteJSON(w, 200, &kvsp.LookupResponse{Replicas: [][]kvsp.ReplicaRecord{}})
 	})
-	r.Handle("DELETE", "lookup", Route{}, func(w http.ResponseWriter, req *http.Request) error { return nil })
-	r.Handle("PUT", "stale", Route{}, func(w http.ResponseWriter, req *http.Request) error {
+	r.Handle("DELETE", "lookup", server.Route{}, func(w http.ResponseWriter, req *http.Request) error { return nil })
+	r.Handle("PUT", "stale", server.Route{}, func(w http.ResponseWriter, req *http.Request) error {
 		return kvsp.NewProblem(kvsp.ErrStaleEpoch, "epoch 3 is below 4").With("epoch", 4)
 	})
-	r.Handle("GET", "stream", Route{}, func(w http.ResponseWriter, req *http.Request) error {
+	r.Handle("GET", "stream", server.Route{}, func(w http.ResponseWriter, req *http.Request) error {
 		w.Header().Set("Content-Type", "application/kvsp-block")
 		for i := 0; i < 5; i++ {
 			if _, err := w.Write(make([]byte, 1024)); err != nil {

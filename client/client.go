@@ -1,0 +1,216 @@
+// Package client holds the typed HTTPS clients of the four KVSP roles: the
+// Index Service, holders, the Placement Controller and inference instances
+// (spec section "HTTP Usage" and the resource table). One Client shares one
+// mutual-TLS transport (HTTP/2 with connection reuse, HTTP/3 optional)
+// among all of them. Problem details come back as the kvsp sentinel errors
+// (errors.Is(err, kvsp.ErrStaleEpoch)); requests are retried only where
+// the method is idempotent.
+package client
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"mime"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/quic-go/quic-go/http3"
+
+	"github.com/kvsp/kvsp"
+)
+
+// Config configures a Client.
+type Config struct {
+	// TLS is the client TLS configuration: this process's certificate and
+	// the CA bundle of its peers (see internal/mtls.ClientTLSConfig).
+	TLS *tls.Config
+	// HTTP3 sends requests over HTTP/3 (QUIC) instead of HTTP/2.
+	HTTP3 bool
+	// Timeout bounds each JSON request; block transfers use the caller's
+	// context only. Default 10s.
+	Timeout time.Duration
+	// Attempts is the number of tries of an idempotent request (GET, PUT,
+	// DELETE) on a transport error or a 502/503/504; default 3.
+	Attempts int
+	// Logger; default: discard.
+	Logger *slog.Logger
+}
+
+// Client is a KVSP client for every role.
+type Client struct {
+	hc       *http.Client
+	close    func()
+	timeout  time.Duration
+	attempts int
+	log      *slog.Logger
+}
+
+// New returns a Client.
+func New(cfg Config) (*Client, error) {
+	if cfg.TLS == nil {
+		return nil, errors.New("client: TLS configuration required (mutual TLS on every role)")
+	}
+	if cfg.TLS.MinVersion < tls.VersionTLS13 {
+		cfg.TLS = cfg.TLS.Clone()
+		cfg.TLS.MinVersion = tls.VersionTLS13 // R-HTTP-4
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 10 * time.Second
+	}
+	if cfg.Attempts == 0 {
+		cfg.Attempts = 3
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	c := &Client{timeout: cfg.Timeout, attempts: cfg.Attempts, log: cfg.Logger}
+	if cfg.HTTP3 {
+		tr := &http3.Transport{TLSClientConfig: cfg.TLS.Clone()}
+		c.hc, c.close = &http.Client{Transport: tr}, func() { tr.Close() }
+	} else {
+		tr := &http.Transport{
+			TLSClientConfig:     cfg.TLS.Clone(),
+			ForceAttemptHTTP2:   true,
+			MaxIdleConnsPerHost: 64,
+			IdleConnTimeout:     90 * time.Second,
+			DisableCompression:  true, // blocks are sent with identity coding
+		}
+		c.hc, c.close = &http.Client{Transport: tr}, tr.CloseIdleConnections
+	}
+	return c, nil
+}
+
+// Close releases idle connections.
+func (c *Client) Close() { c.close() }
+
+// idempotent reports the methods that may be retried (RFC 9110 9.2.2).
+func idempotent(method string) bool {
+	return method == http.MethodGet || method == http.MethodPut || method == http.MethodDelete || method == http.MethodHead
+}
+
+func retryable(resp *http.Response, err error) bool {
+	if err != nil {
+		return !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
+	}
+	switch resp.StatusCode {
+	case http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+		return true
+	}
+	return false
+}
+
+// do sends a request whose body (if any) is in memory, retrying idempotent
+// methods, and returns the response of the last attempt.
+func (c *Client) do(ctx context.Context, method, url string, hdr http.Header, body []byte) (*http.Response, error) {
+	attempts := 1
+	if idempotent(method) {
+		attempts = c.attempts
+	}
+	var (
+		resp *http.Response
+		err  error
+	)
+	for i := 0; i < attempts; i++ {
+		if i > 0 {
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(time.Duration(i*i) * 50 * time.Millisecond):
+			}
+		}
+		var rd io.Reader
+		if body != nil {
+			rd = bytes.NewReader(body)
+		}
+		req, rerr := http.NewRequestWithContext(ctx, method, url, rd)
+		if rerr != nil {
+			return nil, fmt.Errorf("client: %w", rerr)
+		}
+		for k, v := range hdr {
+			req.Header[k] = v
+		}
+		resp, err = c.hc.Do(req)
+		if !retryable(resp, err) || i == attempts-1 {
+			break
+		}
+		if resp != nil {
+			io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+			resp.Body.Close()
+		}
+		c.log.Debug("retrying", "method", method, "attempt", i+2)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("client: %s %s: %w", method, url, err)
+	}
+	return resp, nil
+}
+
+// maxErrorBody bounds the problem details read from a peer.
+const maxErrorBody = 64 << 10
+
+// ProblemFrom turns a non-2xx response into an error: the peer's problem
+// details when it sent them (as *kvsp.Problem, which errors.Is the
+// sentinel), otherwise a problem of the status's class (R-HTTP-9). It
+// consumes and closes the body.
+func ProblemFrom(resp *http.Response) error {
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
+	if mt == kvsp.MediaTypeProblem || mt == kvsp.MediaType {
+		if p, err := kvsp.ParseProblem(body, resp.StatusCode); err == nil {
+			return p
+		}
+	}
+	return &kvsp.Problem{Type: "about:blank", Status: resp.StatusCode, Title: http.StatusText(resp.StatusCode)}
+}
+
+// doJSON sends v (nil: no body) as application/kvsp+json and decodes a 2xx
+// answer into out (nil: no body expected), returning the status.
+func (c *Client) doJSON(ctx context.Context, method, url string, v any, out kvsp.Validator) (int, http.Header, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	var body []byte
+	hdr := http.Header{"Accept": {kvsp.MediaType + ", " + kvsp.MediaTypeProblem}}
+	if v != nil {
+		var err error
+		if body, err = kvsp.Marshal(v); err != nil {
+			return 0, nil, fmt.Errorf("client: encoding %T: %w", v, err)
+		}
+		hdr.Set("Content-Type", kvsp.MediaType)
+	}
+	resp, err := c.do(ctx, method, url, hdr, body)
+	if err != nil {
+		return 0, nil, err
+	}
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		return resp.StatusCode, resp.Header, ProblemFrom(resp)
+	}
+	defer resp.Body.Close()
+	if out == nil {
+		io.Copy(io.Discard, io.LimitReader(resp.Body, maxErrorBody))
+		return resp.StatusCode, resp.Header, nil
+	}
+	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
+	if mt != kvsp.MediaType {
+		return resp.StatusCode, resp.Header, fmt.Errorf("%w: response Content-Type %q", kvsp.ErrInvalid, mt)
+	}
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return resp.StatusCode, resp.Header, fmt.Errorf("client: reading response: %w", err)
+	}
+	if err := kvsp.Decode(data, out); err != nil {
+		return resp.StatusCode, resp.Header, fmt.Errorf("client: response of %s %s: %w", method, url, err)
+	}
+	return resp.StatusCode, resp.Header, nil
+}
+
+// join appends a relative path to a base URI ending in "/" (R-HTTP-3).
+func join(base, rel string) string {
+	return strings.TrimSuffix(base, "/") + "/" + strings.TrimPrefix(rel, "/")
+}

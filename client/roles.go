@@ -1,0 +1,141 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/kvsp/kvsp"
+)
+
+// Index is a client of an Index Service.
+type Index struct {
+	c    *Client
+	base string
+}
+
+// Index returns a client of the IS at base.
+func (c *Client) Index(base string) *Index { return &Index{c, base} }
+
+// Publish publishes or refreshes a replica record (PUT
+// replicas/{holder-id}/{block_key}); it returns the stored record, whose
+// ttl_ms is the effective (capped) TTL, and whether it was created (201)
+// rather than refreshed.
+func (x *Index) Publish(ctx context.Context, rec *kvsp.ReplicaRecord) (*kvsp.ReplicaRecord, bool, error) {
+	var out kvsp.ReplicaRecord
+	url := join(x.base, "replicas/"+kvsp.ResourceID(rec.Holder)+"/"+rec.BlockKey.String())
+	st, _, err := x.c.doJSON(ctx, http.MethodPut, url, rec, &out)
+	if err != nil {
+		return nil, false, err
+	}
+	return &out, st == http.StatusCreated, nil
+}
+
+// Withdraw withdraws a record; a record the IS does not know counts as
+// withdrawn.
+func (x *Index) Withdraw(ctx context.Context, holder string, key kvsp.BlockKey) error {
+	url := join(x.base, "replicas/"+kvsp.ResourceID(holder)+"/"+key.String())
+	_, _, err := x.c.doJSON(ctx, http.MethodDelete, url, nil, nil)
+	if errors.Is(err, kvsp.ErrNotFound) {
+		return nil
+	}
+	return err
+}
+
+// Lookup sends a longest-prefix lookup (POST lookup).
+func (x *Index) Lookup(ctx context.Context, q *kvsp.LookupRequest) (*kvsp.LookupResponse, error) {
+	var out kvsp.LookupResponse
+	if _, _, err := x.c.doJSON(ctx, http.MethodPost, join(x.base, "lookup"), q, &out); err != nil {
+		return nil, err
+	}
+	if out.Matched > len(q.BlockKeys) {
+		return nil, fmt.Errorf("%w: lookup matched %d of %d keys", kvsp.ErrInvalid, out.Matched, len(q.BlockKeys))
+	}
+	return &out, nil
+}
+
+// Controller is a client of a Placement Controller.
+type Controller struct {
+	c    *Client
+	base string
+}
+
+// Controller returns a client of the PC at base.
+func (c *Client) Controller(base string) *Controller { return &Controller{c, base} }
+
+// PutStatus sends an Instance Status Record; the answer carries the state
+// the PC assigns (R-ST-9, A-19).
+func (x *Controller) PutStatus(ctx context.Context, s *kvsp.InstanceStatus) (*kvsp.StateBody, error) {
+	var out kvsp.StateBody
+	url := join(x.base, "instances/"+kvsp.ResourceID(s.Instance)+"/status")
+	if _, _, err := x.c.doJSON(ctx, http.MethodPut, url, s, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// PutCheckpoint sends a Session Checkpoint; a 2xx is the acknowledgement
+//
+func (x *Controller) PutCheckpoint(ctx context.Context, cp *kvsp.Checkpoint) (*kvsp.CheckpointAck, error) {
+	var out kvsp.CheckpointAck
+	url := join(x.base, "sessions/"+cp.Session.String()+"/checkpoint")
+	if _, _, err := x.c.doJSON(ctx, http.MethodPut, url, cp, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// Instance is a client of an inference instance's directives.
+type Instance struct {
+	c    *Client
+	base string
+}
+
+// Instance returns a client of the instance at base.
+func (c *Client) Instance(base string) *Instance { return &Instance{c, base} }
+
+// Prefetch posts a directive and returns the Location of its status
+// resource (R-PF-2). POST is not retried: the directive id makes a manual
+// retry idempotent.
+func (x *Instance) Prefetch(ctx context.Context, d *kvsp.PrefetchDirective) (string, error) {
+	st, hdr, err := x.c.doJSON(ctx, http.MethodPost, join(x.base, "prefetch"), d, nil)
+	if err != nil {
+		return "", err
+	}
+	if st != http.StatusAccepted || hdr.Get("Location") == "" {
+		return "", fmt.Errorf("%w: prefetch answered %d without Location", kvsp.ErrInvalid, st)
+	}
+	return hdr.Get("Location"), nil
+}
+
+// PrefetchStatus reads a directive's state (GET prefetch/{id}).
+func (x *Instance) PrefetchStatus(ctx context.Context, id kvsp.UUID) (*kvsp.PrefetchStatus, error) {
+	var out kvsp.PrefetchStatus
+	if _, _, err := x.c.doJSON(ctx, http.MethodGet, join(x.base, "prefetch/"+id.String()), nil, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// Resume asks the instance to resume a session.
+func (x *Instance) Resume(ctx context.Context, r *kvsp.ResumeRequest) error {
+	url := join(x.base, "sessions/"+r.Checkpoint.Session.String()+"/resume")
+	_, _, err := x.c.doJSON(ctx, http.MethodPost, url, r, nil)
+	return err
+}
+
+// Reshard sends a plan, commit or abort.
+func (x *Instance) Reshard(ctx context.Context, m *kvsp.Reshard) error {
+	_, _, err := x.c.doJSON(ctx, http.MethodPost, join(x.base, "reshard"), m, nil)
+	return err
+}
+
+// SetState changes the instance's lifecycle state.
+func (x *Instance) SetState(ctx context.Context, s kvsp.InstanceState) (*kvsp.StateBody, error) {
+	var out kvsp.StateBody
+	if _, _, err := x.c.doJSON(ctx, http.MethodPut, join(x.base, "state"), &kvsp.StateBody{State: s}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
