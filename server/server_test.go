@@ -20,8 +20,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/kvsp/kvsp"
-	"github.com/kvsp/kvsp/internal/mtls"
 	"github.com/kvsp/kvsp/internal/kvsptest"
+	"github.com/kvsp/kvsp/internal/mtls"
 	"github.com/kvsp/kvsp/internal/pki"
 	"github.com/kvsp/kvsp/server"
 )
@@ -37,7 +37,7 @@ const basePolicy = kvsptest.Policy
 
 // env is a running Server with a test CA, policy file and client certs.
 type env struct {
-	t       *testing.T
+	t *testing.T
 	*kvsptest.Server
 	ca      *pki.CA
 	srv     *server.Server
