@@ -104,3 +104,24 @@ func (k ScopeKey) MarshalText() ([]byte, error) { return nil, ErrSecret }
 
 // MarshalJSON refuses: scope keys are never encoded on the wire.
 func (k ScopeKey) MarshalJSON() ([]byte, error) { return nil, ErrSecret }
+
+// ScopeKeyFromFile reads the content of a scope key file: the raw key
+// octets (at least 32), unless the whole file is lowercase hex (optionally
+// with one trailing newline), in which case it is hex-decoded.
+func ScopeKeyFromFile(data []byte) (ScopeKey, error) {
+	text := data
+	if n := len(text); n > 0 && text[n-1] == '\n' {
+		text = text[:n-1]
+	}
+	hexText := len(text) > 0 && len(text)%2 == 0
+	for _, c := range text {
+		if unhex[c] == 0xff {
+			hexText = false
+			break
+		}
+	}
+	if hexText {
+		return ParseScopeKey(text)
+	}
+	return NewScopeKey(data)
+}

@@ -7,6 +7,9 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
+	"unicode"
 
 	"github.com/kvsp/kvsp"
 )
@@ -14,12 +17,20 @@ import (
 const usage = `kvsp: the KV Cache Storage Protocol toolkit
 
 Usage:
-  kvsp compat [-jcs] DESCRIPTOR.json   print the Compatibility ID (or the JCS form)
-  kvsp digest model DIR                print model_digest of a model directory
-  kvsp digest file FILE                print the digest of one file (tokenizer, adapter)
-  kvsp keys new FILE                   write a new 32-octet scope key (mode 0600), print its scope_id
-  kvsp keys id FILE                    print the scope_id of a scope key file
-  kvsp demo                            the whole system in one command (not built yet)
+  kvsp serve --config FILE            serve every role the configuration names (SIGTERM: clean exit;
+                                      SIGHUP: reload the policy; certificates reload when their files change)
+  kvsp certs --config FILE            write a development CA, this process's certificate (one identity for
+                                      all its roles), a client certificate, missing scope keys and the policy
+  kvsp keys new FILE                  write a new 32-octet scope key (mode 0600); print its scope_id
+  kvsp keys scope FILE                print the scope_id of a scope key file
+  kvsp keys compat [-jcs] FILE        print the Compatibility ID of a descriptor (or its JCS form)
+  kvsp keys blocks --scope-key FILE --descriptor FILE TOKENS
+                                      print the Block Keys of a token file (JSON array or whitespace-separated)
+  kvsp digest model DIR               print model_digest of a model directory
+  kvsp digest file FILE               print the digest of one file (tokenizer, adapter)
+  kvsp inspect --descriptor FILE [--repr-digest V] BLOCK
+                                      decode and verify a KVB1 file: header, digests, layer table
+  kvsp demo                           the whole system in one command (not built yet)
 `
 
 // run executes one command line and returns the exit status: 0 success,
@@ -31,8 +42,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	var err error
 	switch args[0] {
-	case "compat":
-		err = cmdCompat(args[1:], stdout)
+	case "serve":
+		err = cmdServe(args[1:], stdout, stderr)
+	case "certs":
+		err = cmdCerts(args[1:], stdout)
+	case "inspect":
+		err = cmdInspect(args[1:], stdout)
 	case "digest":
 		err = cmdDigest(args[1:], stdout)
 	case "keys":
@@ -120,8 +135,17 @@ func cmdDigest(args []string, stdout io.Writer) error {
 }
 
 func cmdKeys(args []string, stdout io.Writer) error {
+	if len(args) == 0 {
+		return usageError("keys takes new, scope, compat or blocks")
+	}
+	switch args[0] {
+	case "compat":
+		return cmdCompat(args[1:], stdout)
+	case "blocks":
+		return cmdBlockKeys(args[1:], stdout)
+	}
 	if len(args) != 2 {
-		return usageError("keys takes new FILE or id FILE")
+		return usageError("keys %s takes one file", args[0])
 	}
 	switch args[0] {
 	case "new":
@@ -142,17 +166,77 @@ func cmdKeys(args []string, stdout io.Writer) error {
 		}
 		_, err = fmt.Fprintln(stdout, k.ID())
 		return err
-	case "id":
+	case "scope", "id":
 		data, err := os.ReadFile(args[1])
 		if err != nil {
 			return err
 		}
-		k, err := kvsp.ParseScopeKey(data)
+		k, err := kvsp.ScopeKeyFromFile(data)
 		if err != nil {
 			return err
 		}
 		_, err = fmt.Fprintln(stdout, k.ID())
 		return err
 	}
-	return usageError("keys takes new FILE or id FILE")
+	return usageError("keys takes new, scope, compat or blocks")
+}
+
+// cmdBlockKeys prints the Block Key of every complete block of a token
+// file, one per line, in prefix order.
+func cmdBlockKeys(args []string, stdout io.Writer) error {
+	fl := flag.NewFlagSet("keys blocks", flag.ContinueOnError)
+	fl.SetOutput(io.Discard)
+	keyPath := fl.String("scope-key", "", "scope key file")
+	descPath := fl.String("descriptor", "", "descriptor file")
+	if err := fl.Parse(args); err != nil || *keyPath == "" || *descPath == "" || fl.NArg() != 1 {
+		return usageError("keys blocks takes --scope-key FILE --descriptor FILE TOKENS")
+	}
+	kd, err := os.ReadFile(*keyPath)
+	if err != nil {
+		return err
+	}
+	key, err := kvsp.ScopeKeyFromFile(kd)
+	if err != nil {
+		return err
+	}
+	d, err := loadDescriptor(*descPath)
+	if err != nil {
+		return err
+	}
+	compat, err := d.CompatID()
+	if err != nil {
+		return err
+	}
+	td, err := os.ReadFile(fl.Arg(0))
+	if err != nil {
+		return err
+	}
+	toks, err := parseTokens(td)
+	if err != nil {
+		return err
+	}
+	keys, err := kvsp.BlockKeys(key, compat, d.BlockTokens, toks)
+	if err != nil {
+		return err
+	}
+	for _, k := range keys {
+		fmt.Fprintln(stdout, k)
+	}
+	return nil
+}
+
+// parseTokens reads token ids as a JSON array or whitespace-separated
+// decimal integers, each 0..2^32-1.
+func parseTokens(data []byte) ([]uint32, error) {
+	text := strings.TrimSpace(string(data))
+	text = strings.TrimSuffix(strings.TrimPrefix(text, "["), "]")
+	var out []uint32
+	for _, f := range strings.FieldsFunc(text, func(r rune) bool { return r == ',' || unicode.IsSpace(r) }) {
+		v, err := strconv.ParseUint(f, 10, 32)
+		if err != nil {
+			return nil, fmt.Errorf("tokens: %q is not a token id (0..2^32-1)", f)
+		}
+		out = append(out, uint32(v))
+	}
+	return out, nil
 }

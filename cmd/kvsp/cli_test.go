@@ -31,16 +31,16 @@ func TestCompat(t *testing.T) {
 	if err := os.WriteFile(p, []byte(appendixDescriptor), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	code, out, errs := runCLI(t, "compat", p)
+	code, out, errs := runCLI(t, "keys", "compat", p)
 	if code != 0 || strings.TrimSpace(out) != "5ed5c2f238839655d7c4029e12b7f31caf9e7421f4edb4057feee6dab760ee0f" {
 		t.Fatalf("compat: code %d out %q err %q", code, out, errs)
 	}
-	if code, _, _ := runCLI(t, "compat"); code != 2 {
+	if code, _, _ := runCLI(t, "keys", "compat"); code != 2 {
 		t.Errorf("compat without file: code %d, want 2", code)
 	}
 	bad := filepath.Join(dir, "bad.json")
 	os.WriteFile(bad, []byte(strings.Replace(appendixDescriptor, `"bf16"`, `"BF16"`, 1)), 0o644)
-	if code, _, errs := runCLI(t, "compat", bad); code != 1 || !strings.Contains(errs, "kv_dtype") {
+	if code, _, errs := runCLI(t, "keys", "compat", bad); code != 1 || !strings.Contains(errs, "kv_dtype") {
 		t.Errorf("bad descriptor: code %d err %q", code, errs)
 	}
 }

@@ -1,0 +1,217 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/internal/pki"
+)
+
+// certsConfig is the part of a configuration `kvsp certs` reads: the
+// config is not validated (its files do not exist yet).
+type certsConfig struct {
+	Listen string `yaml:"listen"`
+	TLS    struct {
+		Cert       string `yaml:"cert"`
+		Key        string `yaml:"key"`
+		ClientCA   string `yaml:"client_ca"`
+		ClientCert string `yaml:"client_cert"`
+		ClientKey  string `yaml:"client_key"`
+	} `yaml:"tls"`
+	Policy string `yaml:"policy"`
+	Scopes []struct {
+		KeyFile string `yaml:"key_file"`
+	} `yaml:"scopes"`
+	Index      *struct{}               `yaml:"index"`
+	Controller *struct{}               `yaml:"controller"`
+	Holders    []struct{ Base string } `yaml:"holders"`
+	Instances  []struct{ Base string } `yaml:"instances"`
+	Rest       map[string]yaml.Node    `yaml:",inline"`
+}
+
+type policyPrincipal struct {
+	ID        string   `yaml:"id"`
+	Roles     []string `yaml:"roles,flow"`
+	SpeaksFor []string `yaml:"speaks_for,flow,omitempty"`
+	Scopes    []string `yaml:"scopes,flow"`
+}
+
+// cmdCerts writes a development CA, the process's certificate (server and
+// client, one identity carrying every role the configuration hosts), a
+// client certificate for tools, missing scope key files, and the matching
+// policy file, all where the configuration names them.
+func cmdCerts(args []string, stdout io.Writer) error {
+	fl := flag.NewFlagSet("certs", flag.ContinueOnError)
+	fl.SetOutput(io.Discard)
+	path := fl.String("config", "", "configuration file whose tls, policy and scopes files to write")
+	trust := fl.String("trust-domain", "kvsp.local", "SPIFFE trust domain of the identities")
+	validity := fl.Duration("validity", 365*24*time.Hour, "certificate validity")
+	if err := fl.Parse(args); err != nil || *path == "" || fl.NArg() != 0 {
+		return usageError("certs takes --config FILE [--trust-domain D] [--validity DURATION]")
+	}
+	data, err := os.ReadFile(*path)
+	if err != nil {
+		return err
+	}
+	var c certsConfig
+	if err := yaml.Unmarshal(data, &c); err != nil {
+		return fmt.Errorf("config: %w", err)
+	}
+	dir := filepath.Dir(*path)
+	at := func(p string) string {
+		if p == "" || filepath.IsAbs(p) {
+			return p
+		}
+		return filepath.Join(dir, p)
+	}
+	for _, f := range []struct{ name, path string }{{"tls.cert", c.TLS.Cert}, {"tls.key", c.TLS.Key}, {"tls.client_ca", c.TLS.ClientCA}, {"policy", c.Policy}} {
+		if f.path == "" {
+			return fmt.Errorf("config: %s: required", f.name)
+		}
+	}
+	host, _, err := net.SplitHostPort(c.Listen)
+	if err != nil {
+		return fmt.Errorf("config: listen: want host:port")
+	}
+
+	caCert, caKey := at(c.TLS.ClientCA), at(filepath.Join(filepath.Dir(c.TLS.ClientCA), "ca.key"))
+	ca, err := pki.LoadCA(caCert, caKey)
+	switch {
+	case err == nil:
+		fmt.Fprintf(stdout, "reusing CA %s\n", caCert)
+	case errors.Is(err, fs.ErrNotExist):
+		if ca, err = pki.NewCA("kvsp development CA", *validity); err != nil {
+			return err
+		}
+		if err := ca.WriteFiles(caCert, caKey); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "wrote CA %s (key %s)\n", caCert, caKey)
+	default:
+		return fmt.Errorf("CA %s: %w", caCert, err)
+	}
+
+	var roles, speaks []string
+	if c.Controller != nil {
+		roles = append(roles, "controller")
+	}
+	if c.Index != nil {
+		roles = append(roles, "index")
+	}
+	if len(c.Holders) > 0 {
+		roles = append(roles, "holder")
+	}
+	if len(c.Instances) > 0 {
+		roles = append(roles, "instance")
+	}
+	for _, h := range c.Holders {
+		speaks = append(speaks, h.Base)
+	}
+	for _, x := range c.Instances {
+		speaks = append(speaks, x.Base)
+	}
+	if len(roles) == 0 {
+		return errors.New("config: no role to issue a certificate for")
+	}
+	node := "spiffe://" + *trust + "/node/" + sanitize(host)
+	opts := pki.LeafOptions{URIs: []string{node}, DNSNames: []string{"localhost"}, NotAfter: time.Now().Add(*validity)}
+	if ip := net.ParseIP(host); ip != nil {
+		opts.IPs = []net.IP{ip}
+	} else if host != "" && host != "localhost" {
+		opts.DNSNames = append(opts.DNSNames, host)
+	}
+	leaf, err := ca.Issue(opts)
+	if err != nil {
+		return err
+	}
+	if err := leaf.WriteFiles(at(c.TLS.Cert), at(c.TLS.Key)); err != nil {
+		return err
+	}
+	if c.TLS.ClientCert != "" && at(c.TLS.ClientCert) != at(c.TLS.Cert) {
+		if err := leaf.WriteFiles(at(c.TLS.ClientCert), at(c.TLS.ClientKey)); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintf(stdout, "wrote %s for %s (roles %v)\n", at(c.TLS.Cert), node, roles)
+
+	toolID := "spiffe://" + *trust + "/client/tool"
+	tool, err := ca.Issue(pki.LeafOptions{URIs: []string{toolID}, NotAfter: time.Now().Add(*validity)})
+	if err != nil {
+		return err
+	}
+	if err := tool.WriteFiles(filepath.Join(dir, "client.pem"), filepath.Join(dir, "client.key")); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "wrote %s for %s (role client)\n", filepath.Join(dir, "client.pem"), toolID)
+
+	var scopes []string
+	for i, s := range c.Scopes {
+		p := at(s.KeyFile)
+		data, err := os.ReadFile(p)
+		if errors.Is(err, fs.ErrNotExist) {
+			k, err := kvsp.GenerateScopeKey()
+			if err != nil {
+				return err
+			}
+			if err := os.WriteFile(p, k.Export(), 0o600); err != nil {
+				return err
+			}
+			fmt.Fprintf(stdout, "wrote scope key %s (scope_id %s)\n", p, k.ID())
+			scopes = append(scopes, k.ID().String())
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		k, err := kvsp.ScopeKeyFromFile(data)
+		if err != nil {
+			return fmt.Errorf("config: scopes[%d].key_file: %w", i, err)
+		}
+		scopes = append(scopes, k.ID().String())
+	}
+	var pol bytes.Buffer
+	enc := yaml.NewEncoder(&pol)
+	enc.SetIndent(2)
+	if err := enc.Encode(map[string][]policyPrincipal{"principals": {
+		{ID: node, Roles: roles, SpeaksFor: speaks, Scopes: nonNil(scopes)},
+		{ID: toolID, Roles: []string{"client"}, Scopes: nonNil(scopes)},
+	}}); err != nil {
+		return err
+	}
+	if err := os.WriteFile(at(c.Policy), pol.Bytes(), 0o644); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "wrote policy %s\n", at(c.Policy))
+	return nil
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}
+
+func sanitize(host string) string {
+	out := []byte(host)
+	for i, c := range out {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '.' || c == '-') {
+			out[i] = '-'
+		}
+	}
+	if len(out) == 0 {
+		return "node"
+	}
+	return string(out)
+}

@@ -1,0 +1,219 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/container"
+	"github.com/kvsp/kvsp/internal/config"
+)
+
+const testConfig = `listen: 127.0.0.1:0
+http3: false
+tls: {cert: server.pem, key: server.key, client_ca: ca.pem, client_cert: self.pem, client_key: self.key}
+policy: policy.yaml
+scopes: [{key_file: scope-a.key}]
+index: {base: https://127.0.0.1:8443/is/, max_ttl_ms: 600000, max_lookup_keys: 4096, backend: memory}
+controller: {base: https://127.0.0.1:8443/pc/, index: https://127.0.0.1:8443/is/, state: memory}
+holders:
+  - base: https://127.0.0.1:8443/h1/
+    index: https://127.0.0.1:8443/is/
+    record_ttl_ms: 60000
+    descriptors: [descriptor.json]
+    tiers: [{name: host, capacity: 1GiB, read_mbit_per_s: 400000}, {name: local-storage, capacity: 10GiB, path: store}]
+    lease_quota: {octets: 1GiB, max_ttl_ms: 60000, max_leases: 1024}
+instances:
+  - base: https://127.0.0.1:8443/ii1/
+    controller: https://127.0.0.1:8443/pc/
+    index: https://127.0.0.1:8443/is/
+    holder: https://127.0.0.1:8443/h1/
+    engine: {kind: sim, descriptor: descriptor.json, prefill_tokens_per_s: 42000, decode_tokens_per_s: 3100}
+`
+
+func writeFile(t *testing.T, dir, name, content string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestCertsThenServe: the README's flow. `kvsp certs` writes what the
+// configuration names; `kvsp serve` then serves its roles behind mutual
+// TLS, and stops cleanly when told.
+func TestCertsThenServe(t *testing.T) {
+	dir := t.TempDir()
+	cfg := writeFile(t, dir, "kvsp.yaml", testConfig)
+	writeFile(t, dir, "descriptor.json", appendixDescriptor)
+	code, out, errs := runCLI(t, "certs", "--config", cfg)
+	if code != 0 {
+		t.Fatalf("certs: %d %s %s", code, out, errs)
+	}
+	for _, f := range []string{"ca.pem", "ca.key", "server.pem", "server.key", "self.pem", "self.key", "client.pem", "client.key", "policy.yaml", "scope-a.key"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			t.Fatalf("certs did not write %s", f)
+		}
+	}
+	pol, _ := os.ReadFile(filepath.Join(dir, "policy.yaml"))
+	for _, want := range []string{"controller", "index", "holder", "instance", "https://127.0.0.1:8443/h1/", "https://127.0.0.1:8443/ii1/", "spiffe://kvsp.local/client/tool"} {
+		if !strings.Contains(string(pol), want) {
+			t.Errorf("policy lacks %q:\n%s", want, pol)
+		}
+	}
+	// A second run reuses the CA and the scope key.
+	ca1, _ := os.ReadFile(filepath.Join(dir, "ca.pem"))
+	key1, _ := os.ReadFile(filepath.Join(dir, "scope-a.key"))
+	if code, _, errs := runCLI(t, "certs", "--config", cfg); code != 0 {
+		t.Fatalf("certs again: %s", errs)
+	}
+	ca2, _ := os.ReadFile(filepath.Join(dir, "ca.pem"))
+	key2, _ := os.ReadFile(filepath.Join(dir, "scope-a.key"))
+	if !bytes.Equal(ca1, ca2) || !bytes.Equal(key1, key2) {
+		t.Fatal("certs replaced the CA or a scope key")
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan string, 1)
+	done := make(chan error, 1)
+	var logs bytes.Buffer
+	go func() { done <- serve(ctx, []string{"--config", cfg}, &logs, nil, ready) }()
+	var addr string
+	select {
+	case addr = <-ready:
+	case err := <-done:
+		t.Fatalf("serve: %v", err)
+	}
+	pair, err := tls.LoadX509KeyPair(filepath.Join(dir, "client.pem"), filepath.Join(dir, "client.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(ca1)
+	tr := &http.Transport{TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: roots, Certificates: []tls.Certificate{pair}}, ForceAttemptHTTP2: true}
+	defer tr.CloseIdleConnections()
+	resp, err := (&http.Client{Transport: tr, Timeout: 5 * time.Second}).Get("https://" + addr + "/is/lookup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 404 || resp.Header.Get("Content-Type") != kvsp.MediaTypeProblem || resp.Header.Get("Cache-Control") != "no-store" || resp.Proto != "HTTP/2.0" {
+		t.Fatalf("authenticated request: %s %d %q %s", resp.Proto, resp.StatusCode, resp.Header.Get("Content-Type"), body)
+	}
+	noCert := &http.Transport{TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: roots}}
+	defer noCert.CloseIdleConnections()
+	if _, err := (&http.Client{Transport: noCert, Timeout: 5 * time.Second}).Get("https://" + addr + "/is/lookup"); err == nil {
+		t.Fatal("served a client without a certificate")
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+	if strings.Contains(logs.String(), strings.TrimSpace(string(key1))) {
+		t.Fatal("a scope key reached the logs")
+	}
+}
+
+// TestServeBadConfig: a bad configuration fails before anything listens,
+// naming the field.
+func TestServeBadConfig(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, dir, "descriptor.json", appendixDescriptor)
+	cfg := writeFile(t, dir, "kvsp.yaml", testConfig)
+	if code, _, errs := runCLI(t, "certs", "--config", cfg); code != 0 {
+		t.Fatal(errs)
+	}
+	for field, mutate := range map[string]func(string) string{
+		"index.max_lookup_keys": func(s string) string { return strings.Replace(s, "max_lookup_keys: 4096", "max_lookup_keys: 0", 1) },
+		"holders[0].tiers[1].path": func(s string) string {
+			return strings.Replace(s, ", path: store", "", 1)
+		},
+		"instances[0].engine.kind": func(s string) string { return strings.Replace(s, "kind: sim", "kind: vllm", 1) },
+		"listen":                   func(s string) string { return strings.Replace(s, "127.0.0.1:0", "nowhere", 1) },
+		"field lisen not found":    func(s string) string { return strings.Replace(s, "listen:", "lisen:", 1) },
+		"holders[0].base":          func(s string) string { return strings.Replace(s, "https://127.0.0.1:8443/h1/", "https://127.0.0.1:8443/h1", 1) },
+	} {
+		bad := writeFile(t, dir, "bad.yaml", mutate(testConfig))
+		code, _, errs := runCLI(t, "serve", "--config", bad)
+		if code != 1 || !strings.Contains(errs, field) {
+			t.Errorf("%s: code %d, stderr %q", field, code, errs)
+		}
+	}
+}
+
+// TestInspect: a container written by the container package is decoded,
+// verified and tabulated; a corrupted one is refused.
+func TestInspect(t *testing.T) {
+	dir := t.TempDir()
+	desc := writeFile(t, dir, "d.json", appendixDescriptor)
+	g := container.Geometry{Layers: 32, BlockTokens: 4, KVHeads: 8, HeadDim: 128, Elem: container.BF16}
+	h, _ := container.NewHeader(container.CodecRaw, 0, 2, g)
+	var buf bytes.Buffer
+	w := container.NewWriter(&buf, h)
+	sec := make([]byte, 8192)
+	w.WriteLayer(sec, sec)
+	w.WriteLayer(sec, sec)
+	w.Close()
+	blk := writeFile(t, dir, "b.kvb", buf.String())
+	code, out, errs := runCLI(t, "inspect", "--descriptor", desc, "--repr-digest", "sha-256=:+Yrl5A1vrxQNHQQbj8CsCJfygT5Vy3mGgpr26nPIRF8=:", blk)
+	if code != 0 || !strings.Contains(out, "Repr-Digest verified") || !strings.Contains(out, "4fe7b59af6de3b665b67788cc2f99892ab827efae3a467342b3bb4e3bc8e5bfe") || !strings.Contains(out, "layers 0-1 of 32") {
+		t.Fatalf("inspect: %d\n%s\n%s", code, out, errs)
+	}
+	writeFile(t, dir, "b.kvb", buf.String()[:100])
+	if code, _, errs := runCLI(t, "inspect", "--descriptor", desc, blk); code != 1 || !strings.Contains(errs, "truncated") {
+		t.Fatalf("truncated block: %d %s", code, errs)
+	}
+}
+
+// TestKeysBlocks: the appendix tokens give K[0] and K[1] (R-KEY-4).
+func TestKeysBlocks(t *testing.T) {
+	dir := t.TempDir()
+	desc := writeFile(t, dir, "d.json", appendixDescriptor)
+	key := writeFile(t, dir, "k", "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f\n")
+	toks := writeFile(t, dir, "t.json", "[128000, 791, 6460, 374, 264, 1296, 315, 279, 5]")
+	code, out, errs := runCLI(t, "keys", "blocks", "--scope-key", key, "--descriptor", desc, toks)
+	want := "9ca9d8b60f37f84726a27deb4cdc0d075714607a131632c2366e30b99fb1163b\n653275884ca44f8945fd4c902611c467394b73656e64c78d8522648cb75aefc1\n"
+	if code != 0 || out != want {
+		t.Fatalf("keys blocks: %d %q %s", code, out, errs)
+	}
+	if code, out, _ := runCLI(t, "keys", "scope", key); code != 0 || strings.TrimSpace(out) != "6d1c6481cd428737da312c089db3832a" {
+		t.Fatalf("keys scope: %q", out)
+	}
+	raw := writeFile(t, dir, "raw", string(bytes.Repeat([]byte{0xfe}, 32)))
+	if code, _, _ := runCLI(t, "keys", "scope", raw); code != 0 {
+		t.Fatal("raw 32-octet key file refused")
+	}
+	short := writeFile(t, dir, "short", string(bytes.Repeat([]byte{0xfe}, 31)))
+	if code, _, _ := runCLI(t, "keys", "scope", short); code != 1 {
+		t.Fatal("31-octet key file accepted")
+	}
+}
+
+// TestExampleConfig: the README's example configuration stays valid.
+func TestExampleConfig(t *testing.T) {
+	dir := t.TempDir()
+	for _, f := range []string{"kvsp.yaml", "descriptor.json"} {
+		data, err := os.ReadFile(filepath.Join("..", "..", "examples", "dev", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		writeFile(t, dir, f, string(data))
+	}
+	if code, _, errs := runCLI(t, "certs", "--config", filepath.Join(dir, "kvsp.yaml")); code != 0 {
+		t.Fatal(errs)
+	}
+	if _, err := config.Load(filepath.Join(dir, "kvsp.yaml")); err != nil {
+		t.Fatal(err)
+	}
+}

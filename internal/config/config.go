@@ -1,0 +1,443 @@
+// Package config reads and validates the YAML configuration of a kvsp
+// process: one file per process, validated completely before anything
+// listens, with errors that name the field. Paths are absolute or relative
+// to the configuration file. The member names are an interface (external
+// conformance checks rely on them): add fields, never rename.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/kvsp/kvsp"
+)
+
+// Config is one process's configuration.
+type Config struct {
+	Listen        string       `yaml:"listen"`
+	HTTP3         bool         `yaml:"http3"`
+	MetricsListen string       `yaml:"metrics_listen"`
+	TLS           TLS          `yaml:"tls"`
+	Policy        string       `yaml:"policy"`
+	Scopes        []ScopeFile  `yaml:"scopes"`
+	Redis         string       `yaml:"redis"`
+	Index         *Index       `yaml:"index"`
+	Controller    *Controller  `yaml:"controller"`
+	Holders       []Holder     `yaml:"holders"`
+	Instances     []Instance   `yaml:"instances"`
+	Dir           string       `yaml:"-"` // the file's directory
+	ScopeKeys     []ScopeEntry `yaml:"-"` // loaded from Scopes
+}
+
+// TLS names the PEM files: the listener's certificate, the CA bundle of
+// peers, and the certificate this process presents when it calls others.
+type TLS struct {
+	Cert       string `yaml:"cert"`
+	Key        string `yaml:"key"`
+	ClientCA   string `yaml:"client_ca"`
+	ClientCert string `yaml:"client_cert"`
+	ClientKey  string `yaml:"client_key"`
+}
+
+// ScopeFile is a scope key this process may use (PC, instances); it is
+// never given to the IS.
+type ScopeFile struct {
+	KeyFile string `yaml:"key_file"`
+}
+
+// ScopeEntry is a loaded scope key.
+type ScopeEntry struct {
+	ID  kvsp.ScopeID
+	Key kvsp.ScopeKey
+}
+
+// Index configures the Index Service role.
+type Index struct {
+	Base          string `yaml:"base"`
+	MaxTTLMs      uint64 `yaml:"max_ttl_ms"`
+	MaxLookupKeys int    `yaml:"max_lookup_keys"`
+	Backend       string `yaml:"backend"`
+}
+
+// Controller configures the Placement Controller role.
+type Controller struct {
+	Base  string `yaml:"base"`
+	Index string `yaml:"index"`
+	State string `yaml:"state"`
+}
+
+// Holder configures one holder role.
+type Holder struct {
+	Base        string     `yaml:"base"`
+	Index       string     `yaml:"index"`
+	RecordTTLMs uint64     `yaml:"record_ttl_ms"`
+	Descriptors []string   `yaml:"descriptors"`
+	Tiers       []Tier     `yaml:"tiers"`
+	LeaseQuota  LeaseQuota `yaml:"lease_quota"`
+}
+
+// Tier is one storage tier of a holder.
+type Tier struct {
+	Name         kvsp.Tier `yaml:"name"`
+	Capacity     Size      `yaml:"capacity"`
+	ReadMbitPerS uint64    `yaml:"read_mbit_per_s"`
+	Path         string    `yaml:"path"`
+}
+
+// LeaseQuota is a holder's per-client lease quota (R-LS-5, R-LS-6).
+type LeaseQuota struct {
+	Octets    Size   `yaml:"octets"`
+	MaxTTLMs  uint64 `yaml:"max_ttl_ms"`
+	MaxLeases int    `yaml:"max_leases"`
+}
+
+// Instance configures one inference instance agent.
+type Instance struct {
+	Base       string `yaml:"base"`
+	Controller string `yaml:"controller"`
+	Index      string `yaml:"index"`
+	Holder     string `yaml:"holder"`
+	Engine     Engine `yaml:"engine"`
+}
+
+// Engine configures an instance's engine.
+type Engine struct {
+	Kind              string  `yaml:"kind"`
+	Descriptor        string  `yaml:"descriptor"`
+	PrefillTokensPerS float64 `yaml:"prefill_tokens_per_s"`
+	DecodeTokensPerS  float64 `yaml:"decode_tokens_per_s"`
+}
+
+// Size is a byte count written as an integer or with a KiB, MiB, GiB or
+// TiB suffix.
+type Size uint64
+
+// UnmarshalYAML parses "1GiB", "512MiB", "4096".
+func (s *Size) UnmarshalYAML(n *yaml.Node) error {
+	v, err := ParseSize(n.Value)
+	if err != nil {
+		return err
+	}
+	*s = v
+	return nil
+}
+
+// ParseSize parses a size.
+func ParseSize(str string) (Size, error) {
+	t := strings.TrimSpace(str)
+	mult := uint64(1)
+	for _, u := range []struct {
+		suffix string
+		m      uint64
+	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"B", 1}} {
+		if strings.HasSuffix(t, u.suffix) {
+			t, mult = strings.TrimSpace(strings.TrimSuffix(t, u.suffix)), u.m
+			break
+		}
+	}
+	n, err := strconv.ParseUint(t, 10, 64)
+	if err != nil || n > (1<<63)/mult {
+		return 0, fmt.Errorf("size %q: want an integer with an optional KiB, MiB, GiB or TiB suffix", str)
+	}
+	return Size(n * mult), nil
+}
+
+// Load reads, resolves and validates a configuration file.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, err
+	}
+	return Parse(data, filepath.Dir(abs))
+}
+
+// Parse parses a configuration whose relative paths are relative to dir,
+// validates it completely and loads its scope keys.
+func Parse(data []byte, dir string) (*Config, error) {
+	var c Config
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&c); err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	c.Dir = dir
+	c.resolve()
+	if err := c.validate(); err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	return &c, nil
+}
+
+// Path resolves a configured path against the file's directory.
+func (c *Config) Path(p string) string {
+	if p == "" || filepath.IsAbs(p) {
+		return p
+	}
+	return filepath.Join(c.Dir, p)
+}
+
+func (c *Config) resolve() {
+	for _, p := range []*string{&c.TLS.Cert, &c.TLS.Key, &c.TLS.ClientCA, &c.TLS.ClientCert, &c.TLS.ClientKey, &c.Policy} {
+		*p = c.Path(*p)
+	}
+	if c.TLS.ClientCert == "" && c.TLS.ClientKey == "" {
+		c.TLS.ClientCert, c.TLS.ClientKey = c.TLS.Cert, c.TLS.Key
+	}
+	for i := range c.Scopes {
+		c.Scopes[i].KeyFile = c.Path(c.Scopes[i].KeyFile)
+	}
+	for i := range c.Holders {
+		h := &c.Holders[i]
+		for j := range h.Descriptors {
+			h.Descriptors[j] = c.Path(h.Descriptors[j])
+		}
+		for j := range h.Tiers {
+			h.Tiers[j].Path = c.Path(h.Tiers[j].Path)
+		}
+	}
+	for i := range c.Instances {
+		c.Instances[i].Engine.Descriptor = c.Path(c.Instances[i].Engine.Descriptor)
+	}
+}
+
+func fieldErr(field string, format string, args ...any) error {
+	return fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...))
+}
+
+func checkBase(field, s string, required bool) error {
+	if s == "" {
+		if required {
+			return fieldErr(field, "required")
+		}
+		return nil
+	}
+	if err := kvsp.ValidateBaseURI(field, s); err != nil {
+		return err
+	}
+	return nil
+}
+
+func checkFile(field, p string) error {
+	if p == "" {
+		return fieldErr(field, "required")
+	}
+	if _, err := os.Stat(p); err != nil {
+		return fieldErr(field, "%v", err)
+	}
+	return nil
+}
+
+func (c *Config) validate() error {
+	if _, _, err := net.SplitHostPort(c.Listen); err != nil || c.Listen == "" {
+		return fieldErr("listen", "want host:port")
+	}
+	if c.MetricsListen != "" {
+		if _, _, err := net.SplitHostPort(c.MetricsListen); err != nil {
+			return fieldErr("metrics_listen", "want host:port")
+		}
+	}
+	for _, f := range []struct{ name, path string }{
+		{"tls.cert", c.TLS.Cert}, {"tls.key", c.TLS.Key}, {"tls.client_ca", c.TLS.ClientCA},
+		{"tls.client_cert", c.TLS.ClientCert}, {"tls.client_key", c.TLS.ClientKey}, {"policy", c.Policy},
+	} {
+		if err := checkFile(f.name, f.path); err != nil {
+			return err
+		}
+	}
+	if c.Index == nil && c.Controller == nil && len(c.Holders) == 0 && len(c.Instances) == 0 {
+		return errors.New("no role: configure at least one of index, controller, holders, instances")
+	}
+	bases := map[string]string{}
+	claim := func(field, base string) error {
+		u := strings.SplitN(strings.TrimPrefix(base, "https://"), "/", 2)
+		path := "/"
+		if len(u) == 2 {
+			path += u[1]
+		}
+		if prev, dup := bases[path]; dup {
+			return fieldErr(field, "base path %s is already used by %s", path, prev)
+		}
+		bases[path] = field
+		return nil
+	}
+	for i, s := range c.Scopes {
+		f := fmt.Sprintf("scopes[%d].key_file", i)
+		data, err := os.ReadFile(s.KeyFile)
+		if err != nil {
+			return fieldErr(f, "%v", err)
+		}
+		k, err := kvsp.ScopeKeyFromFile(data)
+		if err != nil {
+			return fieldErr(f, "%v", err)
+		}
+		c.ScopeKeys = append(c.ScopeKeys, ScopeEntry{ID: k.ID(), Key: k})
+	}
+	if x := c.Index; x != nil {
+		if err := checkBase("index.base", x.Base, true); err != nil {
+			return err
+		}
+		if err := claim("index.base", x.Base); err != nil {
+			return err
+		}
+		if x.MaxTTLMs == 0 || x.MaxTTLMs > kvsp.MaxJSONInt {
+			return fieldErr("index.max_ttl_ms", "required, 1..2^53-1")
+		}
+		if x.MaxLookupKeys <= 0 {
+			return fieldErr("index.max_lookup_keys", "required, at least 1 (R-SEC-14: the lookup size quota is REQUIRED)")
+		}
+		switch x.Backend {
+		case "", "memory":
+			x.Backend = "memory"
+		case "redis":
+			if c.Redis == "" {
+				return fieldErr("index.backend", "redis needs the top-level redis address")
+			}
+		default:
+			return fieldErr("index.backend", "%q: want memory or redis", x.Backend)
+		}
+	}
+	if x := c.Controller; x != nil {
+		if err := checkBase("controller.base", x.Base, true); err != nil {
+			return err
+		}
+		if err := claim("controller.base", x.Base); err != nil {
+			return err
+		}
+		if err := checkBase("controller.index", x.Index, true); err != nil {
+			return err
+		}
+		switch x.State {
+		case "", "memory":
+			x.State = "memory"
+		case "etcd":
+		default:
+			return fieldErr("controller.state", "%q: want memory or etcd", x.State)
+		}
+	}
+	for i := range c.Holders {
+		h := &c.Holders[i]
+		f := fmt.Sprintf("holders[%d]", i)
+		if err := checkBase(f+".base", h.Base, true); err != nil {
+			return err
+		}
+		if err := claim(f+".base", h.Base); err != nil {
+			return err
+		}
+		if err := checkBase(f+".index", h.Index, true); err != nil {
+			return err
+		}
+		if h.RecordTTLMs == 0 {
+			h.RecordTTLMs = 60000
+		}
+		for j, d := range h.Descriptors {
+			if err := checkDescriptor(fmt.Sprintf("%s.descriptors[%d]", f, j), d); err != nil {
+				return err
+			}
+		}
+		if len(h.Tiers) == 0 {
+			return fieldErr(f+".tiers", "at least one tier")
+		}
+		seen := map[kvsp.Tier]bool{}
+		for j, t := range h.Tiers {
+			tf := fmt.Sprintf("%s.tiers[%d]", f, j)
+			if !t.Name.Valid() {
+				return fieldErr(tf+".name", "%q is not in the KVSP Storage Tiers registry", t.Name)
+			}
+			if seen[t.Name] {
+				return fieldErr(tf+".name", "%s listed twice", t.Name)
+			}
+			seen[t.Name] = true
+			if t.Capacity == 0 {
+				return fieldErr(tf+".capacity", "required")
+			}
+			if t.Name.IsStorage() && t.Path == "" {
+				return fieldErr(tf+".path", "required for %s", t.Name)
+			}
+		}
+		q := &h.LeaseQuota
+		if q.Octets == 0 || q.MaxTTLMs == 0 || q.MaxLeases <= 0 {
+			return fieldErr(f+".lease_quota", "octets, max_ttl_ms and max_leases are required (R-LS-5, R-LS-6)")
+		}
+	}
+	for i := range c.Instances {
+		x := &c.Instances[i]
+		f := fmt.Sprintf("instances[%d]", i)
+		for _, b := range []struct {
+			name string
+			v    string
+		}{{".base", x.Base}, {".controller", x.Controller}, {".index", x.Index}, {".holder", x.Holder}} {
+			if err := checkBase(f+b.name, b.v, true); err != nil {
+				return err
+			}
+		}
+		if err := claim(f+".base", x.Base); err != nil {
+			return err
+		}
+		if x.Engine.Kind != "sim" {
+			return fieldErr(f+".engine.kind", "%q: want sim", x.Engine.Kind)
+		}
+		if err := checkDescriptor(f+".engine.descriptor", x.Engine.Descriptor); err != nil {
+			return err
+		}
+		if x.Engine.PrefillTokensPerS <= 0 || x.Engine.DecodeTokensPerS <= 0 {
+			return fieldErr(f+".engine", "prefill_tokens_per_s and decode_tokens_per_s must be positive")
+		}
+	}
+	return nil
+}
+
+func checkDescriptor(field, path string) error {
+	if err := checkFile(field, path); err != nil {
+		return err
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return fieldErr(field, "%v", err)
+	}
+	if _, err := kvsp.ParseDescriptor(data); err != nil {
+		return fieldErr(field, "%v", err)
+	}
+	return nil
+}
+
+// Roles returns the roles this process hosts, for its principal.
+func (c *Config) Roles() []string {
+	var r []string
+	if c.Controller != nil {
+		r = append(r, "controller")
+	}
+	if c.Index != nil {
+		r = append(r, "index")
+	}
+	if len(c.Holders) > 0 {
+		r = append(r, "holder")
+	}
+	if len(c.Instances) > 0 {
+		r = append(r, "instance")
+	}
+	return r
+}
+
+// SpeaksFor returns the base URIs this process publishes or reports for.
+func (c *Config) SpeaksFor() []string {
+	var b []string
+	for _, h := range c.Holders {
+		b = append(b, h.Base)
+	}
+	for _, x := range c.Instances {
+		b = append(b, x.Base)
+	}
+	return b
+}

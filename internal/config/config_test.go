@@ -1,0 +1,61 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestParseSize(t *testing.T) {
+	for in, want := range map[string]Size{"1GiB": 1 << 30, "512 MiB": 512 << 20, "4096": 4096, "2KiB": 2048, "1TiB": 1 << 40, "7B": 7} {
+		if got, err := ParseSize(in); err != nil || got != want {
+			t.Errorf("ParseSize(%q) = %d, %v", in, got, err)
+		}
+	}
+	for _, bad := range []string{"", "1GB", "-1", "1.5GiB", "GiB", "99999999999TiB"} {
+		if _, err := ParseSize(bad); err == nil {
+			t.Errorf("ParseSize(%q) accepted", bad)
+		}
+	}
+}
+
+// TestValidation: each mistake is reported with the field's name, before
+// anything could listen.
+func TestValidation(t *testing.T) {
+	dir := t.TempDir()
+	for _, f := range []string{"c.pem", "k.pem", "ca.pem", "policy.yaml"} {
+		os.WriteFile(filepath.Join(dir, f), []byte("x"), 0o644)
+	}
+	os.WriteFile(filepath.Join(dir, "hex.key"), []byte(strings.Repeat("ab", 32)+"\n"), 0o600)
+	os.WriteFile(filepath.Join(dir, "short.key"), []byte("0123"), 0o600)
+	base := `listen: 127.0.0.1:8443
+tls: {cert: c.pem, key: k.pem, client_ca: ca.pem}
+policy: policy.yaml
+scopes: [{key_file: hex.key}]
+index: {base: https://h/is/, max_ttl_ms: 1000, max_lookup_keys: 64}
+`
+	c, err := Parse([]byte(base), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.TLS.ClientCert != filepath.Join(dir, "c.pem") || c.Index.Backend != "memory" || len(c.ScopeKeys) != 1 {
+		t.Fatalf("defaults: %+v", c)
+	}
+	for field, text := range map[string]string{
+		"listen":             strings.Replace(base, "127.0.0.1:8443", "8443", 1),
+		"tls.key":            strings.Replace(base, "k.pem", "missing.pem", 1),
+		"scopes[0].key_file": strings.Replace(base, "hex.key", "short.key", 1),
+		"index.base":         strings.Replace(base, "https://h/is/", "http://h/is/", 1),
+		"index.max_ttl_ms":   strings.Replace(base, "max_ttl_ms: 1000", "max_ttl_ms: 0", 1),
+		"index.backend":      strings.Replace(base, "max_lookup_keys: 64", "max_lookup_keys: 64, backend: redis", 1),
+		"no role":            base[:strings.Index(base, "index:")],
+		"controller.base":    base + "controller: {base: https://h/is/, index: https://h/is/}\n",
+		"field x_index":      strings.Replace(base, "index:", "x_index:", 1) + "index: {base: https://h/is/, max_ttl_ms: 1, max_lookup_keys: 1}\n",
+	} {
+		_, err := Parse([]byte(text), dir)
+		if err == nil || !strings.Contains(err.Error(), field) {
+			t.Errorf("%s: err = %v", field, err)
+		}
+	}
+}
