@@ -33,7 +33,7 @@ test-nocgo: ## tests with CGO_ENABLED=0
 lint: fmt-check vet staticcheck ## gofmt, go vet, staticcheck (the dependency directions are a test)
 
 fmt-check: ## fail if any file needs gofmt
-	@out="$$(gofmt -l $$(git ls-files '*.go'))"; if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	@out="$$(gofmt -l .)"; if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 staticcheck: ## staticcheck, installed into bin/ with go install
 	@test -x $(BIN)/staticcheck || GOBIN=$(BIN) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)

@@ -142,7 +142,9 @@ func TestServeBadConfig(t *testing.T) {
 		"instances[0].engine.kind": func(s string) string { return strings.Replace(s, "kind: sim", "kind: vllm", 1) },
 		"listen":                   func(s string) string { return strings.Replace(s, "127.0.0.1:0", "nowhere", 1) },
 		"field lisen not found":    func(s string) string { return strings.Replace(s, "listen:", "lisen:", 1) },
-		"holders[0].base":          func(s string) string { return strings.Replace(s, "https://127.0.0.1:8443/h1/", "https://127.0.0.1:8443/h1", 1) },
+		"holders[0].base": func(s string) string {
+			return strings.Replace(s, "https://127.0.0.1:8443/h1/", "https://127.0.0.1:8443/h1", 1)
+		},
 	} {
 		bad := writeFile(t, dir, "bad.yaml", mutate(testConfig))
 		code, _, errs := runCLI(t, "serve", "--config", bad)
