@@ -1,0 +1,60 @@
+package server
+
+// KVSPRoute is one row of the spec's resource table ("HTTP Usage", table
+// "KVSP Resources") with the roles that may call it (decision A-5 and the
+// policy rules):
+//
+//   - scope membership governs block GET/PUT, leases and lookups, so any
+//     known principal may reach them and the handler checks the scope
+//     before any probe;
+//   - holders publish and withdraw replicas (handler checks speaks_for);
+//   - instances send status and checkpoints (handler checks speaks_for);
+//   - only the controller sends prefetch, resume, reshard and state
+//     (R-PF-12, R-SEC-15).
+type KVSPRoute struct {
+	Role    Role   // whose base URI the path is under
+	Method  string // HTTP method
+	Path    string // relative to the base, ServeMux wildcards
+	Callers []Role // who may call it
+	MaxBody int64  // body limit; 0: DefaultMaxBody; -1: no body
+}
+
+// Route returns the Route options of r.
+func (r KVSPRoute) Route() Route { return Route{Roles: r.Callers, MaxBody: r.MaxBody} }
+
+var anyone = []Role{RoleController, RoleIndex, RoleHolder, RoleInstance, RoleClient}
+
+// MaxBlockBody bounds a block PUT (a 80-layer block of 16 tokens x 8 heads x
+// 128 x fp32 is 80 MiB; holders may set their own).
+const MaxBlockBody = 1 << 30
+
+// KVSPRoutes is the resource table. Role packages mount their handlers
+// from it, so authorization stays in one place.
+var KVSPRoutes = []KVSPRoute{
+	{RoleIndex, "POST", "lookup", anyone, 0},
+	{RoleIndex, "PUT", "replicas/{holder}/{key}", []Role{RoleHolder}, 0},
+	{RoleIndex, "DELETE", "replicas/{holder}/{key}", []Role{RoleHolder}, -1},
+	{RoleHolder, "GET", "blocks/{compat}/{scope}/{key}", anyone, -1},
+	{RoleHolder, "PUT", "blocks/{compat}/{scope}/{key}", anyone, MaxBlockBody},
+	{RoleHolder, "POST", "leases", anyone, 0},
+	{RoleHolder, "PUT", "leases/{id}", anyone, 0},
+	{RoleHolder, "DELETE", "leases/{id}", anyone, -1},
+	{RoleController, "PUT", "instances/{instance}/status", []Role{RoleInstance}, 0},
+	{RoleController, "PUT", "sessions/{session}/checkpoint", []Role{RoleInstance}, 0},
+	{RoleInstance, "POST", "prefetch", []Role{RoleController}, 0},
+	{RoleInstance, "GET", "prefetch/{id}", []Role{RoleController}, -1},
+	{RoleInstance, "POST", "sessions/{session}/resume", []Role{RoleController}, 0},
+	{RoleInstance, "POST", "reshard", []Role{RoleController}, 0},
+	{RoleInstance, "PUT", "state", []Role{RoleController}, 0},
+}
+
+// RoutesOf returns the rows under a role's base URI.
+func RoutesOf(role Role) []KVSPRoute {
+	var out []KVSPRoute
+	for _, r := range KVSPRoutes {
+		if r.Role == role {
+			out = append(out, r)
+		}
+	}
+	return out
+}
