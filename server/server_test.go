@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/quic-go/quic-go/http3"
 	"go.uber.org/goleak"
 
@@ -465,4 +467,50 @@ func TestCertificateReload(t *testing.T) {
 		t.Fatal("server certificate not reloaded")
 	}
 	var _ = x509.NewCertPool
+}
+
+// TestMetrics: requests are counted by route and status on the configured
+// registry.
+func TestMetrics(t *testing.T) {
+	p := kvsptest.NewPKI(t)
+	reg := prometheus.NewRegistry()
+	s := kvsptest.StartServer(t, p, kvsptest.Options{Registerer: reg}, echoRoutes)
+	c := kvsptest.HTTPClient(t, &http.Transport{TLSClientConfig: p.ClientTLS(p.Leaf(kvsptest.ClientA))})
+	for i := 0; i < 3; i++ {
+		resp, err := c.Get(s.URL("/t/any"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	n := testutil.ToFloat64(mustCounter(t, reg, "GET /t/any", "200"))
+	if n != 3 {
+		t.Fatalf("kvsp_http_requests_total{route=GET /t/any,code=200} = %v, want 3", n)
+	}
+}
+
+func mustCounter(t *testing.T, reg *prometheus.Registry, route, code string) prometheus.Collector {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "kvsp_http_requests_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["route"] == route && labels["code"] == code {
+				c := prometheus.NewCounter(prometheus.CounterOpts{Name: "x"})
+				c.Add(m.GetCounter().GetValue())
+				return c
+			}
+		}
+	}
+	t.Fatalf("no counter for %s %s", route, code)
+	return nil
 }

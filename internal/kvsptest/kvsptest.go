@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kvsp/kvsp/internal/mtls"
 	"github.com/kvsp/kvsp/internal/pki"
 	"github.com/kvsp/kvsp/server"
@@ -114,6 +116,7 @@ type Options struct {
 	Policy            string // policy file content; default Policy
 	HTTP3             bool
 	ReadHeaderTimeout time.Duration
+	Registerer        prometheus.Registerer
 }
 
 // StartServer starts a server with a fresh server certificate (URI SAN
@@ -136,7 +139,7 @@ func StartServer(t testing.TB, p *PKI, o Options, mount func(*server.Server)) *S
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := server.New(server.Config{Credentials: creds, Policy: pol, HTTP3: o.HTTP3, ReadHeaderTimeout: o.ReadHeaderTimeout})
+	srv, err := server.New(server.Config{Credentials: creds, Policy: pol, HTTP3: o.HTTP3, ReadHeaderTimeout: o.ReadHeaderTimeout, Registerer: o.Registerer})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,8 +169,12 @@ func StartServer(t testing.TB, p *PKI, o Options, mount func(*server.Server)) *S
 func (s *Server) URL(path string) string { return "https://" + s.Addr + path }
 
 // HTTPClient returns a client with its own transport, closed at the end of
-// the test.
+// the test. A transport with a TLS configuration attempts HTTP/2, as that
+// configuration's ALPN offers it.
 func HTTPClient(t testing.TB, tr *http.Transport) *http.Client {
+	if tr.TLSClientConfig != nil && len(tr.TLSClientConfig.NextProtos) > 0 && tr.TLSClientConfig.NextProtos[0] == "h2" {
+		tr.ForceAttemptHTTP2 = true
+	}
 	t.Cleanup(tr.CloseIdleConnections)
 	return &http.Client{Transport: tr, Timeout: 5 * time.Second}
 }
