@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"syscall"
@@ -18,6 +19,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/controlplane/index"
 	"github.com/kvsp/kvsp/internal/config"
 	"github.com/kvsp/kvsp/internal/mtls"
 	"github.com/kvsp/kvsp/server"
@@ -64,7 +67,11 @@ func serve(ctx context.Context, args []string, stderr io.Writer, hup <-chan os.S
 	if err != nil {
 		return err
 	}
-	mountRoles(srv, cfg, log)
+	closeRoles, err := mountRoles(srv, cfg, log, reg)
+	if err != nil {
+		return err
+	}
+	defer closeRoles()
 
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
@@ -123,20 +130,87 @@ func serve(ctx context.Context, args []string, stderr io.Writer, hup <-chan os.S
 	return err
 }
 
-// mountRoles mounts the base path of every role the configuration names.
-// Their handlers arrive with their issues (index, holder, placement,
-// instance); until then each base answers 404 problems behind the full
-// authentication and authorization stack.
-func mountRoles(srv *server.Server, cfg *config.Config, log *slog.Logger) {
-	var bases []string
-	if cfg.Index != nil {
-		bases = append(bases, cfg.Index.Base)
+// mountRoles mounts the handlers of every role the configuration names.
+// Roles whose handlers have not landed yet (holder, placement, instance)
+// get their base path only, which answers authenticated 404 problem
+// details.
+func mountRoles(srv *server.Server, cfg *config.Config, log *slog.Logger, reg prometheus.Registerer) (func(), error) {
+	var closers []func()
+	closeAll := func() {
+		for _, c := range closers {
+			c()
+		}
 	}
+	blockTokens, err := descriptorBlockTokens(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if x := cfg.Index; x != nil {
+		mem := index.NewMemory(time.Second)
+		closers = append(closers, func() { mem.Close() })
+		svc, err := index.New(index.Config{
+			MaxTTL:        time.Duration(x.MaxTTLMs) * time.Millisecond,
+			MaxLookupKeys: x.MaxLookupKeys,
+			Status:        index.NewStatusTable(), // fed by a co-located PC
+			BlockTokens: func(c kvsp.CompatID) (int, bool) {
+				b, ok := blockTokens[c]
+				return b, ok
+			},
+			Logger:     log,
+			Registerer: reg,
+		}, mem)
+		if err != nil {
+			closeAll()
+			return nil, err
+		}
+		if err := svc.Mount(srv.Mount(basePath(x.Base))); err != nil {
+			closeAll()
+			return nil, err
+		}
+		log.Info("role mounted", "role", "index", "base", x.Base, "backend", x.Backend)
+	}
+	var pending []string
 	if cfg.Controller != nil {
-		bases = append(bases, cfg.Controller.Base)
+		pending = append(pending, cfg.Controller.Base)
 	}
-	bases = append(bases, cfg.SpeaksFor()...)
-	for _, b := range bases {
-		log.Info("role mounted (no handlers yet)", "base", b)
+	pending = append(pending, cfg.SpeaksFor()...)
+	for _, b := range pending {
+		srv.Mount(basePath(b))
+		log.Info("role base mounted; its handlers land with their issue", "base", b)
 	}
+	return closeAll, nil
+}
+
+// basePath is the path of a base URI ("https://h:8443/is/" -> "/is/").
+func basePath(base string) string {
+	u, err := url.Parse(base)
+	if err != nil || u.Path == "" {
+		return "/"
+	}
+	return u.Path
+}
+
+// descriptorBlockTokens maps the compat_id of every descriptor the
+// configuration names to its block_tokens.
+func descriptorBlockTokens(cfg *config.Config) (map[kvsp.CompatID]int, error) {
+	m := map[kvsp.CompatID]int{}
+	var paths []string
+	for _, h := range cfg.Holders {
+		paths = append(paths, h.Descriptors...)
+	}
+	for _, x := range cfg.Instances {
+		paths = append(paths, x.Engine.Descriptor)
+	}
+	for _, p := range paths {
+		d, err := loadDescriptor(p)
+		if err != nil {
+			return nil, fmt.Errorf("descriptor %s: %w", p, err)
+		}
+		c, err := d.CompatID()
+		if err != nil {
+			return nil, err
+		}
+		m[c] = d.BlockTokens
+	}
+	return m, nil
 }

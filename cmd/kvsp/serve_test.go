@@ -102,7 +102,7 @@ func TestCertsThenServe(t *testing.T) {
 	roots.AppendCertsFromPEM(ca1)
 	tr := &http.Transport{TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: roots, Certificates: []tls.Certificate{pair}}, ForceAttemptHTTP2: true}
 	defer tr.CloseIdleConnections()
-	resp, err := (&http.Client{Transport: tr, Timeout: 5 * time.Second}).Get("https://" + addr + "/is/lookup")
+	resp, err := (&http.Client{Transport: tr, Timeout: 5 * time.Second}).Get("https://" + addr + "/pc/instances/x/status")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,6 +115,19 @@ func TestCertsThenServe(t *testing.T) {
 	defer noCert.CloseIdleConnections()
 	if _, err := (&http.Client{Transport: noCert, Timeout: 5 * time.Second}).Get("https://" + addr + "/is/lookup"); err == nil {
 		t.Fatal("served a client without a certificate")
+	}
+	// The index answers lookups in the process's scope (the tool client's
+	// principal carries it).
+	sk, _ := kvsp.ScopeKeyFromFile(key1)
+	lk := `{"scope_id":"` + sk.ID().String() + `","compat_id":"` + strings.Repeat("ab", 32) + `","block_keys":["` + strings.Repeat("cd", 32) + `"]}`
+	resp, err = (&http.Client{Transport: tr, Timeout: 5 * time.Second}).Post("https://"+addr+"/is/lookup", kvsp.MediaType, strings.NewReader(lk))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || string(body) != `{"matched":0,"replicas":[]}` {
+		t.Fatalf("lookup through kvsp serve: %d %s", resp.StatusCode, body)
 	}
 	cancel()
 	if err := <-done; err != nil {

@@ -1,0 +1,36 @@
+package index
+
+import (
+	"context"
+	"time"
+
+	"github.com/kvsp/kvsp"
+)
+
+// Backend stores replica records. Implementations are safe for concurrent
+// use and share one conformance suite (backend_test.go).
+type Backend interface {
+	// Put stores rec, or refreshes the record of the same holder and block
+	// key, to expire ttl from now. It reports whether the record is new.
+	Put(ctx context.Context, rec *kvsp.ReplicaRecord, ttl time.Duration) (created bool, err error)
+	// Delete removes the record of holder for key after authorize accepts
+	// the stored record; kvsp.ErrNotFound when there is none.
+	Delete(ctx context.Context, holder string, key kvsp.BlockKey, authorize func(*kvsp.ReplicaRecord) error) error
+	// Lookup appends to out, for each key in order, the unexpired records
+	// of that key in the scope and compat (with ttl_ms set to their
+	// remaining time, rounded up), stopping at the first key that has none
+	// (R-IS-13, R-IS-15, R-IS-20). It returns the extended out.
+	Lookup(ctx context.Context, scope kvsp.ScopeID, compat kvsp.CompatID, keys []kvsp.BlockKey, out [][]kvsp.ReplicaRecord) ([][]kvsp.ReplicaRecord, error)
+	// Len returns the number of stored records, expired or not yet swept.
+	Len() int
+	// Close stops background work.
+	Close() error
+}
+
+// remainingMs is the remaining lifetime in ms, rounded up.
+func remainingMs(d time.Duration) uint64 {
+	if d <= 0 {
+		return 0
+	}
+	return uint64((d + time.Millisecond - 1) / time.Millisecond)
+}

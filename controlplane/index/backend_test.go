@@ -1,0 +1,188 @@
+package index
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/kvsp/kvsp"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var (
+	scopeA  = kvsp.ScopeID{0xa}
+	scopeB  = kvsp.ScopeID{0xb}
+	compatX = kvsp.CompatID{0x1}
+	compatY = kvsp.CompatID{0x2}
+)
+
+func key(i int) kvsp.BlockKey {
+	var k kvsp.BlockKey
+	k[0], k[1], k[31] = byte(i), byte(i>>8), 0x5a
+	return k
+}
+
+func record(holder string, k kvsp.BlockKey, scope kvsp.ScopeID, compat kvsp.CompatID) *kvsp.ReplicaRecord {
+	return &kvsp.ReplicaRecord{BlockKey: k, CompatID: compat, ScopeID: scope, Holder: holder, Codec: 1, Size: 2097152,
+		Digest: kvsp.Digest{1}, Residency: []kvsp.Residency{{Tier: kvsp.TierHost, Layers: kvsp.LayerRange{0, 31}}}, TTLMs: 1000}
+}
+
+// backends lists the implementations the conformance suite runs against.
+var backends = map[string]func(t *testing.T) Backend{
+	"memory": func(t *testing.T) Backend { return NewMemory(100 * time.Millisecond) },
+}
+
+// TestBackendConformance is the shared suite (STYLE rule 14), run inside
+// synctest so TTLs are exact and instant (R-IS-4..6, R-IS-13..15, R-IS-20).
+func TestBackendConformance(t *testing.T) {
+	for name, newB := range backends {
+		t.Run(name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) { conformance(t, newB(t)) })
+		})
+	}
+}
+
+func lookup(t *testing.T, b Backend, scope kvsp.ScopeID, compat kvsp.CompatID, keys ...kvsp.BlockKey) [][]kvsp.ReplicaRecord {
+	t.Helper()
+	out, err := b.Lookup(context.Background(), scope, compat, keys, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func conformance(t *testing.T, b Backend) {
+	defer b.Close()
+	ctx := context.Background()
+	const h1, h2 = "https://h1.example/kvsp/", "https://h2.example/kvsp/"
+	put := func(rec *kvsp.ReplicaRecord, ttl time.Duration) bool {
+		t.Helper()
+		created, err := b.Put(ctx, rec, ttl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return created
+	}
+	// Empty: a miss is matched 0.
+	if got := lookup(t, b, scopeA, compatX, key(0)); len(got) != 0 {
+		t.Fatalf("empty index matched %d", len(got))
+	}
+	// R-IS-6: create, then idempotent refresh.
+	if !put(record(h1, key(0), scopeA, compatX), time.Second) {
+		t.Fatal("first put not created")
+	}
+	if put(record(h1, key(0), scopeA, compatX), time.Second) {
+		t.Fatal("refresh reported as created")
+	}
+	if got := lookup(t, b, scopeA, compatX, key(0)); len(got) != 1 || len(got[0]) != 1 {
+		t.Fatalf("one record per holder and key: %v", got)
+	}
+	// R-IS-14: two holders, both returned.
+	put(record(h2, key(0), scopeA, compatX), time.Second)
+	if got := lookup(t, b, scopeA, compatX, key(0)); len(got[0]) != 2 {
+		t.Fatalf("two holders: %d records", len(got[0]))
+	}
+	// R-IS-15: the chain stops at the first gap, even when later keys have
+	// replicas.
+	put(record(h1, key(2), scopeA, compatX), time.Second)
+	if got := lookup(t, b, scopeA, compatX, key(0), key(1), key(2)); len(got) != 1 {
+		t.Fatalf("K0, K2 published: matched %d, want 1", len(got))
+	}
+	put(record(h1, key(1), scopeA, compatX), time.Second)
+	if got := lookup(t, b, scopeA, compatX, key(0), key(1), key(2), key(3)); len(got) != 3 {
+		t.Fatalf("K0..K2 published: matched %d, want 3", len(got))
+	}
+	// R-IS-20, R-KEY-11: other scope or compat never match.
+	if got := lookup(t, b, scopeB, compatX, key(0)); len(got) != 0 {
+		t.Fatal("another scope matched")
+	}
+	if got := lookup(t, b, scopeA, compatY, key(0)); len(got) != 0 {
+		t.Fatal("another compat_id matched")
+	}
+	// R-IS-4: expiry; remaining TTL reported, rounded up.
+	time.Sleep(500 * time.Millisecond)
+	got := lookup(t, b, scopeA, compatX, key(0))
+	if len(got) != 1 || got[0][0].TTLMs != 500 {
+		t.Fatalf("at 500 ms: %v", got)
+	}
+	put(record(h1, key(0), scopeA, compatX), time.Second) // refresh extends from now
+	time.Sleep(600 * time.Millisecond)
+	got = lookup(t, b, scopeA, compatX, key(0))
+	if len(got) != 1 || len(got[0]) != 1 || got[0][0].Holder != h1 || got[0][0].TTLMs != 400 {
+		t.Fatalf("at 1100 ms only h1's refreshed record remains: %v", got)
+	}
+	time.Sleep(400 * time.Millisecond)
+	if got := lookup(t, b, scopeA, compatX, key(0)); len(got) != 0 {
+		t.Fatal("record alive after its TTL")
+	}
+	// Expired records are swept.
+	time.Sleep(time.Second)
+	synctest.Wait()
+	if n := b.Len(); n != 0 {
+		t.Fatalf("%d records left after expiry", n)
+	}
+	// An expired record re-published is created again.
+	if !put(record(h1, key(0), scopeA, compatX), time.Second) {
+		t.Fatal("re-publish after expiry not created")
+	}
+	// Withdraw (R-IS-19): the authorizer sees the record; unknown is 404.
+	deny := errors.New("denied")
+	if err := b.Delete(ctx, h1, key(0), func(*kvsp.ReplicaRecord) error { return deny }); !errors.Is(err, deny) {
+		t.Fatalf("authorizer not consulted: %v", err)
+	}
+	if err := b.Delete(ctx, h1, key(0), nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Delete(ctx, h1, key(0), nil); !errors.Is(err, kvsp.ErrNotFound) {
+		t.Fatalf("unknown record: %v", err)
+	}
+	if got := lookup(t, b, scopeA, compatX, key(0)); len(got) != 0 {
+		t.Fatal("withdrawn record still returned")
+	}
+}
+
+// TestBackendConcurrency: publishes, withdrawals and lookups from many
+// goroutines (run under -race by make test).
+func TestBackendConcurrency(t *testing.T) {
+	for name, newB := range backends {
+		t.Run(name, func(t *testing.T) {
+			b := newB(t)
+			defer b.Close()
+			ctx := context.Background()
+			var wg sync.WaitGroup
+			for g := 0; g < 8; g++ {
+				wg.Add(1)
+				go func(g int) {
+					defer wg.Done()
+					rng := rand.New(rand.NewPCG(uint64(g), 1))
+					holder := fmt.Sprintf("https://h%d.example/", g%3)
+					for i := 0; i < 2000; i++ {
+						k := key(rng.IntN(64))
+						switch rng.IntN(3) {
+						case 0:
+							b.Put(ctx, record(holder, k, scopeA, compatX), time.Duration(1+rng.IntN(5))*time.Millisecond)
+						case 1:
+							b.Delete(ctx, holder, k, nil)
+						default:
+							out, _ := b.Lookup(ctx, scopeA, compatX, []kvsp.BlockKey{key(0), key(1), key(2)}, nil)
+							for _, reps := range out {
+								if len(reps) == 0 {
+									t.Error("empty entry in a lookup")
+								}
+							}
+						}
+					}
+				}(g)
+			}
+			wg.Wait()
+		})
+	}
+}

@@ -1,0 +1,221 @@
+package index
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/server"
+)
+
+// Config configures a Service.
+type Config struct {
+	// MaxTTL caps every record's ttl_ms (R-IS-5).
+	MaxTTL time.Duration
+	// MaxLookupKeys bounds a lookup (413 above it, A-27; R-SEC-14).
+	MaxLookupKeys int
+	// Status, when set, gives lookups their estimates.
+	Status StatusSource
+	// BlockTokens gives B for a compat_id, for recompute_us;
+	// without it targets get no estimates.
+	BlockTokens func(kvsp.CompatID) (int, bool)
+	// Logger and Registerer are optional.
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+}
+
+// Validate reports a bad field.
+func (c *Config) Validate() error {
+	switch {
+	case c.MaxTTL <= 0:
+		return errors.New("index: max_ttl_ms: required")
+	case c.MaxLookupKeys <= 0:
+		return errors.New("index: max_lookup_keys: required")
+	}
+	return nil
+}
+
+// Service is the Index Service's HTTP handlers over a Backend.
+type Service struct {
+	cfg Config
+	b   Backend
+	m   *metrics
+}
+
+// New returns a Service storing records in b.
+func New(cfg Config, b Backend) (*Service, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	s := &Service{cfg: cfg, b: b, m: newMetrics(cfg.Registerer)}
+	if mem, ok := b.(*Memory); ok {
+		mem.onExpire = func(n int) { s.m.expirations.Add(float64(n)) }
+	}
+	return s, nil
+}
+
+// Mount adds the IS routes of the resource table under r.
+func (s *Service) Mount(r *server.Router) error {
+	for _, rt := range server.RoutesOf(server.RoleIndex) {
+		var h server.HandlerFunc
+		switch rt.Method + " " + rt.Path {
+		case "POST lookup":
+			h = s.lookup
+		case "PUT replicas/{holder}/{key}":
+			h = s.publish
+		case "DELETE replicas/{holder}/{key}":
+			h = s.withdraw
+		default:
+			return fmt.Errorf("index: no handler for %s %s", rt.Method, rt.Path)
+		}
+		r.Handle(rt.Method, rt.Path, rt.Route(), h)
+	}
+	return nil
+}
+
+func (s *Service) publish(w http.ResponseWriter, r *http.Request) error {
+	var rec kvsp.ReplicaRecord
+	if err := server.DecodeJSON(r, &rec); err != nil {
+		s.m.rejected.WithLabelValues("invalid").Inc()
+		return err
+	}
+	key, err := kvsp.ParseBlockKey(r.PathValue("key"))
+	if err != nil {
+		s.m.rejected.WithLabelValues("invalid").Inc()
+		return err
+	}
+	if key != rec.BlockKey || r.PathValue("holder") != kvsp.ResourceID(rec.Holder) {
+		s.m.rejected.WithLabelValues("path").Inc()
+		return fmt.Errorf("%w: path and record disagree (A-28)", kvsp.ErrInvalid)
+	}
+	p := server.PrincipalFrom(r.Context())
+	if !p.SpeaksFor(rec.Holder) {
+		s.m.rejected.WithLabelValues("holder").Inc()
+		return fmt.Errorf("%w: not authorized to publish for this holder (R-IS-2)", kvsp.ErrForbidden)
+	}
+	if !p.MayUseScope(rec.ScopeID) {
+		s.m.rejected.WithLabelValues("scope").Inc()
+		return fmt.Errorf("%w: publish", kvsp.ErrScopeDenied)
+	}
+	ttl := time.Duration(rec.TTLMs) * time.Millisecond
+	if ttl > s.cfg.MaxTTL {
+		ttl = s.cfg.MaxTTL
+		rec.TTLMs = remainingMs(ttl)
+	}
+	created, err := s.b.Put(r.Context(), &rec, ttl)
+	if err != nil {
+		return err
+	}
+	status := http.StatusOK
+	if created {
+		status = http.StatusCreated
+		s.m.publishes.Inc()
+	} else {
+		s.m.refreshes.Inc()
+	}
+	return server.WriteJSON(w, status, &rec)
+}
+
+func (s *Service) withdraw(w http.ResponseWriter, r *http.Request) error {
+	key, err := kvsp.ParseBlockKey(r.PathValue("key"))
+	if err != nil {
+		return err
+	}
+	p := server.PrincipalFrom(r.Context())
+	id := r.PathValue("holder")
+	holder := ""
+	for _, b := range p.Bases {
+		if kvsp.ResourceID(b) == id {
+			holder = b
+			break
+		}
+	}
+	if holder == "" {
+		return fmt.Errorf("%w: not authorized to withdraw for this holder", kvsp.ErrForbidden)
+	}
+	err = s.b.Delete(r.Context(), holder, key, func(rec *kvsp.ReplicaRecord) error {
+		if !p.MayUseScope(rec.ScopeID) {
+			return fmt.Errorf("%w: withdraw", kvsp.ErrScopeDenied)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	s.m.withdrawals.Inc()
+	return server.NoContent(w)
+}
+
+func (s *Service) lookup(w http.ResponseWriter, r *http.Request) error {
+	var q kvsp.LookupRequest
+	if err := server.DecodeJSON(r, &q); err != nil {
+		return err
+	}
+	if !server.PrincipalFrom(r.Context()).MayUseScope(q.ScopeID) {
+		return fmt.Errorf("%w: lookup", kvsp.ErrScopeDenied) // before any probe
+	}
+	if len(q.BlockKeys) > s.cfg.MaxLookupKeys {
+		return kvsp.NewProblem(kvsp.ErrTooLarge, fmt.Sprintf("at most %d block keys per lookup", s.cfg.MaxLookupKeys)).
+			With("max_block_keys", s.cfg.MaxLookupKeys)
+	}
+	reps, err := s.b.Lookup(r.Context(), q.ScopeID, q.CompatID, q.BlockKeys, make([][]kvsp.ReplicaRecord, 0, len(q.BlockKeys)))
+	if err != nil {
+		return fmt.Errorf("%w: index backend: %v", kvsp.ErrUnavailable, err)
+	}
+	resp := kvsp.LookupResponse{Matched: len(reps), Replicas: reps}
+	if len(q.Targets) > 0 && s.cfg.Status != nil && s.cfg.BlockTokens != nil {
+		if b, ok := s.cfg.BlockTokens(q.CompatID); ok {
+			for _, t := range q.Targets {
+				st, ok := s.cfg.Status.Status(t)
+				if !ok {
+					continue // no estimate for an unknown target (R-IS-16)
+				}
+				if f, rc, ok := Estimate(&st, reps, b); ok {
+					resp.Targets = append(resp.Targets, kvsp.TargetEstimate{Instance: t, FetchUs: f, RecomputeUs: rc})
+				}
+			}
+		}
+	}
+	s.m.lookups.Inc()
+	s.m.matched.Observe(float64(resp.Matched))
+	s.m.keysAsked.Add(float64(len(q.BlockKeys)))
+	s.m.keysMatched.Add(float64(resp.Matched))
+	return server.WriteJSON(w, http.StatusOK, &resp)
+}
+
+type metrics struct {
+	lookups, publishes, refreshes, withdrawals, expirations prometheus.Counter
+	keysAsked, keysMatched                                  prometheus.Counter
+	matched                                                 prometheus.Histogram
+	rejected                                                *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	c := func(name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts{Name: "kvsp_index_" + name, Help: help})
+	}
+	m := &metrics{
+		lookups:     c("lookups_total", "Lookups answered."),
+		publishes:   c("publishes_total", "Records created."),
+		refreshes:   c("refreshes_total", "Records refreshed."),
+		withdrawals: c("withdrawals_total", "Records withdrawn."),
+		expirations: c("expirations_total", "Records expired and swept."),
+		keysAsked:   c("lookup_keys_total", "Block keys asked in lookups."),
+		keysMatched: c("lookup_keys_matched_total", "Block keys matched in lookups (hit ratio = matched / asked)."),
+		matched: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvsp_index_lookup_matched", Help: "Matched prefix length per lookup.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 13)}),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_index_publish_rejected_total", Help: "Publishes rejected, by reason."}, []string{"reason"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.lookups, m.publishes, m.refreshes, m.withdrawals, m.expirations, m.keysAsked, m.keysMatched, m.matched, m.rejected)
+	}
+	return m
+}
