@@ -60,11 +60,20 @@ func (t Tier) IsStorage() bool { return t == TierLocalStorage || t == TierRemote
 
 // UnmarshalText accepts only registered tiers.
 func (t *Tier) UnmarshalText(b []byte) error {
-	v := Tier(b)
-	if !v.Valid() {
+	switch string(b) { // the constants: no allocation per decoded record
+	case "device":
+		*t = TierDevice
+	case "host":
+		*t = TierHost
+	case "local-storage":
+		*t = TierLocalStorage
+	case "remote-memory":
+		*t = TierRemoteMemory
+	case "remote-storage":
+		*t = TierRemoteStorage
+	default:
 		return fmt.Errorf("%w: tier: not in the KVSP Storage Tiers registry", ErrInvalid)
 	}
-	*t = v
 	return nil
 }
 
@@ -93,11 +102,18 @@ func (s InstanceState) Valid() bool {
 
 // UnmarshalText accepts only registered states.
 func (s *InstanceState) UnmarshalText(b []byte) error {
-	v := InstanceState(b)
-	if !v.Valid() {
+	switch string(b) {
+	case "active":
+		*s = StateActive
+	case "draining":
+		*s = StateDraining
+	case "sleeping":
+		*s = StateSleeping
+	case "failed":
+		*s = StateFailed
+	default:
 		return fmt.Errorf("%w: state: not in the KVSP Instance States registry", ErrInvalid)
 	}
-	*s = v
 	return nil
 }
 

@@ -28,10 +28,11 @@ type Memory struct {
 }
 
 type memShard struct {
-	mu   sync.RWMutex
-	m    map[kvsp.BlockKey][]memReplica
-	heap expiryHeap
-	n    int
+	mu      sync.RWMutex
+	holders map[string]string // interned holder URIs: a few per deployment, millions of records
+	m       map[kvsp.BlockKey][]memReplica
+	heap    expiryHeap
+	n       int
 }
 
 type memReplica struct {
@@ -71,6 +72,7 @@ func NewMemory(interval time.Duration) *Memory {
 	m := &Memory{stop: make(chan struct{}), done: make(chan struct{})}
 	for i := range m.shards {
 		m.shards[i].m = make(map[kvsp.BlockKey][]memReplica)
+		m.shards[i].holders = make(map[string]string)
 	}
 	go m.sweeper(interval)
 	return m
@@ -90,6 +92,13 @@ func (m *Memory) Put(ctx context.Context, rec *kvsp.ReplicaRecord, ttl time.Dura
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.sweepLocked(now, 8) // amortized: writers help the sweeper
+	stored := *rec
+	if h, ok := s.holders[stored.Holder]; ok {
+		stored.Holder = h
+	} else if len(s.holders) < 4096 {
+		s.holders[stored.Holder] = stored.Holder
+	}
+	rec = &stored
 	reps := s.m[rec.BlockKey]
 	created := true
 	for i := range reps {
@@ -187,26 +196,32 @@ func (m *Memory) sweeper(interval time.Duration) {
 	}
 }
 
-// Lookup implements Backend.
+// Lookup implements Backend. The records of all keys share one backing
+// array: one allocation per lookup in the common case of one replica per
+// key.
 func (m *Memory) Lookup(ctx context.Context, scope kvsp.ScopeID, compat kvsp.CompatID, keys []kvsp.BlockKey, out [][]kvsp.ReplicaRecord) ([][]kvsp.ReplicaRecord, error) {
 	now := time.Now()
+	var flat []kvsp.ReplicaRecord
 	for _, k := range keys {
 		s := m.shard(k)
-		var found []kvsp.ReplicaRecord
+		start := len(flat)
 		s.mu.RLock()
-		for _, r := range s.m[k] {
+		for i := range s.m[k] {
+			r := &s.m[k][i]
 			if !r.expires.After(now) || r.rec.ScopeID != scope || r.rec.CompatID != compat {
 				continue
 			}
-			rec := r.rec
-			rec.TTLMs = remainingMs(r.expires.Sub(now))
-			found = append(found, rec)
+			if flat == nil {
+				flat = make([]kvsp.ReplicaRecord, 0, len(keys))
+			}
+			flat = append(flat, r.rec)
+			flat[len(flat)-1].TTLMs = remainingMs(r.expires.Sub(now))
 		}
 		s.mu.RUnlock()
-		if len(found) == 0 {
+		if len(flat) == start {
 			break // Block Keys chain: nothing after a gap can be used (R-IS-15)
 		}
-		out = append(out, found)
+		out = append(out, flat[start:len(flat):len(flat)])
 	}
 	return out, nil
 }
