@@ -15,30 +15,9 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/internal/config"
 	"github.com/kvsp/kvsp/internal/pki"
 )
-
-// certsConfig is the part of a configuration `kvsp certs` reads: the
-// config is not validated (its files do not exist yet).
-type certsConfig struct {
-	Listen string `yaml:"listen"`
-	TLS    struct {
-		Cert       string `yaml:"cert"`
-		Key        string `yaml:"key"`
-		ClientCA   string `yaml:"client_ca"`
-		ClientCert string `yaml:"client_cert"`
-		ClientKey  string `yaml:"client_key"`
-	} `yaml:"tls"`
-	Policy string `yaml:"policy"`
-	Scopes []struct {
-		KeyFile string `yaml:"key_file"`
-	} `yaml:"scopes"`
-	Index      *struct{}               `yaml:"index"`
-	Controller *struct{}               `yaml:"controller"`
-	Holders    []struct{ Base string } `yaml:"holders"`
-	Instances  []struct{ Base string } `yaml:"instances"`
-	Rest       map[string]yaml.Node    `yaml:",inline"`
-}
 
 type policyPrincipal struct {
 	ID        string   `yaml:"id"`
@@ -64,16 +43,14 @@ func cmdCerts(args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	var c certsConfig
-	if err := yaml.Unmarshal(data, &c); err != nil {
-		return fmt.Errorf("config: %w", err)
+	abs, err := filepath.Abs(*path)
+	if err != nil {
+		return err
 	}
-	dir := filepath.Dir(*path)
-	at := func(p string) string {
-		if p == "" || filepath.IsAbs(p) {
-			return p
-		}
-		return filepath.Join(dir, p)
+	dir := filepath.Dir(abs)
+	c, err := config.ParseUnvalidated(data, dir)
+	if err != nil {
+		return err
 	}
 	for _, f := range []struct{ name, path string }{{"tls.cert", c.TLS.Cert}, {"tls.key", c.TLS.Key}, {"tls.client_ca", c.TLS.ClientCA}, {"policy", c.Policy}} {
 		if f.path == "" {
@@ -85,7 +62,7 @@ func cmdCerts(args []string, stdout io.Writer) error {
 		return fmt.Errorf("config: listen: want host:port")
 	}
 
-	caCert, caKey := at(c.TLS.ClientCA), at(filepath.Join(filepath.Dir(c.TLS.ClientCA), "ca.key"))
+	caCert, caKey := c.TLS.ClientCA, filepath.Join(filepath.Dir(c.TLS.ClientCA), "ca.key")
 	ca, err := pki.LoadCA(caCert, caKey)
 	switch {
 	case err == nil:
@@ -102,25 +79,7 @@ func cmdCerts(args []string, stdout io.Writer) error {
 		return fmt.Errorf("CA %s: %w", caCert, err)
 	}
 
-	var roles, speaks []string
-	if c.Controller != nil {
-		roles = append(roles, "controller")
-	}
-	if c.Index != nil {
-		roles = append(roles, "index")
-	}
-	if len(c.Holders) > 0 {
-		roles = append(roles, "holder")
-	}
-	if len(c.Instances) > 0 {
-		roles = append(roles, "instance")
-	}
-	for _, h := range c.Holders {
-		speaks = append(speaks, h.Base)
-	}
-	for _, x := range c.Instances {
-		speaks = append(speaks, x.Base)
-	}
+	roles, speaks := c.Roles(), c.SpeaksFor()
 	if len(roles) == 0 {
 		return errors.New("config: no role to issue a certificate for")
 	}
@@ -135,15 +94,15 @@ func cmdCerts(args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if err := leaf.WriteFiles(at(c.TLS.Cert), at(c.TLS.Key)); err != nil {
+	if err := leaf.WriteFiles(c.TLS.Cert, c.TLS.Key); err != nil {
 		return err
 	}
-	if c.TLS.ClientCert != "" && at(c.TLS.ClientCert) != at(c.TLS.Cert) {
-		if err := leaf.WriteFiles(at(c.TLS.ClientCert), at(c.TLS.ClientKey)); err != nil {
+	if c.TLS.ClientCert != c.TLS.Cert {
+		if err := leaf.WriteFiles(c.TLS.ClientCert, c.TLS.ClientKey); err != nil {
 			return err
 		}
 	}
-	fmt.Fprintf(stdout, "wrote %s for %s (roles %v)\n", at(c.TLS.Cert), node, roles)
+	fmt.Fprintf(stdout, "wrote %s for %s (roles %v)\n", c.TLS.Cert, node, roles)
 
 	toolID := "spiffe://" + *trust + "/client/tool"
 	tool, err := ca.Issue(pki.LeafOptions{URIs: []string{toolID}, NotAfter: time.Now().Add(*validity)})
@@ -157,7 +116,7 @@ func cmdCerts(args []string, stdout io.Writer) error {
 
 	var scopes []string
 	for i, s := range c.Scopes {
-		p := at(s.KeyFile)
+		p := s.KeyFile
 		data, err := os.ReadFile(p)
 		if errors.Is(err, fs.ErrNotExist) {
 			k, err := kvsp.GenerateScopeKey()
@@ -189,10 +148,10 @@ func cmdCerts(args []string, stdout io.Writer) error {
 	}}); err != nil {
 		return err
 	}
-	if err := os.WriteFile(at(c.Policy), pol.Bytes(), 0o644); err != nil {
+	if err := os.WriteFile(c.Policy, pol.Bytes(), 0o644); err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "wrote policy %s\n", at(c.Policy))
+	fmt.Fprintf(stdout, "wrote policy %s\n", c.Policy)
 	return nil
 }
 

@@ -166,6 +166,20 @@ func Load(path string) (*Config, error) {
 // Parse parses a configuration whose relative paths are relative to dir,
 // validates it completely and loads its scope keys.
 func Parse(data []byte, dir string) (*Config, error) {
+	c, err := ParseUnvalidated(data, dir)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.validate(); err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	return c, nil
+}
+
+// ParseUnvalidated decodes a configuration and resolves its paths without
+// checking anything else: for `kvsp certs`, which writes the files the
+// configuration names.
+func ParseUnvalidated(data []byte, dir string) (*Config, error) {
 	var c Config
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
@@ -174,9 +188,6 @@ func Parse(data []byte, dir string) (*Config, error) {
 	}
 	c.Dir = dir
 	c.resolve()
-	if err := c.validate(); err != nil {
-		return nil, fmt.Errorf("config: %w", err)
-	}
 	return &c, nil
 }
 
