@@ -6,7 +6,7 @@ COUNT     ?= 1
 STATICCHECK_VERSION ?= v0.8.2
 BIN       := $(CURDIR)/bin
 
-.PHONY: help build build-nogpu test vet test-race test-nocgo lint fmt-check staticcheck fuzz bench demo check
+.PHONY: help deps build build-nogpu test vet test-race test-nocgo lint fmt-check staticcheck fuzz bench demo check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -18,14 +18,19 @@ build: ## build every package and the kvsp binary into bin/
 build-nogpu: ## build without cgo, as CI's CPU fallback
 	CGO_ENABLED=0 $(GO) build -tags nogpu,nordma ./...
 
-test: vet test-race ## the README's test command: vet, then every test with the race detector
+test: deps vet test-race ## the README's test command: vet, then every test with the race detector
 	@echo "make test: ok"
+
+deps: ## install what the tests need when it is missing (redis-server and redis-cli, from Debian)
+	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null || { \
+		echo "installing redis-server and redis-tools"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server redis-tools >/dev/null; }
 
 vet: ## go vet
 	$(GO) vet -tags nogpu ./...
 
-test-race: ## go test -race over every package (shuffled)
-	$(GO) test -race -shuffle=on -tags nogpu ./...
+test-race: ## go test -race over every package (shuffled); Redis tests are required, not skipped
+	KVSP_REQUIRE_REDIS=1 $(GO) test -race -shuffle=on -tags nogpu ./...
 
 test-nocgo: ## tests with CGO_ENABLED=0
 	CGO_ENABLED=0 $(GO) test -tags nogpu,nordma ./...

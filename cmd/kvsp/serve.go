@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -146,8 +148,12 @@ func mountRoles(srv *server.Server, cfg *config.Config, log *slog.Logger, reg pr
 		return nil, err
 	}
 	if x := cfg.Index; x != nil {
-		mem := index.NewMemory(time.Second)
-		closers = append(closers, func() { mem.Close() })
+		backend, err := indexBackend(cfg)
+		if err != nil {
+			closeAll()
+			return nil, err
+		}
+		closers = append(closers, func() { backend.Close() })
 		svc, err := index.New(index.Config{
 			MaxTTL:        time.Duration(x.MaxTTLMs) * time.Millisecond,
 			MaxLookupKeys: x.MaxLookupKeys,
@@ -158,7 +164,7 @@ func mountRoles(srv *server.Server, cfg *config.Config, log *slog.Logger, reg pr
 			},
 			Logger:     log,
 			Registerer: reg,
-		}, mem)
+		}, backend)
 		if err != nil {
 			closeAll()
 			return nil, err
@@ -179,6 +185,30 @@ func mountRoles(srv *server.Server, cfg *config.Config, log *slog.Logger, reg pr
 		log.Info("role base mounted; its handlers land with their issue", "base", b)
 	}
 	return closeAll, nil
+}
+
+// indexBackend opens the configured index backend.
+func indexBackend(cfg *config.Config) (index.Backend, error) {
+	if cfg.Index.Backend != "redis" {
+		return index.NewMemory(time.Second), nil
+	}
+	pw, err := cfg.Redis.Password()
+	if err != nil {
+		return nil, fmt.Errorf("config: redis.password_file: %w", err)
+	}
+	rc := index.RedisConfig{Addrs: cfg.Redis.Addrs, Username: cfg.Redis.Username, Password: pw}
+	if cfg.Redis.TLSCA != "" {
+		pem, err := os.ReadFile(cfg.Redis.TLSCA)
+		if err != nil {
+			return nil, fmt.Errorf("config: redis.tls_ca: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("config: redis.tls_ca: no PEM certificate")
+		}
+		rc.TLS = &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool}
+	}
+	return index.NewRedis(context.Background(), rc)
 }
 
 // basePath is the path of a base URI ("https://h:8443/is/" -> "/is/").

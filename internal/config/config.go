@@ -28,7 +28,7 @@ type Config struct {
 	TLS           TLS          `yaml:"tls"`
 	Policy        string       `yaml:"policy"`
 	Scopes        []ScopeFile  `yaml:"scopes"`
-	Redis         string       `yaml:"redis"`
+	Redis         *Redis       `yaml:"redis"`
 	Index         *Index       `yaml:"index"`
 	Controller    *Controller  `yaml:"controller"`
 	Holders       []Holder     `yaml:"holders"`
@@ -57,6 +57,29 @@ type ScopeFile struct {
 type ScopeEntry struct {
 	ID  kvsp.ScopeID
 	Key kvsp.ScopeKey
+}
+
+// Redis is the shared store of the index's redis backend (standalone: one
+// address; Redis Cluster: the seed nodes).
+type Redis struct {
+	Addrs        []string `yaml:"addrs"`
+	Username     string   `yaml:"username"`
+	PasswordFile string   `yaml:"password_file"`
+	// TLSCA, when set, connects with TLS and verifies the server against
+	// this CA bundle (records are as confidential as prompts).
+	TLSCA string `yaml:"tls_ca"`
+}
+
+// Password reads the password file (trailing newline removed).
+func (r *Redis) Password() (string, error) {
+	if r.PasswordFile == "" {
+		return "", nil
+	}
+	b, err := os.ReadFile(r.PasswordFile)
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimRight(string(b), "\r\n"), nil
 }
 
 // Index configures the Index Service role.
@@ -209,6 +232,10 @@ func (c *Config) resolve() {
 	for i := range c.Scopes {
 		c.Scopes[i].KeyFile = c.Path(c.Scopes[i].KeyFile)
 	}
+	if c.Redis != nil {
+		c.Redis.PasswordFile = c.Path(c.Redis.PasswordFile)
+		c.Redis.TLSCA = c.Path(c.Redis.TLSCA)
+	}
 	for i := range c.Holders {
 		h := &c.Holders[i]
 		for j := range h.Descriptors {
@@ -267,6 +294,23 @@ func (c *Config) validate() error {
 			return err
 		}
 	}
+	if c.Redis != nil {
+		for i, a := range c.Redis.Addrs {
+			if _, _, err := net.SplitHostPort(a); err != nil {
+				return fieldErr(fmt.Sprintf("redis.addrs[%d]", i), "want host:port")
+			}
+		}
+		if c.Redis.PasswordFile != "" {
+			if err := checkFile("redis.password_file", c.Redis.PasswordFile); err != nil {
+				return err
+			}
+		}
+		if c.Redis.TLSCA != "" {
+			if err := checkFile("redis.tls_ca", c.Redis.TLSCA); err != nil {
+				return err
+			}
+		}
+	}
 	if c.Index == nil && c.Controller == nil && len(c.Holders) == 0 && len(c.Instances) == 0 {
 		return errors.New("no role: configure at least one of index, controller, holders, instances")
 	}
@@ -312,8 +356,8 @@ func (c *Config) validate() error {
 		case "", "memory":
 			x.Backend = "memory"
 		case "redis":
-			if c.Redis == "" {
-				return fieldErr("index.backend", "redis needs the top-level redis address")
+			if c.Redis == nil || len(c.Redis.Addrs) == 0 {
+				return fieldErr("index.backend", "redis needs redis.addrs")
 			}
 		default:
 			return fieldErr("index.backend", "%q: want memory or redis", x.Backend)
