@@ -2,6 +2,7 @@ package index
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/kvsp/kvsp"
@@ -12,7 +13,10 @@ import (
 type Backend interface {
 	// Put stores rec, or refreshes the record of the same holder and block
 	// key, to expire ttl from now. It reports whether the record is new.
-	Put(ctx context.Context, rec *kvsp.ReplicaRecord, ttl time.Duration) (created bool, err error)
+	// With pinDigest, a record whose digest differs from that of the live
+	// replicas of its key is refused with ErrDigestConflict (the producer's
+	// digest wins: spec "Security Considerations", cache poisoning).
+	Put(ctx context.Context, rec *kvsp.ReplicaRecord, ttl time.Duration, pinDigest bool) (created bool, err error)
 	// Delete removes the record of holder for key after authorize accepts
 	// the stored record; kvsp.ErrNotFound when there is none.
 	Delete(ctx context.Context, holder string, key kvsp.BlockKey, authorize func(*kvsp.ReplicaRecord) error) error
@@ -26,6 +30,10 @@ type Backend interface {
 	// Close stops background work.
 	Close() error
 }
+
+// ErrDigestConflict refuses a publish whose digest differs from the
+// producer's (409).
+var ErrDigestConflict = fmt.Errorf("%w: the digest differs from the first published replica of this key", kvsp.ErrConflict)
 
 // remainingMs is the remaining lifetime in ms, rounded up.
 func remainingMs(d time.Duration) uint64 {

@@ -68,7 +68,7 @@ func TestBackendConformance(t *testing.T) {
 		}
 		// Keys hash by block key over all three nodes.
 		for i := 0; i < 64; i++ {
-			if _, err := r.Put(context.Background(), record("https://h.example/", key(i), scopeB, compatY), time.Minute); err != nil {
+			if _, err := r.Put(context.Background(), record("https://h.example/", key(i), scopeB, compatY), time.Minute, false); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -106,7 +106,7 @@ func conformance(t *testing.T, b Backend, slackMs uint64) {
 	const h1, h2 = "https://h1.example/kvsp/", "https://h2.example/kvsp/"
 	put := func(rec *kvsp.ReplicaRecord, ttl time.Duration) bool {
 		t.Helper()
-		created, err := b.Put(ctx, rec, ttl)
+		created, err := b.Put(ctx, rec, ttl, false)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -190,6 +190,28 @@ func conformance(t *testing.T, b Backend, slackMs uint64) {
 	if got := lookup(t, b, scopeA, compatX, key(0)); len(got) != 0 {
 		t.Fatal("withdrawn record still returned")
 	}
+	// Producer digests: the first live replica's digest is pinned.
+	first := record(h1, key(9), scopeA, compatX)
+	if _, err := b.Put(ctx, first, time.Second, true); err != nil {
+		t.Fatal(err)
+	}
+	other := record(h2, key(9), scopeA, compatX)
+	other.Digest = kvsp.Digest{2}
+	if _, err := b.Put(ctx, other, time.Second, true); !errors.Is(err, ErrDigestConflict) || !errors.Is(err, kvsp.ErrConflict) {
+		t.Fatalf("a second digest for a pinned key: %v", err)
+	}
+	if _, err := b.Put(ctx, record(h2, key(9), scopeA, compatX), time.Second, true); err != nil {
+		t.Fatalf("the same digest from another holder: %v", err)
+	}
+	if _, err := b.Put(ctx, other, time.Second, false); err != nil {
+		t.Fatalf("without pinning: %v", err)
+	}
+	b.Delete(ctx, h1, key(9), nil)
+	b.Delete(ctx, h2, key(9), nil)
+	if _, err := b.Put(ctx, other, time.Second, true); err != nil {
+		t.Fatalf("a new digest once every replica was withdrawn: %v", err)
+	}
+	b.Delete(ctx, h2, key(9), nil)
 }
 
 // TestBackendConcurrency: publishes, withdrawals and lookups from many
@@ -211,7 +233,7 @@ func TestBackendConcurrency(t *testing.T) {
 						k := key(rng.IntN(64))
 						switch rng.IntN(3) {
 						case 0:
-							b.Put(ctx, record(holder, k, scopeA, compatX), time.Duration(1+rng.IntN(5))*time.Millisecond)
+							b.Put(ctx, record(holder, k, scopeA, compatX), time.Duration(1+rng.IntN(5))*time.Millisecond, false)
 						case 1:
 							b.Delete(ctx, holder, k, nil)
 						default:
@@ -242,14 +264,14 @@ func TestRedisRestart(t *testing.T) {
 	defer r.Close()
 	ctx := context.Background()
 	const h = "https://h1.example/kvsp/"
-	if _, err := r.Put(ctx, record(h, key(0), scopeA, compatX), time.Minute); err != nil {
+	if _, err := r.Put(ctx, record(h, key(0), scopeA, compatX), time.Minute, false); err != nil {
 		t.Fatal(err)
 	}
 	srv.Kill()
 	if _, err := r.Lookup(ctx, scopeA, compatX, []kvsp.BlockKey{key(0)}, nil); !errors.Is(err, kvsp.ErrUnavailable) {
 		t.Fatalf("lookup with Redis down: %v", err)
 	}
-	if _, err := r.Put(ctx, record(h, key(0), scopeA, compatX), time.Minute); !errors.Is(err, kvsp.ErrUnavailable) {
+	if _, err := r.Put(ctx, record(h, key(0), scopeA, compatX), time.Minute, false); !errors.Is(err, kvsp.ErrUnavailable) {
 		t.Fatalf("publish with Redis down: %v", err)
 	}
 	srv.Restart()
@@ -257,7 +279,7 @@ func TestRedisRestart(t *testing.T) {
 	if err != nil || len(got) != 0 {
 		t.Fatalf("after restart (empty): %v %v", got, err)
 	}
-	if created, err := r.Put(ctx, record(h, key(0), scopeA, compatX), time.Minute); err != nil || !created {
+	if created, err := r.Put(ctx, record(h, key(0), scopeA, compatX), time.Minute, false); err != nil || !created {
 		t.Fatalf("republish: %v %v", created, err)
 	}
 	if got, err := r.Lookup(ctx, scopeA, compatX, []kvsp.BlockKey{key(0)}, nil); err != nil || len(got) != 1 {

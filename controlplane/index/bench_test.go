@@ -52,7 +52,7 @@ func fillMillion(tb testing.TB) *Memory {
 	ctx := context.Background()
 	for c := 0; c < benchChains; c++ {
 		for i := 0; i < benchMatched; i++ {
-			m.Put(ctx, benchRecord(c, i), 10*time.Minute)
+			m.Put(ctx, benchRecord(c, i), 10*time.Minute, false)
 		}
 	}
 	return m
@@ -117,7 +117,7 @@ func BenchmarkPublish(b *testing.B) {
 	b.ReportAllocs()
 	i := 0
 	for b.Loop() {
-		m.Put(ctx, recs[i%len(recs)], time.Minute)
+		m.Put(ctx, recs[i%len(recs)], time.Minute, false)
 		i++
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "records/s")

@@ -84,7 +84,7 @@ func (m *Memory) shard(k kvsp.BlockKey) *memShard {
 }
 
 // Put implements Backend.
-func (m *Memory) Put(ctx context.Context, rec *kvsp.ReplicaRecord, ttl time.Duration) (bool, error) {
+func (m *Memory) Put(ctx context.Context, rec *kvsp.ReplicaRecord, ttl time.Duration, pinDigest bool) (bool, error) {
 	now := time.Now()
 	at := now.Add(ttl)
 	s := m.shard(rec.BlockKey)
@@ -100,6 +100,14 @@ func (m *Memory) Put(ctx context.Context, rec *kvsp.ReplicaRecord, ttl time.Dura
 	}
 	rec = &stored
 	reps := s.m[rec.BlockKey]
+	if pinDigest {
+		for i := range reps {
+			r := &reps[i].rec
+			if reps[i].expires.After(now) && r.ScopeID == rec.ScopeID && r.CompatID == rec.CompatID && r.Digest != rec.Digest {
+				return false, ErrDigestConflict
+			}
+		}
+	}
 	created := true
 	for i := range reps {
 		if reps[i].rec.Holder == rec.Holder {

@@ -48,8 +48,18 @@ type Redis struct {
 }
 
 var (
-	// KEYS[1] record key, KEYS[2] holder set; ARGV: value, ttl ms, holder id.
+	// KEYS[1] record key, KEYS[2] holder set, KEYS[3] pinned digest;
+	// ARGV: value, ttl ms, holder id, digest ("" when not pinning).
 	putScript = redis.NewScript(`
+if ARGV[4] ~= '' then
+  local d = redis.call('GET', KEYS[3])
+  if d and d ~= ARGV[4] then return -1 end
+  if not d then
+    redis.call('SET', KEYS[3], ARGV[4], 'PX', ARGV[2])
+  elseif redis.call('PTTL', KEYS[3]) < tonumber(ARGV[2]) then
+    redis.call('PEXPIRE', KEYS[3], ARGV[2])
+  end
+end
 local old = redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2], 'GET')
 redis.call('SADD', KEYS[2], ARGV[3])
 local pttl = redis.call('PTTL', KEYS[2])
@@ -71,10 +81,12 @@ for _, h in ipairs(redis.call('SMEMBERS', KEYS[1])) do
   end
 end
 return out`)
-	// KEYS[1] record key, KEYS[2] holder set; ARGV[1] holder id.
+	// KEYS[1] record key, KEYS[2] holder set, KEYS[3] pinned digest;
+	// ARGV[1] holder id. The pin goes with the key's last replica.
 	delScript = redis.NewScript(`
 local n = redis.call('DEL', KEYS[1])
 redis.call('SREM', KEYS[2], ARGV[1])
+if redis.call('SCARD', KEYS[2]) == 0 then redis.call('DEL', KEYS[3]) end
 return n`)
 )
 
@@ -132,7 +144,7 @@ func encodeStored(rec *kvsp.ReplicaRecord) ([]byte, error) {
 }
 
 // Put implements Backend.
-func (r *Redis) Put(ctx context.Context, rec *kvsp.ReplicaRecord, ttl time.Duration) (bool, error) {
+func (r *Redis) Put(ctx context.Context, rec *kvsp.ReplicaRecord, ttl time.Duration, pinDigest bool) (bool, error) {
 	v, err := encodeStored(rec)
 	if err != nil {
 		return false, err
@@ -140,9 +152,18 @@ func (r *Redis) Put(ctx context.Context, rec *kvsp.ReplicaRecord, ttl time.Durat
 	hid := kvsp.ResourceID(rec.Holder)
 	rk, sk, _ := r.keys(rec.BlockKey, hid)
 	ms := max(ttl.Milliseconds(), 1)
-	n, err := putScript.Run(ctx, r.c, []string{rk, sk}, v, ms, hid).Int()
+	pin := ""
+	if pinDigest {
+		// The pin is per key, scope and compat: the digest names all three.
+		pin = rec.ScopeID.String() + rec.CompatID.String() + rec.Digest.String()
+	}
+	dk := strings.TrimSuffix(sk, "h") + "d"
+	n, err := putScript.Run(ctx, r.c, []string{rk, sk, dk}, v, ms, hid, pin).Int()
 	if err != nil {
 		return false, unavailable(err)
+	}
+	if n < 0 {
+		return false, ErrDigestConflict
 	}
 	return n == 1, nil
 }
@@ -167,7 +188,7 @@ func (r *Redis) Delete(ctx context.Context, holder string, key kvsp.BlockKey, au
 			return err
 		}
 	}
-	n, err := delScript.Run(ctx, r.c, []string{rk, sk}, hid).Int()
+	n, err := delScript.Run(ctx, r.c, []string{rk, sk, strings.TrimSuffix(sk, "h") + "d"}, hid).Int()
 	if err != nil {
 		return unavailable(err)
 	}

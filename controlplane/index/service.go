@@ -21,6 +21,10 @@ type Config struct {
 	MaxLookupKeys int
 	// Status, when set, gives lookups their estimates.
 	Status StatusSource
+	// ProducerDigests pins each key's digest to that of its first live
+	// replica: a publish with another digest is refused (409), so every
+	// replica a lookup returns carries the producer's digest.
+	ProducerDigests bool
 	// BlockTokens gives B for a compat_id, for recompute_us;
 	// without it targets get no estimates.
 	BlockTokens func(kvsp.CompatID) (int, bool)
@@ -110,7 +114,10 @@ func (s *Service) publish(w http.ResponseWriter, r *http.Request) error {
 		ttl = s.cfg.MaxTTL
 		rec.TTLMs = remainingMs(ttl)
 	}
-	created, err := s.b.Put(r.Context(), &rec, ttl)
+	created, err := s.b.Put(r.Context(), &rec, ttl, s.cfg.ProducerDigests)
+	if errors.Is(err, ErrDigestConflict) {
+		s.m.rejected.WithLabelValues("digest").Inc()
+	}
 	if err != nil {
 		return err
 	}
