@@ -154,6 +154,22 @@ func mountRoles(srv *server.Server, cfg *config.Config, log *slog.Logger, reg pr
 			return nil, err
 		}
 		closers = append(closers, func() { backend.Close() })
+		if mem, ok := backend.(*index.Memory); ok && x.Snapshot != "" {
+			n, err := mem.LoadSnapshotFile(x.Snapshot)
+			if err != nil {
+				closeAll()
+				return nil, fmt.Errorf("index.snapshot: %w", err)
+			}
+			log.Info("index snapshot loaded", "records", n)
+			closers = append([]func(){func() {
+				n, err := mem.SaveSnapshotFile(x.Snapshot)
+				if err != nil {
+					log.Error("index snapshot not written", "err", err)
+					return
+				}
+				log.Info("index snapshot written", "records", n)
+			}}, closers...)
+		}
 		svc, err := index.New(index.Config{
 			MaxTTL:        time.Duration(x.MaxTTLMs) * time.Millisecond,
 			MaxLookupKeys: x.MaxLookupKeys,

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -285,4 +287,40 @@ func TestRedisRestart(t *testing.T) {
 	if got, err := r.Lookup(ctx, scopeA, compatX, []kvsp.BlockKey{key(0)}, nil); err != nil || len(got) != 1 {
 		t.Fatalf("lookup after republish: %v %v", got, err)
 	}
+}
+
+// TestSnapshotRestart: a restarted memory index answers from its snapshot
+// with the remaining TTLs, and drops what expired meanwhile.
+func TestSnapshotRestart(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "index.snapshot")
+		a := NewMemory(time.Second)
+		ctx := context.Background()
+		a.Put(ctx, record("https://h1.example/", key(0), scopeA, compatX), 10*time.Second, false)
+		a.Put(ctx, record("https://h1.example/", key(1), scopeA, compatX), 2*time.Second, false)
+		if n, err := a.SaveSnapshotFile(path); err != nil || n != 2 {
+			t.Fatalf("save: %d %v", n, err)
+		}
+		a.Close()
+		if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
+			t.Fatalf("snapshot mode: %v %v", fi, err)
+		}
+		time.Sleep(3 * time.Second) // the restart takes a while; key(1) expires
+		b := NewMemory(time.Second)
+		defer b.Close()
+		if n, err := b.LoadSnapshotFile(path); err != nil || n != 1 {
+			t.Fatalf("load: %d %v", n, err)
+		}
+		got := lookup(t, b, scopeA, compatX, key(0), key(1))
+		if len(got) != 1 || got[0][0].TTLMs != 7000 {
+			t.Fatalf("after restart: %+v", got)
+		}
+		if n, err := b.LoadSnapshotFile(filepath.Join(t.TempDir(), "none")); err != nil || n != 0 {
+			t.Fatalf("missing snapshot: %d %v", n, err)
+		}
+		os.WriteFile(path, []byte("garbage\n"), 0o600)
+		if _, err := b.LoadSnapshotFile(path); err == nil {
+			t.Fatal("garbage accepted as a snapshot")
+		}
+	})
 }

@@ -88,6 +88,9 @@ type Index struct {
 	MaxTTLMs      uint64 `yaml:"max_ttl_ms"`
 	MaxLookupKeys int    `yaml:"max_lookup_keys"`
 	Backend       string `yaml:"backend"`
+	// Snapshot, for the memory backend, is a file loaded at start and
+	// written at shutdown.
+	Snapshot string `yaml:"snapshot"`
 }
 
 // Controller configures the Placement Controller role.
@@ -231,6 +234,9 @@ func (c *Config) resolve() {
 	}
 	for i := range c.Scopes {
 		c.Scopes[i].KeyFile = c.Path(c.Scopes[i].KeyFile)
+	}
+	if c.Index != nil {
+		c.Index.Snapshot = c.Path(c.Index.Snapshot)
 	}
 	if c.Redis != nil {
 		c.Redis.PasswordFile = c.Path(c.Redis.PasswordFile)
