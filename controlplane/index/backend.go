@@ -20,16 +20,37 @@ type Backend interface {
 	// Delete removes the record of holder for key after authorize accepts
 	// the stored record; kvsp.ErrNotFound when there is none.
 	Delete(ctx context.Context, holder string, key kvsp.BlockKey, authorize func(*kvsp.ReplicaRecord) error) error
-	// Lookup appends to out, for each key in order, the unexpired records
-	// of that key in the scope and compat (with ttl_ms set to their
-	// remaining time, rounded up), stopping at the first key that has none
-	// (R-IS-13, R-IS-15, R-IS-20). It returns the extended out.
-	Lookup(ctx context.Context, scope kvsp.ScopeID, compat kvsp.CompatID, keys []kvsp.BlockKey, out [][]kvsp.ReplicaRecord) ([][]kvsp.ReplicaRecord, error)
+	// Lookup fills res (after Reset) with, for each key in order, the
+	// unexpired records of that key in the scope and compat (ttl_ms set to
+	// their remaining time, rounded up), stopping at the first key that has
+	// none (R-IS-13, R-IS-15, R-IS-20). The records' slices may alias the
+	// backend's immutable copies: callers do not modify them.
+	Lookup(ctx context.Context, scope kvsp.ScopeID, compat kvsp.CompatID, keys []kvsp.BlockKey, res *Result) error
 	// Len returns the number of stored records, expired or not yet swept.
 	Len() int
 	// Close stops background work.
 	Close() error
 }
+
+// Result is a lookup's answer. Reusing one across lookups (Reset) keeps
+// lookups from allocating, which keeps the garbage collector, and the tail
+// latency it brings over a heap of a million records, away.
+type Result struct {
+	// Replicas has one non-empty entry per matched key.
+	Replicas [][]kvsp.ReplicaRecord
+	flat     []kvsp.ReplicaRecord
+}
+
+// Reset empties r, keeping its memory.
+func (r *Result) Reset() {
+	clear(r.Replicas) // drop references for the collector
+	r.Replicas = r.Replicas[:0]
+	clear(r.flat)
+	r.flat = r.flat[:0]
+}
+
+// add appends one key's records (already in r.flat from start).
+func (r *Result) add(start int) { r.Replicas = append(r.Replicas, r.flat[start:len(r.flat):len(r.flat)]) }
 
 // ErrDigestConflict refuses a publish whose digest differs from the
 // producer's (409).

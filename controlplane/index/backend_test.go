@@ -92,11 +92,11 @@ func TestBackendConformance(t *testing.T) {
 
 func lookup(t *testing.T, b Backend, scope kvsp.ScopeID, compat kvsp.CompatID, keys ...kvsp.BlockKey) [][]kvsp.ReplicaRecord {
 	t.Helper()
-	out, err := b.Lookup(context.Background(), scope, compat, keys, nil)
-	if err != nil {
+	var res Result
+	if err := b.Lookup(context.Background(), scope, compat, keys, &res); err != nil {
 		t.Fatal(err)
 	}
-	return out
+	return res.Replicas
 }
 
 // conformance runs the suite; slackMs is the tolerance on remaining TTLs
@@ -239,8 +239,9 @@ func TestBackendConcurrency(t *testing.T) {
 						case 1:
 							b.Delete(ctx, holder, k, nil)
 						default:
-							out, _ := b.Lookup(ctx, scopeA, compatX, []kvsp.BlockKey{key(0), key(1), key(2)}, nil)
-							for _, reps := range out {
+							var res Result
+							b.Lookup(ctx, scopeA, compatX, []kvsp.BlockKey{key(0), key(1), key(2)}, &res)
+							for _, reps := range res.Replicas {
 								if len(reps) == 0 {
 									t.Error("empty entry in a lookup")
 								}
@@ -270,22 +271,22 @@ func TestRedisRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv.Kill()
-	if _, err := r.Lookup(ctx, scopeA, compatX, []kvsp.BlockKey{key(0)}, nil); !errors.Is(err, kvsp.ErrUnavailable) {
+	var res Result
+	if err := r.Lookup(ctx, scopeA, compatX, []kvsp.BlockKey{key(0)}, &res); !errors.Is(err, kvsp.ErrUnavailable) {
 		t.Fatalf("lookup with Redis down: %v", err)
 	}
 	if _, err := r.Put(ctx, record(h, key(0), scopeA, compatX), time.Minute, false); !errors.Is(err, kvsp.ErrUnavailable) {
 		t.Fatalf("publish with Redis down: %v", err)
 	}
 	srv.Restart()
-	got, err := r.Lookup(ctx, scopeA, compatX, []kvsp.BlockKey{key(0)}, nil)
-	if err != nil || len(got) != 0 {
-		t.Fatalf("after restart (empty): %v %v", got, err)
+	if err := r.Lookup(ctx, scopeA, compatX, []kvsp.BlockKey{key(0)}, &res); err != nil || len(res.Replicas) != 0 {
+		t.Fatalf("after restart (empty): %v %v", res.Replicas, err)
 	}
 	if created, err := r.Put(ctx, record(h, key(0), scopeA, compatX), time.Minute, false); err != nil || !created {
 		t.Fatalf("republish: %v %v", created, err)
 	}
-	if got, err := r.Lookup(ctx, scopeA, compatX, []kvsp.BlockKey{key(0)}, nil); err != nil || len(got) != 1 {
-		t.Fatalf("lookup after republish: %v %v", got, err)
+	if err := r.Lookup(ctx, scopeA, compatX, []kvsp.BlockKey{key(0)}, &res); err != nil || len(res.Replicas) != 1 {
+		t.Fatalf("lookup after republish: %v %v", res.Replicas, err)
 	}
 }
 

@@ -79,7 +79,7 @@ func BenchmarkLookupMillion(b *testing.B) {
 			chains[c] = append(chains[c], chainKey(c*61%benchChains, i))
 		}
 	}
-	out := make([][]kvsp.ReplicaRecord, 0, benchChain)
+	var res Result
 	ctx := context.Background()
 	lat := make([]time.Duration, 0, 1<<16)
 	b.ReportAllocs()
@@ -87,12 +87,12 @@ func BenchmarkLookupMillion(b *testing.B) {
 	i := 0
 	for b.Loop() {
 		t0 := time.Now()
-		got, _ := m.Lookup(ctx, scopeA, compatX, chains[i%len(chains)], out[:0])
+		m.Lookup(ctx, scopeA, compatX, chains[i%len(chains)], &res)
 		if len(lat) < cap(lat) {
 			lat = append(lat, time.Since(t0))
 		}
-		if len(got) != benchMatched {
-			b.Fatalf("matched %d", len(got))
+		if len(res.Replicas) != benchMatched {
+			b.Fatalf("matched %d", len(res.Replicas))
 		}
 		i++
 	}

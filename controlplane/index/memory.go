@@ -204,34 +204,30 @@ func (m *Memory) sweeper(interval time.Duration) {
 	}
 }
 
-// Lookup implements Backend. The records of all keys share one backing
-// array: one allocation per lookup in the common case of one replica per
-// key.
-func (m *Memory) Lookup(ctx context.Context, scope kvsp.ScopeID, compat kvsp.CompatID, keys []kvsp.BlockKey, out [][]kvsp.ReplicaRecord) ([][]kvsp.ReplicaRecord, error) {
+// Lookup implements Backend.
+func (m *Memory) Lookup(ctx context.Context, scope kvsp.ScopeID, compat kvsp.CompatID, keys []kvsp.BlockKey, res *Result) error {
+	res.Reset()
 	now := time.Now()
-	var flat []kvsp.ReplicaRecord
 	for _, k := range keys {
 		s := m.shard(k)
-		start := len(flat)
+		start := len(res.flat)
 		s.mu.RLock()
-		for i := range s.m[k] {
-			r := &s.m[k][i]
+		reps := s.m[k]
+		for i := range reps {
+			r := &reps[i]
 			if !r.expires.After(now) || r.rec.ScopeID != scope || r.rec.CompatID != compat {
 				continue
 			}
-			if flat == nil {
-				flat = make([]kvsp.ReplicaRecord, 0, len(keys))
-			}
-			flat = append(flat, r.rec)
-			flat[len(flat)-1].TTLMs = remainingMs(r.expires.Sub(now))
+			res.flat = append(res.flat, r.rec)
+			res.flat[len(res.flat)-1].TTLMs = remainingMs(r.expires.Sub(now))
 		}
 		s.mu.RUnlock()
-		if len(flat) == start {
+		if len(res.flat) == start {
 			break // Block Keys chain: nothing after a gap can be used (R-IS-15)
 		}
-		out = append(out, flat[start:len(flat):len(flat)])
+		res.add(start)
 	}
-	return out, nil
+	return nil
 }
 
 // Len implements Backend.

@@ -210,9 +210,10 @@ func decodeStored(v []byte) (*kvsp.ReplicaRecord, error) {
 }
 
 // Lookup implements Backend: one pipeline of one script call per key.
-func (r *Redis) Lookup(ctx context.Context, scope kvsp.ScopeID, compat kvsp.CompatID, keys []kvsp.BlockKey, out [][]kvsp.ReplicaRecord) ([][]kvsp.ReplicaRecord, error) {
+func (r *Redis) Lookup(ctx context.Context, scope kvsp.ScopeID, compat kvsp.CompatID, keys []kvsp.BlockKey, res *Result) error {
+	res.Reset()
 	if len(keys) == 0 {
-		return out, nil
+		return nil
 	}
 	cmds := make([]*redis.Cmd, len(keys))
 	_, err := r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
@@ -225,19 +226,19 @@ func (r *Redis) Lookup(ctx context.Context, scope kvsp.ScopeID, compat kvsp.Comp
 	if err != nil && isNoScript(err) {
 		// First use on this server: load the script, then retry once.
 		if err := lookupScript.Load(ctx, r.c).Err(); err != nil {
-			return out, unavailable(err)
+			return unavailable(err)
 		}
-		return r.Lookup(ctx, scope, compat, keys, out)
+		return r.Lookup(ctx, scope, compat, keys, res)
 	}
 	if err != nil {
-		return out, unavailable(err)
+		return unavailable(err)
 	}
 	for _, cmd := range cmds {
 		vals, err := cmd.Slice()
 		if err != nil {
-			return out, unavailable(err)
+			return unavailable(err)
 		}
-		var found []kvsp.ReplicaRecord
+		start := len(res.flat)
 		for j := 0; j+1 < len(vals); j += 2 {
 			v, _ := vals[j].(string)
 			pttl, _ := vals[j+1].(int64)
@@ -246,17 +247,17 @@ func (r *Redis) Lookup(ctx context.Context, scope kvsp.ScopeID, compat kvsp.Comp
 			}
 			rec, err := decodeStored([]byte(v))
 			if err != nil {
-				return out, err
+				return err
 			}
 			rec.TTLMs = uint64(pttl)
-			found = append(found, *rec)
+			res.flat = append(res.flat, *rec)
 		}
-		if len(found) == 0 {
+		if len(res.flat) == start {
 			break // R-IS-15
 		}
-		out = append(out, found)
+		res.add(start)
 	}
-	return out, nil
+	return nil
 }
 
 func isNoScript(err error) bool { return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -173,10 +174,15 @@ func (s *Service) lookup(w http.ResponseWriter, r *http.Request) error {
 		return kvsp.NewProblem(kvsp.ErrTooLarge, fmt.Sprintf("at most %d block keys per lookup", s.cfg.MaxLookupKeys)).
 			With("max_block_keys", s.cfg.MaxLookupKeys)
 	}
-	reps, err := s.b.Lookup(r.Context(), q.ScopeID, q.CompatID, q.BlockKeys, make([][]kvsp.ReplicaRecord, 0, len(q.BlockKeys)))
-	if err != nil {
+	res := resultPool.Get().(*Result)
+	defer resultPool.Put(res)
+	if err := s.b.Lookup(r.Context(), q.ScopeID, q.CompatID, q.BlockKeys, res); err != nil {
+		if errors.Is(err, kvsp.ErrUnavailable) {
+			return err
+		}
 		return fmt.Errorf("%w: index backend: %v", kvsp.ErrUnavailable, err)
 	}
+	reps := res.Replicas
 	resp := kvsp.LookupResponse{Matched: len(reps), Replicas: reps}
 	if len(q.Targets) > 0 && s.cfg.Status != nil && s.cfg.BlockTokens != nil {
 		if b, ok := s.cfg.BlockTokens(q.CompatID); ok {
@@ -197,6 +203,8 @@ func (s *Service) lookup(w http.ResponseWriter, r *http.Request) error {
 	s.m.keysMatched.Add(float64(resp.Matched))
 	return server.WriteJSON(w, http.StatusOK, &resp)
 }
+
+var resultPool = sync.Pool{New: func() any { return new(Result) }}
 
 type metrics struct {
 	lookups, publishes, refreshes, withdrawals, expirations prometheus.Counter
