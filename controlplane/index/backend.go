@@ -50,7 +50,9 @@ func (r *Result) Reset() {
 }
 
 // add appends one key's records (already in r.flat from start).
-func (r *Result) add(start int) { r.Replicas = append(r.Replicas, r.flat[start:len(r.flat):len(r.flat)]) }
+func (r *Result) add(start int) {
+	r.Replicas = append(r.Replicas, r.flat[start:len(r.flat):len(r.flat)])
+}
 
 // ErrDigestConflict refuses a publish whose digest differs from the
 // producer's (409).
