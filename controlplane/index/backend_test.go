@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"reflect"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -324,4 +325,30 @@ func TestSnapshotRestart(t *testing.T) {
 			t.Fatal("garbage accepted as a snapshot")
 		}
 	})
+}
+
+// TestStoredCodec: the compact form round-trips every member of a record.
+func TestStoredCodec(t *testing.T) {
+	r := record("https://h1.example/kvsp/", key(3), scopeA, compatX)
+	r.LayerDigests = []kvsp.LayerDigest{{1}, {2}}
+	r.Residency = append(r.Residency, kvsp.Residency{Tier: kvsp.TierLocalStorage, Layers: kvsp.LayerRange{32, 40}, ReadMbitPerS: 1000})
+	r.MOQTNamespace = "AWEBYgFjAWQBZQ"
+	b, err := appendStored(nil, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got kvsp.ReplicaRecord
+	if err := decodeStoredInto(&got, b); err != nil {
+		t.Fatal(err)
+	}
+	got.TTLMs = r.TTLMs
+	if !reflect.DeepEqual(&got, r) {
+		t.Fatalf("round trip:\n%+v\n%+v", &got, r)
+	}
+	for i := 0; i < len(b); i++ {
+		var x kvsp.ReplicaRecord
+		if err := decodeStoredInto(&x, b[:i]); err == nil {
+			t.Fatalf("prefix %d decoded", i)
+		}
+	}
 }

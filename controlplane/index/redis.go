@@ -5,11 +5,11 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
 
-	"github.com/go-json-experiment/json"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/kvsp/kvsp"
@@ -32,62 +32,96 @@ type RedisConfig struct {
 }
 
 // Redis is the shared backend: several stateless IS processes use one
-// Redis or Valkey, standalone or clustered. For a block key K and a holder
-// H it keeps
+// Redis or Valkey, standalone or clustered. A block key K is one string
 //
-//	{prefix}:{K}:H  the record (scope_id, compat_id, JSON), with TTL (PX)
-//	{prefix}:{K}:h  the set of H that published K, expiring with the last
+//	{prefix}:{K}:r  entries "<expiry ms>,<holder-id>,<length>:<compact record>", one per holder
+//	{prefix}:{K}:d  the pinned producer digest, when pinning
 //
-// under the hash tag {K}, so everything of a key lives in one slot and one
-// script handles it; a lookup pipelines one script call per key: one round
-// trip per node.
+// under the hash tag {K}. Expiry times come from the Redis server's clock
+// (TIME); a write rewrites the string without its expired entries and with
+// PX set to its longest-lived entry, so Redis drops keys whose replicas
+// all expired. A lookup is one MGET of all its keys and a TIME on a
+// standalone server (one command, one round trip), and pipelined GETs on a
+// cluster (one round trip per node).
 type Redis struct {
 	c      redis.UniversalClient
 	prefix string
 	to     time.Duration
 }
 
+// luaNow is the Redis server's time in ms.
+const luaNow = `local t = redis.call('TIME'); local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+`
+
+// luaEntries parses a key's value into live entries {exp, hid, text}.
+const luaEntries = `
+local function entries(v, now)
+  local out = {}
+  if not v then return out end
+  local pos = 1
+  while pos <= #v do
+    local c1 = string.find(v, ',', pos, true)
+    local c2 = string.find(v, ',', c1 + 1, true)
+    local c3 = string.find(v, ':', c2 + 1, true)
+    local exp = tonumber(string.sub(v, pos, c1 - 1))
+    local hid = string.sub(v, c1 + 1, c2 - 1)
+    local len = tonumber(string.sub(v, c2 + 1, c3 - 1))
+    local stop = c3 + len
+    if exp > now then out[#out+1] = {exp, hid, string.sub(v, pos, stop)} end
+    pos = stop + 1
+  end
+  return out
+end
+local function store(key, list, now)
+  if #list == 0 then redis.call('DEL', key) return end
+  local parts, maxexp = {}, 0
+  for i, e in ipairs(list) do
+    parts[i] = e[3]
+    if e[1] > maxexp then maxexp = e[1] end
+  end
+  redis.call('SET', key, table.concat(parts), 'PX', maxexp - now)
+end
+`
+
 var (
-	// KEYS[1] record key, KEYS[2] holder set, KEYS[3] pinned digest;
-	// ARGV: value, ttl ms, holder id, digest ("" when not pinning).
-	putScript = redis.NewScript(`
+	// KEYS[1] record key, KEYS[2] pinned digest; ARGV: holder id, record,
+	// ttl ms, pin ("" when not pinning). Returns 1 created, 0 refreshed,
+	// -1 digest conflict.
+	putScript = redis.NewScript(luaNow + luaEntries + `
+local ttl = tonumber(ARGV[3])
 if ARGV[4] ~= '' then
-  local d = redis.call('GET', KEYS[3])
+  local d = redis.call('GET', KEYS[2])
   if d and d ~= ARGV[4] then return -1 end
   if not d then
-    redis.call('SET', KEYS[3], ARGV[4], 'PX', ARGV[2])
-  elseif redis.call('PTTL', KEYS[3]) < tonumber(ARGV[2]) then
-    redis.call('PEXPIRE', KEYS[3], ARGV[2])
+    redis.call('SET', KEYS[2], ARGV[4], 'PX', ttl)
+  elseif redis.call('PTTL', KEYS[2]) < ttl then
+    redis.call('PEXPIRE', KEYS[2], ttl)
   end
 end
-local old = redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2], 'GET')
-redis.call('SADD', KEYS[2], ARGV[3])
-local pttl = redis.call('PTTL', KEYS[2])
-if pttl < tonumber(ARGV[2]) then redis.call('PEXPIRE', KEYS[2], ARGV[2]) end
-if old then return 0 end
-return 1`)
-	// KEYS[1] holder set; ARGV[1] the record key prefix ({prefix}:{K}:).
-	// Returns value, pttl pairs of the live records, dropping dead members.
-	lookupScript = redis.NewScript(`
-local out = {}
-for _, h in ipairs(redis.call('SMEMBERS', KEYS[1])) do
-  local k = ARGV[1] .. h
-  local v = redis.call('GET', k)
-  if v then
-    out[#out+1] = v
-    out[#out+1] = redis.call('PTTL', k)
-  else
-    redis.call('SREM', KEYS[1], h)
-  end
+local list, created = {}, 1
+for _, e in ipairs(entries(redis.call('GET', KEYS[1]), now)) do
+  if e[2] == ARGV[1] then created = 0 else list[#list+1] = e end
 end
-return out`)
-	// KEYS[1] record key, KEYS[2] holder set, KEYS[3] pinned digest;
-	// ARGV[1] holder id. The pin goes with the key's last replica.
-	delScript = redis.NewScript(`
-local n = redis.call('DEL', KEYS[1])
-redis.call('SREM', KEYS[2], ARGV[1])
-if redis.call('SCARD', KEYS[2]) == 0 then redis.call('DEL', KEYS[3]) end
-return n`)
+local exp = now + ttl
+list[#list+1] = {exp, ARGV[1], tostring(exp) .. ',' .. ARGV[1] .. ',' .. tostring(#ARGV[2]) .. ':' .. ARGV[2]}
+store(KEYS[1], list, now)
+return created`)
+	// KEYS[1] record key; ARGV[1] holder id. Returns the live entry or nil.
+	getScript = redis.NewScript(luaNow + luaEntries + `
+for _, e in ipairs(entries(redis.call('GET', KEYS[1]), now)) do
+  if e[2] == ARGV[1] then return e[3] end
+end
+return false`)
+	// KEYS[1] record key, KEYS[2] pinned digest; ARGV[1] holder id. The pin
+	// goes with the key's last record. Returns 1 deleted, 0 not found.
+	delScript = redis.NewScript(luaNow + luaEntries + `
+local list, found = {}, 0
+for _, e in ipairs(entries(redis.call('GET', KEYS[1]), now)) do
+  if e[2] == ARGV[1] then found = 1 else list[#list+1] = e end
+end
+store(KEYS[1], list, now)
+if #list == 0 then redis.call('DEL', KEYS[2]) end
+return found`)
 )
 
 // NewRedis connects to Redis and checks the connection.
@@ -116,9 +150,9 @@ func NewRedis(ctx context.Context, cfg RedisConfig) (*Redis, error) {
 	return r, nil
 }
 
-func (r *Redis) keys(k kvsp.BlockKey, holderID string) (rec, set, recPrefix string) {
+func (r *Redis) keys(k kvsp.BlockKey) (records, pin string) {
 	base := r.prefix + ":{" + k.String() + "}:"
-	return base + "r:" + holderID, base + "h", base + "r:"
+	return base + "r", base + "d"
 }
 
 // unavailable marks a Redis failure: lookups answer 503 (and recover when
@@ -130,35 +164,18 @@ func unavailable(err error) error {
 	return fmt.Errorf("%w: index store: %v", kvsp.ErrUnavailable, err)
 }
 
-// encodeStored prefixes the record's JSON with its scope and compat, so a
-// lookup filters without decoding other scopes' records.
-func encodeStored(rec *kvsp.ReplicaRecord) ([]byte, error) {
-	j, err := json.Marshal(rec, json.Deterministic(true))
-	if err != nil {
-		return nil, err
-	}
-	b := make([]byte, 0, 48+len(j))
-	b = append(b, rec.ScopeID[:]...)
-	b = append(b, rec.CompatID[:]...)
-	return append(b, j...), nil
-}
-
 // Put implements Backend.
 func (r *Redis) Put(ctx context.Context, rec *kvsp.ReplicaRecord, ttl time.Duration, pinDigest bool) (bool, error) {
-	v, err := encodeStored(rec)
+	v, err := appendStored(nil, rec)
 	if err != nil {
 		return false, err
 	}
-	hid := kvsp.ResourceID(rec.Holder)
-	rk, sk, _ := r.keys(rec.BlockKey, hid)
-	ms := max(ttl.Milliseconds(), 1)
+	hash, pinKey := r.keys(rec.BlockKey)
 	pin := ""
 	if pinDigest {
-		// The pin is per key, scope and compat: the digest names all three.
-		pin = rec.ScopeID.String() + rec.CompatID.String() + rec.Digest.String()
+		pin = rec.ScopeID.String() + rec.CompatID.String() + rec.Digest.String() // per key, scope and compat
 	}
-	dk := strings.TrimSuffix(sk, "h") + "d"
-	n, err := putScript.Run(ctx, r.c, []string{rk, sk, dk}, v, ms, hid, pin).Int()
+	n, err := putScript.Run(ctx, r.c, []string{hash, pinKey}, kvsp.ResourceID(rec.Holder), v, max(ttl.Milliseconds(), 1), pin).Int()
 	if err != nil {
 		return false, unavailable(err)
 	}
@@ -171,8 +188,8 @@ func (r *Redis) Put(ctx context.Context, rec *kvsp.ReplicaRecord, ttl time.Durat
 // Delete implements Backend.
 func (r *Redis) Delete(ctx context.Context, holder string, key kvsp.BlockKey, authorize func(*kvsp.ReplicaRecord) error) error {
 	hid := kvsp.ResourceID(holder)
-	rk, sk, _ := r.keys(key, hid)
-	v, err := r.c.Get(ctx, rk).Bytes()
+	hash, pinKey := r.keys(key)
+	v, err := getScript.Run(ctx, r.c, []string{hash}, hid).Text()
 	if errors.Is(err, redis.Nil) {
 		return kvsp.ErrNotFound
 	}
@@ -180,15 +197,21 @@ func (r *Redis) Delete(ctx context.Context, holder string, key kvsp.BlockKey, au
 		return unavailable(err)
 	}
 	if authorize != nil {
-		rec, err := decodeStored(v)
+		var rec kvsp.ReplicaRecord
+		err := parseEntries(v, func(_ int64, _, text string) error {
+			if err := decodeStoredInto(&rec, []byte(text)); err != nil {
+				return unavailable(err)
+			}
+			return nil
+		})
 		if err != nil {
 			return err
 		}
-		if err := authorize(rec); err != nil {
+		if err := authorize(&rec); err != nil {
 			return err
 		}
 	}
-	n, err := delScript.Run(ctx, r.c, []string{rk, sk, strings.TrimSuffix(sk, "h") + "d"}, hid).Int()
+	n, err := delScript.Run(ctx, r.c, []string{hash, pinKey}, hid).Int()
 	if err != nil {
 		return unavailable(err)
 	}
@@ -198,59 +221,98 @@ func (r *Redis) Delete(ctx context.Context, holder string, key kvsp.BlockKey, au
 	return nil
 }
 
-func decodeStored(v []byte) (*kvsp.ReplicaRecord, error) {
-	if len(v) < 48 {
-		return nil, fmt.Errorf("%w: index store holds a malformed record", kvsp.ErrUnavailable)
+// parseEntries calls fn for each entry of a key's value: expiry ms,
+// holder id, compact record.
+func parseEntries(v string, fn func(exp int64, hid, rec string) error) error {
+	for len(v) > 0 {
+		c1 := strings.IndexByte(v, ',')
+		if c1 < 0 {
+			return unavailable(errStored)
+		}
+		c2 := strings.IndexByte(v[c1+1:], ',') + c1 + 1
+		if c2 <= c1 {
+			return unavailable(errStored)
+		}
+		c3 := strings.IndexByte(v[c2+1:], ':') + c2 + 1
+		if c3 <= c2 {
+			return unavailable(errStored)
+		}
+		exp, err1 := strconv.ParseInt(v[:c1], 10, 64)
+		n, err2 := strconv.Atoi(v[c2+1 : c3])
+		if err1 != nil || err2 != nil || n < 0 || c3+1+n > len(v) {
+			return unavailable(errStored)
+		}
+		if err := fn(exp, v[c1+1:c2], v[c3+1:c3+1+n]); err != nil {
+			return err
+		}
+		v = v[c3+1+n:]
 	}
-	var rec kvsp.ReplicaRecord
-	if err := json.Unmarshal(v[48:], &rec); err != nil {
-		return nil, fmt.Errorf("%w: index store holds a malformed record", kvsp.ErrUnavailable)
-	}
-	return &rec, nil
+	return nil
 }
 
-// Lookup implements Backend: one pipeline of one script call per key.
+func filterArg(scope kvsp.ScopeID, compat kvsp.CompatID) string {
+	b := make([]byte, 0, storedFilterLen)
+	b = append(b, storedVersion)
+	b = append(b, scope[:]...)
+	return string(append(b, compat[:]...))
+}
+
+// Lookup implements Backend.
 func (r *Redis) Lookup(ctx context.Context, scope kvsp.ScopeID, compat kvsp.CompatID, keys []kvsp.BlockKey, res *Result) error {
 	res.Reset()
 	if len(keys) == 0 {
 		return nil
 	}
-	cmds := make([]*redis.Cmd, len(keys))
+	names := make([]string, len(keys))
+	for i, k := range keys {
+		names[i], _ = r.keys(k)
+	}
+	var (
+		tm    *redis.TimeCmd
+		mget  *redis.SliceCmd
+		gets  []*redis.StringCmd
+		_, cl = r.c.(*redis.ClusterClient)
+	)
 	_, err := r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, k := range keys {
-			_, sk, prefix := r.keys(k, "")
-			cmds[i] = lookupScript.EvalSha(ctx, p, []string{sk}, prefix)
+		tm = p.Time(ctx)
+		if !cl {
+			mget = p.MGet(ctx, names...)
+			return nil
+		}
+		gets = make([]*redis.StringCmd, len(names))
+		for i, n := range names {
+			gets[i] = p.Get(ctx, n)
 		}
 		return nil
 	})
-	if err != nil && isNoScript(err) {
-		// First use on this server: load the script, then retry once.
-		if err := lookupScript.Load(ctx, r.c).Err(); err != nil {
-			return unavailable(err)
-		}
-		return r.Lookup(ctx, scope, compat, keys, res)
-	}
-	if err != nil {
+	if err != nil && !errors.Is(err, redis.Nil) {
 		return unavailable(err)
 	}
-	for _, cmd := range cmds {
-		vals, err := cmd.Slice()
-		if err != nil {
-			return unavailable(err)
+	now := tm.Val().UnixMilli()
+	value := func(i int) string {
+		if mget != nil {
+			s, _ := mget.Val()[i].(string)
+			return s
 		}
+		return gets[i].Val()
+	}
+	filter := filterArg(scope, compat)
+	for i := range names {
 		start := len(res.flat)
-		for j := 0; j+1 < len(vals); j += 2 {
-			v, _ := vals[j].(string)
-			pttl, _ := vals[j+1].(int64)
-			if len(v) < 48 || string(v[:16]) != string(scope[:]) || string(v[16:48]) != string(compat[:]) || pttl <= 0 {
-				continue
+		err := parseEntries(value(i), func(exp int64, _ string, rec string) error {
+			if exp <= now || len(rec) < storedFilterLen || rec[:storedFilterLen] != filter {
+				return nil
 			}
-			rec, err := decodeStored([]byte(v))
-			if err != nil {
-				return err
+			res.flat = append(res.flat, kvsp.ReplicaRecord{})
+			out := &res.flat[len(res.flat)-1]
+			if err := decodeStoredInto(out, []byte(rec)); err != nil {
+				return unavailable(err)
 			}
-			rec.TTLMs = uint64(pttl)
-			res.flat = append(res.flat, *rec)
+			out.TTLMs = uint64(exp - now)
+			return nil
+		})
+		if err != nil {
+			return err
 		}
 		if len(res.flat) == start {
 			break // R-IS-15
@@ -260,17 +322,16 @@ func (r *Redis) Lookup(ctx context.Context, scope kvsp.ScopeID, compat kvsp.Comp
 	return nil
 }
 
-func isNoScript(err error) bool { return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") }
-
 // Len implements Backend: the live records (SCAN; for tests and metrics).
 func (r *Redis) Len() int {
 	ctx, cancel := context.WithTimeout(context.Background(), r.to)
 	defer cancel()
 	var n atomic.Int64
 	count := func(c *redis.Client) {
-		iter := c.Scan(ctx, 0, r.prefix+":{*}:r:*", 1000).Iterator()
+		iter := c.Scan(ctx, 0, r.prefix+":{*}:r", 1000).Iterator()
 		for iter.Next(ctx) {
-			n.Add(1)
+			v, _ := c.Get(ctx, iter.Val()).Result()
+			parseEntries(v, func(int64, string, string) error { n.Add(1); return nil })
 		}
 	}
 	switch c := r.c.(type) {
