@@ -238,6 +238,18 @@ func WriteJSON(w http.ResponseWriter, status int, v any) error {
 	return err
 }
 
+// WriteJSONBody writes an already encoded KVSP JSON body (hand-written
+// encoders on hot paths) with the headers of WriteJSON.
+func WriteJSONBody(w http.ResponseWriter, status int, body []byte) error {
+	h := w.Header()
+	h.Set("Content-Type", kvsp.MediaType)
+	h.Set("Cache-Control", "no-store")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(status)
+	_, err := w.Write(body)
+	return err
+}
+
 // NoContent writes a 204 with Cache-Control: no-store.
 func NoContent(w http.ResponseWriter) error {
 	w.Header().Set("Cache-Control", "no-store")

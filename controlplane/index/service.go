@@ -201,8 +201,13 @@ func (s *Service) lookup(w http.ResponseWriter, r *http.Request) error {
 	s.m.matched.Observe(float64(resp.Matched))
 	s.m.keysAsked.Add(float64(len(q.BlockKeys)))
 	s.m.keysMatched.Add(float64(resp.Matched))
-	return server.WriteJSON(w, http.StatusOK, &resp)
+	bp := bodyPool.Get().(*[]byte)
+	defer bodyPool.Put(bp)
+	*bp = resp.AppendJSON((*bp)[:0])
+	return server.WriteJSONBody(w, http.StatusOK, *bp)
 }
+
+var bodyPool = sync.Pool{New: func() any { b := make([]byte, 0, 64<<10); return &b }}
 
 var resultPool = sync.Pool{New: func() any { return new(Result) }}
 
