@@ -29,7 +29,7 @@ type plainRecord struct {
 	Codec        int      `json:"codec"`
 	Size         int64    `json:"size"`
 	Digest       string   `json:"digest"`
-	LayerDigests []string `json:"layer_digests"`
+	LayerDigests []string `json:"layer_digests,omitempty"`
 	Residency    []struct {
 		Tier   string `json:"tier"`
 		Layers [2]int `json:"layers"`
@@ -43,6 +43,12 @@ type plainRecord struct {
 // 64-key lookups, all matching, one replica per key with 32 layer digests;
 // 4 concurrent HTTP/2 clients.
 func BenchmarkLookupHTTPS(b *testing.B) {
+	for _, ld := range []int{32, 0} {
+		b.Run(fmt.Sprintf("layer_digests=%d", ld), func(b *testing.B) { benchLookupHTTPS(b, ld) })
+	}
+}
+
+func benchLookupHTTPS(b *testing.B, layerDigests int) {
 	p := kvsptest.NewPKI(b)
 	scope, _ := kvsp.ParseScopeID(kvsptest.Scope)
 	mem := index.NewMemory(time.Minute)
@@ -58,13 +64,13 @@ func BenchmarkLookupHTTPS(b *testing.B) {
 		for i := 0; i < perChain; i++ {
 			r := &kvsp.ReplicaRecord{BlockKey: kvsp.BlockKey{byte(c), byte(c >> 8), byte(i), 7}, CompatID: kvsp.CompatID{1}, ScopeID: scope,
 				Holder: fmt.Sprintf("https://holder%02d.example/kvsp/", c%16), Codec: 1, Size: 2097152, Digest: kvsp.Digest{byte(i)},
-				LayerDigests: make([]kvsp.LayerDigest, 32), TTLMs: 600000,
+				LayerDigests: make([]kvsp.LayerDigest, layerDigests), TTLMs: 600000,
 				Residency: []kvsp.Residency{{Tier: kvsp.TierHost, Layers: kvsp.LayerRange{0, 31}}}}
 			mem.Put(context.Background(), r, time.Hour, false)
 			keys[c] = append(keys[c], r.BlockKey)
 			pr := plainRecord{BlockKey: r.BlockKey.String(), CompatID: r.CompatID.String(), ScopeID: r.ScopeID.String(), Holder: r.Holder,
 				Codec: 1, Size: 2097152, Digest: r.Digest.String(), TTLMs: 600000}
-			for range 32 {
+			for range layerDigests {
 				pr.LayerDigests = append(pr.LayerDigests, strings.Repeat("0", 64))
 			}
 			pr.Residency = append(pr.Residency, struct {

@@ -6,6 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/client"
 	"github.com/kvsp/kvsp/controlplane/index"
@@ -180,4 +183,73 @@ func TestEstimate(t *testing.T) {
 	if _, _, ok := index.Estimate(&kvsp.InstanceStatus{}, nil, 16); ok {
 		t.Error("no prefill rate, yet an estimate")
 	}
+}
+
+// TestLookupRedisDown: with the shared store gone, a lookup is a clear 503
+// problem (not a miss); once Redis is back and holders republish, lookups
+// match again. The service's metrics count what happened.
+func TestLookupRedisDown(t *testing.T) {
+	red := kvsptest.StartRedis(t)
+	rb, err := index.NewRedis(context.Background(), index.RedisConfig{Addrs: []string{red.Addr}, Password: kvsptest.RedisPassword, Timeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rb.Close()
+	reg := prometheus.NewRegistry()
+	svc, err := index.New(index.Config{MaxTTL: time.Minute, MaxLookupKeys: 8, Registerer: reg}, rb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := kvsptest.NewPKI(t)
+	srv := kvsptest.StartServer(t, p, kvsptest.Options{Policy: pol2}, func(s *server.Server) { svc.Mount(s.Mount("/is/")) })
+	mk := func(id string) *client.Index {
+		c, _ := client.New(client.Config{TLS: p.ClientTLS(p.Leaf(id)), Attempts: 1})
+		t.Cleanup(c.Close)
+		return c.Index(srv.URL("/is/"))
+	}
+	h, a := mk(kvsptest.Holder1), mk(kvsptest.ClientA)
+	ctx := context.Background()
+	q := &kvsp.LookupRequest{ScopeID: scope, CompatID: kvsp.CompatID{1}, BlockKeys: keys(1)}
+	if _, _, err := h.Publish(ctx, rec(h1, 1, 60000)); err != nil {
+		t.Fatal(err)
+	}
+	if resp, err := a.Lookup(ctx, q); err != nil || resp.Matched != 1 {
+		t.Fatalf("before: %v %v", resp, err)
+	}
+	red.Kill()
+	_, err = a.Lookup(ctx, q)
+	var prob *kvsp.Problem
+	if !errors.As(err, &prob) || prob.Status != 503 || !errors.Is(err, kvsp.ErrUnavailable) {
+		t.Fatalf("lookup with Redis down: %v", err)
+	}
+	red.Restart()
+	if resp, err := a.Lookup(ctx, q); err != nil || resp.Matched != 0 {
+		t.Fatalf("after restart, before republish: %v %v", resp, err)
+	}
+	if _, _, err := h.Publish(ctx, rec(h1, 1, 60000)); err != nil {
+		t.Fatal(err)
+	}
+	if resp, err := a.Lookup(ctx, q); err != nil || resp.Matched != 1 {
+		t.Fatalf("after republish: %v %v", resp, err)
+	}
+	if n := testutil.ToFloat64(counter(t, reg, "kvsp_index_lookups_total")); n != 3 {
+		t.Errorf("lookups_total = %v, want 3 (the failed one is not counted)", n)
+	}
+	if n := testutil.ToFloat64(counter(t, reg, "kvsp_index_publishes_total")); n != 2 {
+		t.Errorf("publishes_total = %v, want 2", n)
+	}
+}
+
+func counter(t *testing.T, reg *prometheus.Registry, name string) prometheus.Collector {
+	t.Helper()
+	mfs, _ := reg.Gather()
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			c := prometheus.NewCounter(prometheus.CounterOpts{Name: "x"})
+			c.Add(mf.GetMetric()[0].GetCounter().GetValue())
+			return c
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return nil
 }
