@@ -243,3 +243,6 @@ func VerifyParallel(data []byte, g Geometry, want []Digest, workers int) ([]Dige
 	}
 	return out, nil
 }
+
+// Block returns the stored block the view is of.
+func (v View) Block() *Block { return v.b }

@@ -22,7 +22,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/client"
+	"github.com/kvsp/kvsp/container"
 	"github.com/kvsp/kvsp/controlplane/index"
+	"github.com/kvsp/kvsp/holder"
 	"github.com/kvsp/kvsp/internal/config"
 	"github.com/kvsp/kvsp/internal/mtls"
 	"github.com/kvsp/kvsp/server"
@@ -133,7 +136,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer, hup <-chan os.S
 }
 
 // mountRoles mounts the handlers of every role the configuration names.
-// Roles whose handlers have not landed yet (holder, placement, instance)
+// Roles whose handlers have not landed yet (placement, instance)
 // get their base path only, which answers authenticated 404 problem
 // details.
 func mountRoles(srv *server.Server, cfg *config.Config, log *slog.Logger, reg prometheus.Registerer) (func(), error) {
@@ -191,16 +194,98 @@ func mountRoles(srv *server.Server, cfg *config.Config, log *slog.Logger, reg pr
 		}
 		log.Info("role mounted", "role", "index", "base", x.Base, "backend", x.Backend)
 	}
+	if len(cfg.Holders) > 0 {
+		hc, err := processClient(cfg, log)
+		if err != nil {
+			closeAll()
+			return nil, err
+		}
+		closers = append(closers, hc.Close)
+		for i := range cfg.Holders {
+			hcfg := &cfg.Holders[i]
+			h, err := newHolder(cfg, hcfg, hc, log)
+			if err != nil {
+				closeAll()
+				return nil, fmt.Errorf("holders[%d]: %w", i, err)
+			}
+			closers = append([]func(){func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				h.Close(ctx) // withdraws its records
+			}}, closers...)
+			if err := h.Mount(srv.Mount(basePath(hcfg.Base))); err != nil {
+				closeAll()
+				return nil, err
+			}
+			log.Info("role mounted", "role", "holder", "base", hcfg.Base)
+		}
+	}
 	var pending []string
 	if cfg.Controller != nil {
 		pending = append(pending, cfg.Controller.Base)
 	}
-	pending = append(pending, cfg.SpeaksFor()...)
+	for _, x := range cfg.Instances {
+		pending = append(pending, x.Base)
+	}
 	for _, b := range pending {
 		srv.Mount(basePath(b))
 		log.Info("role base mounted; its handlers land with their issue", "base", b)
 	}
 	return closeAll, nil
+}
+
+// processClient is the client this process calls other roles with, under
+// its one identity (tls.client_cert).
+func processClient(cfg *config.Config, log *slog.Logger) (*client.Client, error) {
+	creds, err := mtls.LoadCredentials(mtls.TLSFiles{Cert: cfg.TLS.ClientCert, Key: cfg.TLS.ClientKey, ClientCA: cfg.TLS.ClientCA}, log)
+	if err != nil {
+		return nil, fmt.Errorf("config: tls.client_cert: %w", err)
+	}
+	return client.New(client.Config{TLS: mtls.ClientTLSConfig(creds), Logger: log})
+}
+
+// newHolder builds a holder from its configuration: the geometries of its
+// own descriptors and of the instances whose holder it is.
+func newHolder(cfg *config.Config, hcfg *config.Holder, c *client.Client, log *slog.Logger) (*holder.Holder, error) {
+	geoms := map[kvsp.CompatID]container.Geometry{}
+	paths := append([]string(nil), hcfg.Descriptors...)
+	for _, x := range cfg.Instances {
+		if x.Holder == hcfg.Base {
+			paths = append(paths, x.Engine.Descriptor)
+		}
+	}
+	for _, p := range paths {
+		d, err := loadDescriptor(p)
+		if err != nil {
+			return nil, fmt.Errorf("descriptor %s: %w", p, err)
+		}
+		g, err := geometryOf(d)
+		if err != nil {
+			return nil, err
+		}
+		id, err := d.CompatID()
+		if err != nil {
+			return nil, err
+		}
+		geoms[id] = g
+	}
+	var capacity int64
+	var rate uint64
+	for _, t := range hcfg.Tiers {
+		if t.Name != kvsp.TierHost {
+			log.Warn("tier not built yet: blocks stay in host memory", "base", hcfg.Base, "tier", t.Name)
+			continue
+		}
+		capacity, rate = int64(t.Capacity), t.ReadMbitPerS
+	}
+	if capacity == 0 {
+		return nil, fmt.Errorf("tiers: a host tier is required (the other tiers land with the holder issue)")
+	}
+	return holder.New(holder.Config{
+		Base: hcfg.Base, Geometries: geoms, Capacity: capacity, ReadMbitPerS: rate,
+		LeaseQuota: holder.LeaseQuota{Octets: int64(hcfg.LeaseQuota.Octets), MaxTTL: time.Duration(hcfg.LeaseQuota.MaxTTLMs) * time.Millisecond, MaxLeases: hcfg.LeaseQuota.MaxLeases},
+		Index:      c.Index(hcfg.Index), RecordTTL: time.Duration(hcfg.RecordTTLMs) * time.Millisecond, Logger: log,
+	})
 }
 
 // indexBackend opens the configured index backend.

@@ -129,6 +129,34 @@ func TestCertsThenServe(t *testing.T) {
 	if resp.StatusCode != 200 || string(body) != `{"matched":0,"replicas":[]}` {
 		t.Fatalf("lookup through kvsp serve: %d %s", resp.StatusCode, body)
 	}
+	// The holder stores and serves a block of the configured descriptor.
+	g := container.Geometry{Layers: 32, BlockTokens: 4, KVHeads: 8, HeadDim: 128, Elem: container.BF16}
+	h, _ := container.NewHeader(container.CodecRaw, 0, 32, g)
+	var blk bytes.Buffer
+	w := container.NewWriter(&blk, h)
+	for i := 0; i < 32; i++ {
+		w.WriteLayer(make([]byte, 8192), make([]byte, 8192))
+	}
+	w.Close()
+	bpath := "https://" + addr + "/h1/blocks/5ed5c2f238839655d7c4029e12b7f31caf9e7421f4edb4057feee6dab760ee0f/" + sk.ID().String() + "/" + strings.Repeat("ef", 32)
+	req, _ := http.NewRequest("PUT", bpath, bytes.NewReader(blk.Bytes()))
+	req.Header.Set("If-None-Match", "*")
+	req.Header.Set("Content-Type", "application/kvsp-block")
+	hc := &http.Client{Transport: tr, Timeout: 5 * time.Second}
+	resp, err = hc.Do(req)
+	if err != nil || resp.StatusCode != 201 {
+		t.Fatalf("PUT block through kvsp serve: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	resp, err = hc.Get(bpath + "?layers=0-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || len(body) != 52+4*8192 || resp.Header.Get("Repr-Digest") != "sha-256=:+Yrl5A1vrxQNHQQbj8CsCJfygT5Vy3mGgpr26nPIRF8=:" {
+		t.Fatalf("GET layers=0-1: %d %d %q", resp.StatusCode, len(body), resp.Header.Get("Repr-Digest"))
+	}
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("shutdown: %v", err)

@@ -1,0 +1,290 @@
+package holder
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/client"
+	"github.com/kvsp/kvsp/container"
+	"github.com/kvsp/kvsp/server"
+)
+
+// Config configures a holder.
+type Config struct {
+	// Base is the holder's base URI, as published in its records.
+	Base string
+	// Geometries maps each compat_id the holder stores to its geometry
+	// (from the descriptors it knows); others get 409 kvsp-incompatible.
+	Geometries map[kvsp.CompatID]container.Geometry
+	// Capacity of the host tier, in octets.
+	Capacity int64
+	// ReadMbitPerS of the host tier, published in residency.
+	ReadMbitPerS uint64
+	// LeaseQuota bounds each client's leases.
+	LeaseQuota LeaseQuota
+	// Index, when set, receives the holder's replica records.
+	Index *client.Index
+	// RecordTTL is the ttl_ms asked for published records; refreshed at a
+	// third of the effective TTL (R-OPS-1). Default 60s.
+	RecordTTL time.Duration
+	Logger    *slog.Logger
+}
+
+// Validate reports a bad field.
+func (c *Config) Validate() error {
+	switch {
+	case c.Capacity <= 0:
+		return errors.New("holder: capacity required")
+	case c.LeaseQuota.Octets <= 0 || c.LeaseQuota.MaxTTL <= 0 || c.LeaseQuota.MaxLeases <= 0:
+		return errors.New("holder: lease_quota: octets, max_ttl_ms and max_leases required")
+	}
+	return kvsp.ValidateBaseURI("holder: base", c.Base)
+}
+
+// Holder serves blocks and leases.
+type Holder struct {
+	cfg    Config
+	log    *slog.Logger
+	store  *store
+	leases *leases
+
+	pubMu   sync.Mutex
+	pubWake chan struct{}
+	pending []pubOp
+	stop    chan struct{}
+	done    chan struct{}
+}
+
+type pubOp struct {
+	e        *entry
+	withdraw bool
+}
+
+// New returns a Holder; Close stops its publisher.
+func New(cfg Config) (*Holder, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.RecordTTL == 0 {
+		cfg.RecordTTL = time.Minute
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	l := newLeases(cfg.LeaseQuota)
+	h := &Holder{cfg: cfg, log: cfg.Logger, leases: l, store: newStore(cfg.Capacity, l),
+		pubWake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	go h.publisher()
+	return h, nil
+}
+
+// Mount adds the holder routes of the resource table under r.
+func (h *Holder) Mount(r *server.Router) error {
+	for _, rt := range server.RoutesOf(server.RoleHolder) {
+		var fn server.HandlerFunc
+		switch rt.Method + " " + rt.Path {
+		case "GET blocks/{compat}/{scope}/{key}":
+			fn = h.getBlock
+		case "PUT blocks/{compat}/{scope}/{key}":
+			fn = h.putBlock
+		case "POST leases":
+			fn = h.createLease
+		case "PUT leases/{id}":
+			fn = h.renewLease
+		case "DELETE leases/{id}":
+			fn = h.releaseLease
+		default:
+			return fmt.Errorf("holder: no handler for %s %s", rt.Method, rt.Path)
+		}
+		r.Handle(rt.Method, rt.Path, rt.Route(), fn)
+	}
+	return nil
+}
+
+// parseBlockPath reads the ids of the path and checks the scope before
+// anything else (R-BLK-13, R-BLK-19: 403 before any storage probe).
+func parseBlockPath(r *http.Request) (blockID, error) {
+	var id blockID
+	var err error
+	if id.compat, err = kvsp.ParseCompatID(r.PathValue("compat")); err != nil {
+		return id, err
+	}
+	if id.scope, err = kvsp.ParseScopeID(r.PathValue("scope")); err != nil {
+		return id, err
+	}
+	if id.key, err = kvsp.ParseBlockKey(r.PathValue("key")); err != nil {
+		return id, err
+	}
+	if !server.PrincipalFrom(r.Context()).MayUseScope(id.scope) {
+		return id, fmt.Errorf("%w: block", kvsp.ErrScopeDenied)
+	}
+	return id, nil
+}
+
+// parseLayers reads "a-b": syntax errors are 400.
+func parseLayers(s string) (uint32, uint32, error) {
+	a, b, ok := strings.Cut(s, "-")
+	x, err1 := strconv.ParseUint(a, 10, 32)
+	y, err2 := strconv.ParseUint(b, 10, 32)
+	if !ok || err1 != nil || err2 != nil || x > y || a == "" || b == "" || a[0] == '+' || b[0] == '+' {
+		return 0, 0, fmt.Errorf("%w: layers must be a-b with a <= b", kvsp.ErrInvalid)
+	}
+	return uint32(x), uint32(y), nil
+}
+
+func (h *Holder) getBlock(w http.ResponseWriter, r *http.Request) error {
+	id, err := parseBlockPath(r)
+	if err != nil {
+		return err
+	}
+	q := r.URL.Query()
+	var first, last uint32
+	ranged := q.Has("layers")
+	if ranged {
+		if first, last, err = parseLayers(q.Get("layers")); err != nil {
+			return err
+		}
+	}
+	var codec uint16
+	if q.Has("codec") {
+		c, err := strconv.ParseUint(q.Get("codec"), 10, 16)
+		if err != nil || c == 0 {
+			return fmt.Errorf("%w: codec must be a decimal 1..65535 (A-15)", kvsp.ErrInvalid)
+		}
+		codec = uint16(c)
+	}
+	e := h.store.get(id)
+	if e == nil {
+		return fmt.Errorf("%w: block", kvsp.ErrNotFound)
+	}
+	hdr := e.blk.Header()
+	if !ranged { // all the model's layers
+		first, last = 0, h.cfg.Geometries[id.compat].Layers-1
+	}
+	v, err := e.blk.Range(first, last)
+	if err != nil {
+		return fmt.Errorf("%w: layers %d-%d", kvsp.ErrLayersUnavailable, first, last)
+	}
+	maxAge := 0
+	e.mu.Lock()
+	if rem := time.Until(e.published); rem > 0 {
+		maxAge = int(rem / time.Second) // floor, no longer than the record
+	}
+	e.mu.Unlock()
+	wh := w.Header()
+	wh.Set("Content-Type", client.MediaTypeBlock)
+	wh.Set("Cache-Control", "private, immutable, max-age="+strconv.Itoa(maxAge))
+	if codec != 0 && codec != hdr.Codec {
+		if body, d, ok := h.transcode(v, codec, h.cfg.Geometries[id.compat]); ok {
+			wh.Set("Repr-Digest", container.ReprDigest(d))
+			wh.Set("Content-Length", strconv.Itoa(len(body)))
+			_, err := w.Write(body)
+			return err
+		}
+		// Not transcodable: the native codec, which the header names.
+	}
+	wh.Set("Repr-Digest", container.ReprDigest(e.rangeDigest(v)))
+	wh.Set("Content-Length", strconv.FormatInt(v.Len(), 10))
+	_, err = v.WriteTo(w)
+	return err
+}
+
+// transcode re-encodes a raw view into codec c; transcoded representations
+// are protected by Repr-Digest only (R-BLK-11).
+func (h *Holder) transcode(v container.View, c uint16, g container.Geometry) ([]byte, container.Digest, bool) {
+	codec := container.LookupCodec(c)
+	b := v.Block()
+	if codec == nil || b.Header().Codec != container.CodecRaw {
+		return nil, container.Digest{}, false
+	}
+	hdr, err := container.NewHeader(c, v.FirstLayer(), uint32(v.LayerCount()), g)
+	if err != nil {
+		return nil, container.Digest{}, false
+	}
+	var buf strings.Builder
+	buf.Grow(int(hdr.Size()))
+	w := container.NewWriter(&buf, hdr)
+	kb, vb := make([]byte, codec.SectionLen(g)), make([]byte, codec.SectionLen(g))
+	for l := v.FirstLayer(); l < v.FirstLayer()+uint32(v.LayerCount()); l++ {
+		k, vv, _ := b.Layer(l)
+		if codec.FromRaw(kb, k, g) != nil || codec.FromRaw(vb, vv, g) != nil || w.WriteLayer(kb, vb) != nil {
+			return nil, container.Digest{}, false
+		}
+	}
+	d, err := w.Close()
+	if err != nil {
+		return nil, container.Digest{}, false
+	}
+	return []byte(buf.String()), d.Container, true
+}
+
+func (h *Holder) putBlock(w http.ResponseWriter, r *http.Request) error {
+	id, err := parseBlockPath(r)
+	if err != nil {
+		return err
+	}
+	if r.Header.Get("If-None-Match") != "*" {
+		return fmt.Errorf("%w: PUT needs If-None-Match: * (A-10)", kvsp.ErrPreconditionRequired)
+	}
+	if err := server.RequireMediaType(r, client.MediaTypeBlock); err != nil {
+		return err
+	}
+	g, ok := h.cfg.Geometries[id.compat]
+	if !ok {
+		return fmt.Errorf("%w: this holder does not store compat_id %s", kvsp.ErrIncompatible, id.compat)
+	}
+	if h.store.has(id) {
+		return errExists
+	}
+	var want *container.Digest
+	for _, f := range []string{"Repr-Digest", "Content-Digest"} {
+		if v := r.Header.Get(f); v != "" {
+			d, err := container.ParseReprDigest(v)
+			if err != nil {
+				return fmt.Errorf("%w: %s: %v", kvsp.ErrInvalid, f, err)
+			}
+			want = &d
+		}
+	}
+	max := int64(container.HeaderLen(int(g.Layers))) + 2*int64(g.Layers)*int64(g.RawSectionLen())
+	if r.ContentLength > max {
+		return fmt.Errorf("%w: a block of this geometry is at most %d octets", kvsp.ErrTooLarge, max)
+	}
+	data, err := io.ReadAll(io.LimitReader(r.Body, max+1))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return err
+		}
+		return fmt.Errorf("%w: reading the block: %v", kvsp.ErrInvalid, err)
+	}
+	if int64(len(data)) > max {
+		return fmt.Errorf("%w: a block of this geometry is at most %d octets", kvsp.ErrTooLarge, max)
+	}
+	blk, err := container.OpenBlock(data, g)
+	if err != nil {
+		return fmt.Errorf("%w: %v", kvsp.ErrInvalid, err)
+	}
+	if want != nil && *want != blk.ContainerDigest() {
+		return fmt.Errorf("%w: Repr-Digest differs from the body", kvsp.ErrDigestMismatch)
+	}
+	e, evicted, err := h.store.put(id, blk)
+	for _, v := range evicted {
+		h.enqueue(v, true)
+	}
+	if err != nil {
+		return err
+	}
+	h.enqueue(e, false)
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusCreated)
+	return nil
+}

@@ -1,0 +1,360 @@
+package holder_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"io"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/client"
+	"github.com/kvsp/kvsp/container"
+	"github.com/kvsp/kvsp/controlplane/index"
+	"github.com/kvsp/kvsp/holder"
+	"github.com/kvsp/kvsp/internal/kvsptest"
+	"github.com/kvsp/kvsp/server"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var (
+	geom     = container.Geometry{Layers: 4, BlockTokens: 4, KVHeads: 2, HeadDim: 8, Elem: container.BF16}
+	compat   = kvsp.CompatID{7}
+	scope, _ = kvsp.ParseScopeID(kvsptest.Scope)
+	otherPol = kvsptest.Policy + `  - {id: "spiffe://kvsp.test/client/b", roles: [client], scopes: [` + kvsptest.Scope + `]}
+  - {id: "spiffe://kvsp.test/client/nosc", roles: [client], scopes: [bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb]}
+`
+	holderURI = "https://127.0.0.1/h1/"
+)
+
+type fixture struct {
+	srv   *kvsptest.Server
+	pki   *kvsptest.PKI
+	h     *holder.Holder
+	is    *client.Index
+	hold  map[string]*client.Holder
+	block func(seed uint64) []byte
+}
+
+func start(t *testing.T, capacity int64) *fixture {
+	f := &fixture{pki: kvsptest.NewPKI(t), hold: map[string]*client.Holder{}}
+	mem := index.NewMemory(time.Second)
+	t.Cleanup(func() { mem.Close() })
+	svc, _ := index.New(index.Config{MaxTTL: time.Minute, MaxLookupKeys: 64}, mem)
+	var h *holder.Holder
+	f.srv = kvsptest.StartServer(t, f.pki, kvsptest.Options{Policy: otherPol}, func(s *server.Server) {
+		svc.Mount(s.Mount("/is/"))
+	})
+	// The holder calls the IS with its own identity.
+	hc, _ := client.New(client.Config{TLS: f.pki.ClientTLS(f.pki.Leaf(kvsptest.Holder1))})
+	t.Cleanup(hc.Close)
+	var err error
+	h, err = holder.New(holder.Config{Base: holderURI, Geometries: map[kvsp.CompatID]container.Geometry{compat: geom},
+		Capacity: capacity, ReadMbitPerS: 400000, Index: hc.Index(f.srv.URL("/is/")), RecordTTL: 30 * time.Second,
+		LeaseQuota: holder.LeaseQuota{Octets: 3 * blockSize(), MaxTTL: 10 * time.Second, MaxLeases: 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close(context.Background()) })
+	if err := h.Mount(f.srv.Server.Mount("/h1/")); err != nil {
+		t.Fatal(err)
+	}
+	f.h = h
+	for _, id := range []string{kvsptest.ClientA, "spiffe://kvsp.test/client/b", "spiffe://kvsp.test/client/nosc"} {
+		c, _ := client.New(client.Config{TLS: f.pki.ClientTLS(f.pki.Leaf(id)), Attempts: 1})
+		t.Cleanup(c.Close)
+		f.hold[id] = c.Holder(f.srv.URL("/h1/"))
+	}
+	ic, _ := client.New(client.Config{TLS: f.pki.ClientTLS(f.pki.Leaf(kvsptest.ClientA))})
+	t.Cleanup(ic.Close)
+	f.is = ic.Index(f.srv.URL("/is/"))
+	return f
+}
+
+func blockSize() int64 { return int64(container.HeaderLen(4)) + 8*int64(geom.RawSectionLen()) }
+
+func makeBlock(seed uint64, first, count uint32) ([]byte, *container.Block) {
+	rng := rand.New(rand.NewPCG(seed, 1))
+	h, _ := container.NewHeader(container.CodecRaw, first, count, geom)
+	var buf bytes.Buffer
+	w := container.NewWriter(&buf, h)
+	for i := uint32(0); i < count; i++ {
+		k := make([]byte, geom.RawSectionLen())
+		v := make([]byte, geom.RawSectionLen())
+		for j := 0; j < len(k); j += 2 { // finite bf16 values, as a real cache holds
+			binary.LittleEndian.PutUint16(k[j:], uint16(math.Float32bits(float32(rng.NormFloat64()))>>16))
+			binary.LittleEndian.PutUint16(v[j:], uint16(math.Float32bits(float32(rng.NormFloat64()))>>16))
+		}
+		w.WriteLayer(k, v)
+	}
+	w.Close()
+	b, _ := container.OpenBlock(buf.Bytes(), geom)
+	return buf.Bytes(), b
+}
+
+func ref(k byte) client.BlockRef {
+	return client.BlockRef{Compat: compat, Scope: scope, Key: kvsp.BlockKey{k, 9}}
+}
+
+// raw sends a request with the given headers and returns status, headers, body.
+func (f *fixture) raw(t *testing.T, id, method, path string, hdr map[string]string, body []byte) (int, http.Header, []byte) {
+	tr := &http.Transport{TLSClientConfig: f.pki.ClientTLS(f.pki.Leaf(id))}
+	c := kvsptest.HTTPClient(t, tr)
+	req, _ := http.NewRequest(method, f.srv.URL(path), bytes.NewReader(body))
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header, b
+}
+
+func path(r client.BlockRef) string {
+	return "/h1/blocks/" + r.Compat.String() + "/" + r.Scope.String() + "/" + r.Key.String()
+}
+
+// TestPutGet: the octets stored are the octets served, with Repr-Digest,
+// media type and Cache-Control; layer ranges; the record published
+// (R-BLK-1..7, R-BLK-12, R-IS-1, A-13, A-16).
+func TestPutGet(t *testing.T) {
+	f := start(t, 1<<20)
+	ctx := context.Background()
+	data, blk := makeBlock(1, 0, 4)
+	a := f.hold[kvsptest.ClientA]
+	if err := a.PutBlock(ctx, ref(1), bytes.NewReader(data), int64(len(data)), blk.ContainerDigest()); err != nil {
+		t.Fatal(err)
+	}
+	st, hdr, body := f.raw(t, kvsptest.ClientA, "GET", path(ref(1)), nil, nil)
+	if st != 200 || !bytes.Equal(body, data) || hdr.Get("Content-Type") != "application/kvsp-block" || hdr.Get("Repr-Digest") != container.ReprDigest(blk.ContainerDigest()) {
+		t.Fatalf("GET: %d %v", st, hdr)
+	}
+	if !strings.HasPrefix(hdr.Get("Cache-Control"), "private, immutable, max-age=") {
+		t.Fatalf("Cache-Control %q", hdr.Get("Cache-Control"))
+	}
+	st, hdr, body = f.raw(t, kvsptest.ClientA, "GET", path(ref(1))+"?layers=1-2", nil, nil)
+	v, _ := blk.Range(1, 2)
+	var want bytes.Buffer
+	v.WriteTo(&want)
+	if st != 200 || !bytes.Equal(body, want.Bytes()) || hdr.Get("Repr-Digest") != container.ReprDigest(v.Digest()) {
+		t.Fatalf("layers=1-2: %d", st)
+	}
+	for q, wantSt := range map[string]int{"?layers=2-1": 400, "?layers=x-y": 400, "?layers=3": 400, "?layers=3-9": 404, "?codec=0": 400, "?codec=abc": 400} {
+		st, hdr, body := f.raw(t, kvsptest.ClientA, "GET", path(ref(1))+q, nil, nil)
+		if st != wantSt || hdr.Get("Cache-Control") != "no-store" {
+			t.Errorf("%s: %d %q %s", q, st, hdr.Get("Cache-Control"), body)
+		}
+	}
+	if _, _, body := f.raw(t, kvsptest.ClientA, "GET", path(ref(1))+"?layers=3-9", nil, nil); !strings.Contains(string(body), "kvsp-layers-unavailable") {
+		t.Errorf("R-BLK-4: %s", body)
+	}
+	if st, _, body := f.raw(t, kvsptest.ClientA, "GET", path(ref(2)), nil, nil); st != 404 || !strings.Contains(string(body), "kvsp-not-found") {
+		t.Errorf("R-BLK-18: %d %s", st, body)
+	}
+	// Transcoding to the private fp8 codec (A-15, R-BLK-5, R-BLK-11).
+	st, hdr, body = f.raw(t, kvsptest.ClientA, "GET", path(ref(1))+"?codec=65281", nil, nil)
+	if st != 200 || body[6] != 0xff || body[7] != 0x01 {
+		t.Fatalf("codec=65281: %d % x", st, body[:8])
+	}
+	if d, _ := container.ParseReprDigest(hdr.Get("Repr-Digest")); d != container.Digest(sha(body)) {
+		t.Fatal("transcoded Repr-Digest is not the body's")
+	}
+	// The record reaches the IS, with the digests a consumer verifies.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		resp, err := f.is.Lookup(ctx, &kvsp.LookupRequest{ScopeID: scope, CompatID: compat, BlockKeys: []kvsp.BlockKey{ref(1).Key}})
+		if err == nil && resp.Matched == 1 {
+			rec := resp.Replicas[0][0]
+			if rec.Holder != holderURI || rec.Digest != kvsp.Digest(blk.ReplicaDigest()) || len(rec.LayerDigests) != 4 || rec.Size != uint64(blk.PayloadSize()) {
+				t.Fatalf("published record: %+v", rec)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("record not published: %v %v", resp, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// A verifying client reads it with the record's layer digests.
+	s, err := a.GetBlock(ctx, ref(1), geom, client.GetOptions{LayerDigests: blk.LayerDigests(), ReplicaCodec: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for n := 0; ; n++ {
+		if _, err := s.Next(); err == io.EOF {
+			if n != 4 {
+				t.Fatalf("%d layers", n)
+			}
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestPutRules: 428, 412 keeping the stored copy, 415, 400, 422, 409 and
+// 403 (R-BLK-13..17, R-BLK-22, A-10).
+func TestPutRules(t *testing.T) {
+	f := start(t, 1<<20)
+	data, blk := makeBlock(1, 0, 4)
+	other, _ := makeBlock(2, 0, 4)
+	ok := map[string]string{"If-None-Match": "*", "Content-Type": "application/kvsp-block"}
+	with := func(extra map[string]string) map[string]string {
+		m := map[string]string{}
+		for k, v := range ok {
+			m[k] = v
+		}
+		for k, v := range extra {
+			if v == "" {
+				delete(m, k)
+			} else {
+				m[k] = v
+			}
+		}
+		return m
+	}
+	cases := []struct {
+		name string
+		id   string
+		r    client.BlockRef
+		hdr  map[string]string
+		body []byte
+		st   int
+	}{
+		{"R-BLK-16 no If-None-Match", kvsptest.ClientA, ref(1), with(map[string]string{"If-None-Match": ""}), data, 428},
+		{"R-BLK-22 wrong type", kvsptest.ClientA, ref(1), with(map[string]string{"Content-Type": "application/octet-stream"}), data, 415},
+		{"R-BLK-22 malformed", kvsptest.ClientA, ref(1), ok, data[:100], 400},
+		{"R-BLK-17 digest mismatch", kvsptest.ClientA, ref(1), with(map[string]string{"Repr-Digest": container.ReprDigest(container.Digest{1})}), data, 422},
+		{"R-BLK-13 scope", "spiffe://kvsp.test/client/nosc", ref(1), ok, data, 403},
+		{"unknown compat", kvsptest.ClientA, client.BlockRef{Compat: kvsp.CompatID{9}, Scope: scope, Key: ref(1).Key}, ok, data, 409},
+		{"R-BLK-12 store", kvsptest.ClientA, ref(1), with(map[string]string{"Repr-Digest": container.ReprDigest(blk.ContainerDigest())}), data, 201},
+		{"R-BLK-14 other octets", kvsptest.ClientA, ref(1), ok, other, 412},
+		{"R-BLK-15 same octets", kvsptest.ClientA, ref(1), ok, data, 412},
+	}
+	for _, c := range cases {
+		st, hdr, body := f.raw(t, c.id, "PUT", path(c.r), c.hdr, c.body)
+		if st != c.st || hdr.Get("Cache-Control") != "no-store" {
+			t.Errorf("%s: %d (%s) %q", c.name, st, body, hdr.Get("Cache-Control"))
+		}
+	}
+	if _, _, body := f.raw(t, kvsptest.ClientA, "GET", path(ref(1)), nil, nil); !bytes.Equal(body, data) {
+		t.Fatal("the stored copy changed")
+	}
+	if st, _, _ := f.raw(t, "spiffe://kvsp.test/client/nosc", "GET", path(ref(1)), nil, nil); st != 403 {
+		t.Fatalf("R-BLK-19: %d", st)
+	}
+}
+
+// TestLeases: create, renew, release, quotas and ownership (R-LS-1..12,
+// A-2).
+func TestLeases(t *testing.T) {
+	f := start(t, 1<<20)
+	ctx := context.Background()
+	a, b := f.hold[kvsptest.ClientA], f.hold["spiffe://kvsp.test/client/b"]
+	for i := byte(1); i <= 4; i++ {
+		data, blk := makeBlock(uint64(i), 0, 4)
+		if err := a.PutBlock(ctx, ref(i), bytes.NewReader(data), int64(len(data)), blk.ContainerDigest()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	req := func(ttl uint64, keys ...byte) *kvsp.LeaseRequest {
+		q := &kvsp.LeaseRequest{ScopeID: scope, CompatID: compat, TTLMs: ttl}
+		for _, k := range keys {
+			q.BlockKeys = append(q.BlockKeys, ref(k).Key)
+		}
+		return q
+	}
+	l1, err := a.Lease(ctx, req(2000, 1))
+	if err != nil || l1.TTLMs != 2000 {
+		t.Fatalf("lease: %+v %v", l1, err)
+	}
+	if _, err := a.RenewLease(ctx, l1.Lease, 3000); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.RenewLease(ctx, l1.Lease, 3000); !errors.Is(err, kvsp.ErrNotFound) {
+		t.Fatalf("R-LS-10 another client's lease: %v", err)
+	}
+	var p *kvsp.Problem
+	if _, err := a.Lease(ctx, req(60000, 2)); !errors.As(err, &p) || !errors.Is(err, kvsp.ErrLeaseQuota) || p.Extensions["max_ttl_ms"] != float64(10000) {
+		t.Fatalf("R-LS-6 ttl above the limit: %v", err)
+	}
+	if _, err := a.Lease(ctx, req(1000, 2, 3, 4)); !errors.Is(err, kvsp.ErrLeaseQuota) {
+		t.Fatalf("R-LS-5 octets: %v", err)
+	}
+	if _, err := a.Lease(ctx, req(1000, 2)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Lease(ctx, req(1000, 3)); !errors.Is(err, kvsp.ErrLeaseQuota) {
+		t.Fatalf("max leases: %v", err)
+	}
+	if _, err := b.Lease(ctx, req(1000, 3)); err != nil {
+		t.Fatalf("client b starved by a's quota: %v", err)
+	}
+	if _, err := a.Lease(ctx, req(1000, 9)); !errors.Is(err, kvsp.ErrNotFound) {
+		t.Fatalf("R-LS-11 lease on a block not held: %v", err)
+	}
+	if _, err := f.hold["spiffe://kvsp.test/client/nosc"].Lease(ctx, &kvsp.LeaseRequest{ScopeID: scope, CompatID: compat, BlockKeys: []kvsp.BlockKey{ref(1).Key}, TTLMs: 1000}); !errors.Is(err, kvsp.ErrScopeDenied) {
+		t.Fatalf("R-LS-12: %v", err)
+	}
+	if err := a.ReleaseLease(ctx, l1.Lease); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.RenewLease(ctx, l1.Lease, 1000); !errors.Is(err, kvsp.ErrNotFound) {
+		t.Fatalf("R-LS-3 renew after release: %v", err)
+	}
+}
+
+// TestEvictionSparesLeases: a full holder evicts the least recently used
+// unleased block and withdraws it from the IS; a leased block stays
+// (R-IS-7, R-IS-8, R-LS-4).
+func TestEvictionSparesLeases(t *testing.T) {
+	f := start(t, 2*blockSize())
+	ctx := context.Background()
+	a := f.hold[kvsptest.ClientA]
+	put := func(k byte) {
+		data, blk := makeBlock(uint64(k), 0, 4)
+		if err := a.PutBlock(ctx, ref(k), bytes.NewReader(data), int64(len(data)), blk.ContainerDigest()); err != nil {
+			t.Fatalf("put %d: %v", k, err)
+		}
+	}
+	put(1)
+	put(2)
+	if _, err := a.Lease(ctx, &kvsp.LeaseRequest{ScopeID: scope, CompatID: compat, BlockKeys: []kvsp.BlockKey{ref(1).Key}, TTLMs: 5000}); err != nil {
+		t.Fatal(err)
+	}
+	put(3) // evicts 2 (1 is leased, though older)
+	for k, want := range map[byte]int{1: 200, 2: 404, 3: 200} {
+		if st, _, _ := f.raw(t, kvsptest.ClientA, "GET", path(ref(k)), nil, nil); st != want {
+			t.Errorf("block %d: %d, want %d", k, st, want)
+		}
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		resp, err := f.is.Lookup(ctx, &kvsp.LookupRequest{ScopeID: scope, CompatID: compat, BlockKeys: []kvsp.BlockKey{ref(2).Key}})
+		if err == nil && resp.Matched == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("evicted block not withdrawn from the IS")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func sha(b []byte) [32]byte {
+	return sha256.Sum256(b)
+}

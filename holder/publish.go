@@ -1,0 +1,134 @@
+package holder
+
+import (
+	"context"
+	"time"
+
+	"github.com/kvsp/kvsp"
+)
+
+// record is the Replica Record of a stored block (R-IS-1, A-1, A-8, A-14).
+// Only blocks of all the model's layers are published: a partial block's
+// record could not carry the producer's digests of the layers it lacks.
+func (h *Holder) record(e *entry) (*kvsp.ReplicaRecord, bool) {
+	hdr := e.blk.Header()
+	g := h.cfg.Geometries[e.id.compat]
+	if hdr.FirstLayer != 0 || uint32(hdr.LayerCount()) != g.Layers {
+		return nil, false
+	}
+	lds := e.blk.LayerDigests()
+	rec := &kvsp.ReplicaRecord{
+		BlockKey: e.id.key, CompatID: e.id.compat, ScopeID: e.id.scope, Holder: h.cfg.Base,
+		Codec: kvsp.Codec(hdr.Codec), Size: e.blk.PayloadSize(), Digest: kvsp.Digest(e.blk.ReplicaDigest()),
+		LayerDigests: make([]kvsp.LayerDigest, len(lds)),
+		Residency:    []kvsp.Residency{{Tier: kvsp.TierHost, Layers: kvsp.LayerRange{0, g.Layers - 1}, ReadMbitPerS: h.cfg.ReadMbitPerS}},
+		TTLMs:        uint64(h.cfg.RecordTTL.Milliseconds()),
+	}
+	for i := range lds {
+		rec.LayerDigests[i] = kvsp.LayerDigest(lds[i])
+	}
+	return rec, true
+}
+
+// enqueue schedules a publish or a withdrawal.
+func (h *Holder) enqueue(e *entry, withdraw bool) {
+	if h.cfg.Index == nil {
+		return
+	}
+	h.pubMu.Lock()
+	h.pending = append(h.pending, pubOp{e, withdraw})
+	h.pubMu.Unlock()
+	select {
+	case h.pubWake <- struct{}{}:
+	default:
+	}
+}
+
+// publisher publishes and withdraws as blocks come and go, and refreshes
+// every record at a third of its effective TTL; failed operations are
+// retried with backoff, so an IS outage is survived.
+func (h *Holder) publisher() {
+	defer close(h.done)
+	refresh := time.NewTicker(h.cfg.RecordTTL / 3)
+	defer refresh.Stop()
+	backoff := 100 * time.Millisecond
+	retry := time.NewTimer(time.Hour)
+	defer retry.Stop()
+	for {
+		select {
+		case <-h.stop:
+			return
+		case <-h.pubWake:
+		case <-retry.C:
+		case <-refresh.C:
+			for _, e := range h.store.all() {
+				h.enqueue(e, false)
+			}
+		}
+		h.pubMu.Lock()
+		ops := h.pending
+		h.pending = nil
+		h.pubMu.Unlock()
+		var failed []pubOp
+		for _, op := range ops {
+			if err := h.apply(op); err != nil {
+				failed = append(failed, op)
+				h.log.Warn("index update failed; will retry", "withdraw", op.withdraw, "err", err)
+			}
+		}
+		if len(failed) > 0 {
+			h.pubMu.Lock()
+			h.pending = append(failed, h.pending...)
+			h.pubMu.Unlock()
+			retry.Reset(backoff)
+			backoff = min(2*backoff, 10*time.Second)
+		} else {
+			backoff = 100 * time.Millisecond
+		}
+	}
+}
+
+func (h *Holder) apply(op pubOp) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if op.withdraw {
+		op.e.mu.Lock()
+		op.e.published = time.Time{}
+		op.e.mu.Unlock()
+		return h.cfg.Index.Withdraw(ctx, h.cfg.Base, op.e.id.key)
+	}
+	if h.store.peek(op.e.id) != op.e {
+		return nil // evicted meanwhile; its withdrawal is queued
+	}
+	rec, ok := h.record(op.e)
+	if !ok {
+		return nil
+	}
+	got, _, err := h.cfg.Index.Publish(ctx, rec)
+	if err != nil {
+		return err
+	}
+	op.e.mu.Lock()
+	op.e.published = time.Now().Add(time.Duration(got.TTLMs) * time.Millisecond)
+	op.e.mu.Unlock()
+	return nil
+}
+
+// Close withdraws every published record (best effort, bounded by ctx)
+// and stops the publisher.
+func (h *Holder) Close(ctx context.Context) error {
+	close(h.stop)
+	<-h.done
+	if h.cfg.Index == nil {
+		return nil
+	}
+	for _, e := range h.store.all() {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if _, ok := h.record(e); ok {
+			h.cfg.Index.Withdraw(ctx, h.cfg.Base, e.id.key)
+		}
+	}
+	return nil
+}
