@@ -38,12 +38,11 @@ var (
 )
 
 type fixture struct {
-	srv   *kvsptest.Server
-	pki   *kvsptest.PKI
-	h     *holder.Holder
-	is    *client.Index
-	hold  map[string]*client.Holder
-	block func(seed uint64) []byte
+	srv  *kvsptest.Server
+	pki  *kvsptest.PKI
+	h    *holder.Holder
+	is   *client.Index
+	hold map[string]*client.Holder
 }
 
 func start(t *testing.T, capacity int64) *fixture {

@@ -145,10 +145,3 @@ func (s *store) all() []*entry {
 	}
 	return out
 }
-
-// usage returns the octets used and the capacity.
-func (s *store) usage() (int64, int64) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.used, s.capacity
-}
