@@ -1,0 +1,134 @@
+package holder_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"io"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/client"
+	"github.com/kvsp/kvsp/container"
+	"github.com/kvsp/kvsp/holder"
+	"github.com/kvsp/kvsp/internal/kvsptest"
+	"github.com/kvsp/kvsp/server"
+)
+
+// benchGeom: 16 tokens x 8 heads x 128 x bf16, 32 layers: 2 MiB blocks.
+var benchGeom = container.Geometry{Layers: 32, BlockTokens: 16, KVHeads: 8, HeadDim: 128, Elem: container.BF16}
+
+// BenchmarkGet: GETs of 2 MiB blocks over loopback mutual TLS, the client
+// verifying Repr-Digest and every layer digest as an instance does, over
+// HTTP/1.1 and HTTP/2 with 1 and 8 concurrent clients; and a 4-of-32-layer
+// range. The bound in the same run: SHA-256 of the block (the client's
+// verification alone). Compare against nginx with scripts/bench-holder.sh.
+func BenchmarkGet(b *testing.B) {
+	p := kvsptest.NewPKI(b)
+	h, err := holder.New(holder.Config{Base: "https://127.0.0.1/h1/", Geometries: map[kvsp.CompatID]container.Geometry{{7}: benchGeom},
+		Capacity: 1 << 30, LeaseQuota: holder.LeaseQuota{Octets: 1 << 30, MaxTTL: time.Minute, MaxLeases: 16}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer h.Close(context.Background())
+	srv := kvsptest.StartServer(b, p, kvsptest.Options{}, func(s *server.Server) { h.Mount(s.Mount("/h1/")) })
+	hdr, _ := container.NewHeader(container.CodecRaw, 0, 32, benchGeom)
+	var buf bytes.Buffer
+	w := container.NewWriter(&buf, hdr)
+	sec := make([]byte, benchGeom.RawSectionLen())
+	for i := range sec {
+		sec[i] = byte(i * 7)
+	}
+	for i := 0; i < 32; i++ {
+		w.WriteLayer(sec, sec)
+	}
+	w.Close()
+	data := buf.Bytes()
+	blk, _ := container.OpenBlock(data, benchGeom)
+	const nblocks = 16
+	refs := make([]client.BlockRef, nblocks)
+	setup, _ := client.New(client.Config{TLS: p.ClientTLS(p.Leaf(kvsptest.ClientA))})
+	for i := range refs {
+		refs[i] = client.BlockRef{Compat: kvsp.CompatID{7}, Scope: mustScope(), Key: kvsp.BlockKey{byte(i), 1}}
+		if err := setup.Holder(srv.URL("/h1/")).PutBlock(context.Background(), refs[i], bytes.NewReader(data), int64(len(data)), blk.ContainerDigest()); err != nil {
+			b.Fatal(err)
+		}
+	}
+	setup.Close()
+
+	b.Run("bound-sha256", func(b *testing.B) {
+		b.SetBytes(int64(len(data)))
+		for b.Loop() {
+			sha256.Sum256(data)
+		}
+	})
+	for _, proto := range []string{"http1", "h2"} {
+		for _, clients := range []int{1, 8} {
+			b.Run(fmt.Sprintf("%s/clients=%d", proto, clients), func(b *testing.B) {
+				tls := p.ClientTLS(p.Leaf(kvsptest.ClientA))
+				if proto == "http1" {
+					tls.NextProtos = []string{"http/1.1"}
+				}
+				c, _ := client.New(client.Config{TLS: tls})
+				defer c.Close()
+				hc := c.Holder(srv.URL("/h1/"))
+				b.SetBytes(int64(len(data)))
+				b.ResetTimer()
+				var wg sync.WaitGroup
+				work := make(chan int)
+				for w := 0; w < clients; w++ {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for i := range work {
+							s, err := hc.GetBlock(context.Background(), refs[i%nblocks], benchGeom, client.GetOptions{LayerDigests: blk.LayerDigests(), ReplicaCodec: 1})
+							if err != nil {
+								b.Error(err)
+								return
+							}
+							for {
+								if _, err := s.Next(); err == io.EOF {
+									break
+								} else if err != nil {
+									b.Error(err)
+									break
+								}
+							}
+							s.Close()
+						}
+					}()
+				}
+				for i := 0; i < b.N; i++ {
+					work <- i
+				}
+				close(work)
+				wg.Wait()
+			})
+		}
+	}
+	b.Run("range-4-of-32/http1", func(b *testing.B) {
+		tls := p.ClientTLS(p.Leaf(kvsptest.ClientA))
+		tls.NextProtos = []string{"http/1.1"}
+		c, _ := client.New(client.Config{TLS: tls})
+		defer c.Close()
+		hc := c.Holder(srv.URL("/h1/"))
+		b.SetBytes(int64(len(data))) // per block-equivalent, to compare with the full GET
+		for i := 0; b.Loop(); i++ {
+			s, err := hc.GetBlock(context.Background(), refs[i%nblocks], benchGeom, client.GetOptions{Layers: &kvsp.LayerRange{8, 11}, LayerDigests: blk.LayerDigests()})
+			if err != nil {
+				b.Fatal(err)
+			}
+			for {
+				if _, err := s.Next(); err != nil {
+					break
+				}
+			}
+			s.Close()
+		}
+	})
+}
+
+func mustScope() kvsp.ScopeID { s, _ := kvsp.ParseScopeID(kvsptest.Scope); return s }
