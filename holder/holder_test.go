@@ -357,3 +357,52 @@ func TestEvictionSparesLeases(t *testing.T) {
 func sha(b []byte) [32]byte {
 	return sha256.Sum256(b)
 }
+
+// TestPublishSurvivesIndexOutage: with the IS's store down, a PUT still
+// succeeds and the block is served; the holder retries with backoff and
+// the record appears once the IS is back (issue 6: an IS outage is
+// survived).
+func TestPublishSurvivesIndexOutage(t *testing.T) {
+	red := kvsptest.StartRedis(t)
+	rb, err := index.NewRedis(context.Background(), index.RedisConfig{Addrs: []string{red.Addr}, Password: kvsptest.RedisPassword, Timeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rb.Close()
+	svc, _ := index.New(index.Config{MaxTTL: time.Minute, MaxLookupKeys: 64}, rb)
+	p := kvsptest.NewPKI(t)
+	srv := kvsptest.StartServer(t, p, kvsptest.Options{}, func(s *server.Server) { svc.Mount(s.Mount("/is/")) })
+	hc, _ := client.New(client.Config{TLS: p.ClientTLS(p.Leaf(kvsptest.Holder1)), Attempts: 1})
+	defer hc.Close()
+	h, err := holder.New(holder.Config{Base: holderURI, Geometries: map[kvsp.CompatID]container.Geometry{compat: geom},
+		Capacity: 1 << 20, Index: hc.Index(srv.URL("/is/")), RecordTTL: 30 * time.Second,
+		LeaseQuota: holder.LeaseQuota{Octets: 1 << 20, MaxTTL: time.Second, MaxLeases: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close(context.Background())
+	if err := h.Mount(srv.Server.Mount("/h1/")); err != nil {
+		t.Fatal(err)
+	}
+	cc, _ := client.New(client.Config{TLS: p.ClientTLS(p.Leaf(kvsptest.ClientA)), Attempts: 1})
+	defer cc.Close()
+	red.Kill()
+	data, blk := makeBlock(5, 0, 4)
+	ctx := context.Background()
+	if err := cc.Holder(srv.URL("/h1/")).PutBlock(ctx, ref(5), bytes.NewReader(data), int64(len(data)), blk.ContainerDigest()); err != nil {
+		t.Fatalf("PUT with the IS down: %v", err)
+	}
+	time.Sleep(300 * time.Millisecond) // a failed publish or two
+	red.Restart()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := cc.Index(srv.URL("/is/")).Lookup(ctx, &kvsp.LookupRequest{ScopeID: scope, CompatID: compat, BlockKeys: []kvsp.BlockKey{ref(5).Key}})
+		if err == nil && resp.Matched == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("record not republished after the outage: %v %v", resp, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
