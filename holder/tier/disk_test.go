@@ -33,7 +33,9 @@ func block(t *testing.T, seed byte) *container.Block {
 	return b
 }
 
-func name(k byte) Name { return Name{Compat: kvsp.CompatID{1}, Scope: kvsp.ScopeID{2}, Key: kvsp.BlockKey{k}} }
+func name(k byte) Name {
+	return Name{Compat: kvsp.CompatID{1}, Scope: kvsp.ScopeID{2}, Key: kvsp.BlockKey{k}}
+}
 
 // TestDiskRoundTripAndRestart: a stored block reads back identical, also
 // after reopening the tier; nothing of it is stored in clear.
