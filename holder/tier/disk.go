@@ -266,7 +266,8 @@ func (d *Disk) Put(n Name, blk *container.Block) error {
 	d.used += size
 	d.mu.Unlock()
 	p := d.path(n)
-	if err := os.MkdirAll(filepath.Dir(p), 0o700); err == nil {
+	err = os.MkdirAll(filepath.Dir(p), 0o700)
+	if err == nil {
 		err = writeAtomic(p, buf.Bytes())
 	}
 	if err != nil {

@@ -148,3 +148,18 @@ func TestDiskCapacityAndKeys(t *testing.T) {
 		t.Fatal("a missing master_key_file was generated instead of refused")
 	}
 }
+
+// TestDiskWriteFailure: a write that cannot land is an error, not a block.
+func TestDiskWriteFailure(t *testing.T) {
+	dir := t.TempDir()
+	d, _ := OpenDisk(DiskConfig{Dir: dir, Capacity: 1 << 20})
+	blocks := filepath.Join(dir, "blocks")
+	os.RemoveAll(blocks)
+	os.WriteFile(blocks, []byte("not a directory"), 0o600)
+	if err := d.Put(name(1), block(t, 1)); err == nil {
+		t.Fatal("a failed write reported success")
+	}
+	if len(d.List()) != 0 {
+		t.Fatal("a failed write is listed")
+	}
+}
