@@ -14,6 +14,7 @@ import (
 	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/client"
 	"github.com/kvsp/kvsp/container"
+	"github.com/kvsp/kvsp/holder/tier"
 	"github.com/kvsp/kvsp/server"
 )
 
@@ -30,6 +31,10 @@ type Config struct {
 	ReadMbitPerS uint64
 	// LeaseQuota bounds each client's leases.
 	LeaseQuota LeaseQuota
+	// Disk, when set, is the local-storage tier blocks are demoted to.
+	Disk *tier.Disk
+	// DiskReadMbitPerS is the local-storage tier's read rate (R-PLC-5).
+	DiskReadMbitPerS uint64
 	// Index, when set, receives the holder's replica records.
 	Index *client.Index
 	// RecordTTL is the ttl_ms asked for published records; refreshed at a
@@ -80,10 +85,36 @@ func New(cfg Config) (*Holder, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	l := newLeases(cfg.LeaseQuota)
-	h := &Holder{cfg: cfg, log: cfg.Logger, leases: l, store: newStore(cfg.Capacity, l),
+	h := &Holder{cfg: cfg, log: cfg.Logger, leases: l, store: newStore(cfg.Capacity, l, cfg.Disk),
 		pubWake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	h.recover()
 	go h.publisher()
 	return h, nil
+}
+
+// recover registers the blocks the local-storage tier kept across a
+// restart, after reading each back (a block that fails is deleted), so
+// they are served and published again.
+func (h *Holder) recover() {
+	if h.cfg.Disk == nil {
+		return
+	}
+	for _, n := range h.cfg.Disk.List() {
+		id := blockID{n.Compat, n.Scope, n.Key}
+		g, ok := h.cfg.Geometries[id.compat]
+		if !ok {
+			continue // kept for a configuration that knows its model
+		}
+		blk, err := h.cfg.Disk.Get(n, g)
+		if err != nil {
+			h.log.Warn("dropping a stored block that failed verification", "err", err)
+			h.cfg.Disk.Delete(n)
+			continue
+		}
+		e := newEntry(id, blk)
+		h.store.addDisk(e)
+		h.enqueue(e, false)
+	}
 }
 
 // Mount adds the holder routes of the resource table under r.
@@ -165,11 +196,24 @@ func (h *Holder) getBlock(w http.ResponseWriter, r *http.Request) error {
 	if e == nil {
 		return fmt.Errorf("%w: block", kvsp.ErrNotFound)
 	}
-	hdr := e.blk.Header()
+	hdr := &e.hdr
+	g := h.cfg.Geometries[id.compat]
 	if !ranged { // all the model's layers
-		first, last = 0, h.cfg.Geometries[id.compat].Layers-1
+		first, last = 0, g.Layers-1
 	}
-	v, err := e.blk.Range(first, last)
+	if first < hdr.FirstLayer || last > hdr.LastLayer() {
+		return fmt.Errorf("%w: layers %d-%d", kvsp.ErrLayersUnavailable, first, last)
+	}
+	blk, err := h.store.block(e, g)
+	if err != nil {
+		// Tampered with at rest: drop it, withdraw it, and fail this GET
+		// rather than serve wrong bytes.
+		h.store.drop(e)
+		h.enqueue(e, true)
+		h.log.Error("a stored block failed verification; dropped and withdrawn", "err", err)
+		return fmt.Errorf("%w: the stored block failed verification", kvsp.ErrUnavailable)
+	}
+	v, err := blk.Range(first, last)
 	if err != nil {
 		return fmt.Errorf("%w: layers %d-%d", kvsp.ErrLayersUnavailable, first, last)
 	}
@@ -276,9 +320,12 @@ func (h *Holder) putBlock(w http.ResponseWriter, r *http.Request) error {
 	if want != nil && *want != blk.ContainerDigest() {
 		return fmt.Errorf("%w: Repr-Digest differs from the body", kvsp.ErrDigestMismatch)
 	}
-	e, evicted, err := h.store.put(id, blk)
+	e, evicted, demoted, err := h.store.put(id, blk)
 	for _, v := range evicted {
 		h.enqueue(v, true)
+	}
+	for _, v := range demoted {
+		h.enqueue(v, false) // new residency: local-storage
 	}
 	if err != nil {
 		return err

@@ -11,17 +11,23 @@ import (
 // Only blocks of all the model's layers are published: a partial block's
 // record could not carry the producer's digests of the layers it lacks.
 func (h *Holder) record(e *entry) (*kvsp.ReplicaRecord, bool) {
-	hdr := e.blk.Header()
+	hdr := &e.hdr
 	g := h.cfg.Geometries[e.id.compat]
 	if hdr.FirstLayer != 0 || uint32(hdr.LayerCount()) != g.Layers {
 		return nil, false
 	}
-	lds := e.blk.LayerDigests()
+	lds := e.layers
+	res := kvsp.Residency{Tier: kvsp.TierHost, Layers: kvsp.LayerRange{0, g.Layers - 1}, ReadMbitPerS: h.cfg.ReadMbitPerS}
+	h.store.mu.Lock()
+	if e.blk == nil && e.onDisk {
+		res.Tier, res.ReadMbitPerS = kvsp.TierLocalStorage, h.cfg.DiskReadMbitPerS
+	}
+	h.store.mu.Unlock()
 	rec := &kvsp.ReplicaRecord{
 		BlockKey: e.id.key, CompatID: e.id.compat, ScopeID: e.id.scope, Holder: h.cfg.Base,
-		Codec: kvsp.Codec(hdr.Codec), Size: e.blk.PayloadSize(), Digest: kvsp.Digest(e.blk.ReplicaDigest()),
+		Codec: kvsp.Codec(hdr.Codec), Size: e.payload, Digest: kvsp.Digest(e.replica),
 		LayerDigests: make([]kvsp.LayerDigest, len(lds)),
-		Residency:    []kvsp.Residency{{Tier: kvsp.TierHost, Layers: kvsp.LayerRange{0, g.Layers - 1}, ReadMbitPerS: h.cfg.ReadMbitPerS}},
+		Residency:    []kvsp.Residency{res},
 		TTLMs:        uint64(h.cfg.RecordTTL.Milliseconds()),
 	}
 	for i := range lds {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/container"
+	"github.com/kvsp/kvsp/holder/tier"
 )
 
 // blockID names a block resource: blocks/{compat}/{scope}/{block_key}.
@@ -17,12 +18,19 @@ type blockID struct {
 	key    kvsp.BlockKey
 }
 
-// entry is a stored block.
+// entry is a stored block: its metadata always, its octets in host memory
+// (blk) or only in the local-storage tier (onDisk, blk nil).
 type entry struct {
-	id   blockID
-	blk  *container.Block
-	size int64
-	elem *list.Element
+	id      blockID
+	hdr     container.Header
+	layers  []container.Digest
+	replica container.Digest
+	payload uint64
+	size    int64 // octets in host memory when resident there
+	elem    *list.Element
+
+	blk    *container.Block // nil when only on disk
+	onDisk bool
 
 	mu        sync.Mutex
 	published time.Time // expiry of the record at the IS; zero: not published
@@ -53,27 +61,37 @@ func (e *entry) rangeDigest(v container.View) container.Digest {
 	return d
 }
 
-// store is the host tier: blocks in Go memory, with a capacity in octets
-// and LRU eviction of unleased blocks.
+// store is the host tier (blocks in Go memory, with a capacity in octets)
+// over an optional local-storage tier: the least recently used unleased
+// blocks are demoted to disk when host memory is full, and dropped when
+// disk is full too (or there is none).
 type store struct {
 	mu       sync.Mutex
 	m        map[blockID]*entry
-	lru      *list.List // front: most recently used
+	lru      *list.List // host-resident entries; front: most recently used
 	used     int64
 	capacity int64
 	leases   *leases
+	disk     *tier.Disk
 }
 
-func newStore(capacity int64, l *leases) *store {
-	return &store{m: map[blockID]*entry{}, lru: list.New(), capacity: capacity, leases: l}
+func newStore(capacity int64, l *leases, disk *tier.Disk) *store {
+	return &store{m: map[blockID]*entry{}, lru: list.New(), capacity: capacity, leases: l, disk: disk}
 }
+
+func newEntry(id blockID, blk *container.Block) *entry {
+	return &entry{id: id, hdr: *blk.Header(), layers: blk.LayerDigests(), replica: blk.ReplicaDigest(),
+		payload: blk.PayloadSize(), size: int64(len(blk.Bytes())), blk: blk}
+}
+
+func (id blockID) name() tier.Name { return tier.Name{Compat: id.compat, Scope: id.scope, Key: id.key} }
 
 // get returns a stored block and marks it used.
 func (s *store) get(id blockID) *entry {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e := s.m[id]
-	if e != nil {
+	if e != nil && e.elem != nil {
 		s.lru.MoveToFront(e.elem)
 	}
 	return e
@@ -96,43 +114,88 @@ func (s *store) has(id blockID) bool {
 // (R-BLK-14).
 var errExists = fmt.Errorf("%w: the holder already has a replica for this key (If-None-Match: *)", kvsp.ErrPreconditionFailed)
 
-// put stores a verified block, evicting least recently used unleased
-// blocks to make room; it returns the evicted entries, whose records the
-// caller withdraws.
-func (s *store) put(id blockID, blk *container.Block) (*entry, []*entry, error) {
-	size := int64(len(blk.Bytes()))
+// put stores a verified block in host memory, demoting or evicting least
+// recently used unleased blocks to make room. It returns the entries whose
+// records changed: evicted ones (to withdraw) and demoted ones (to
+// republish with their new residency).
+func (s *store) put(id blockID, blk *container.Block) (*entry, []*entry, []*entry, error) {
+	e := newEntry(id, blk)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.m[id] != nil {
-		return nil, nil, errExists
+		return nil, nil, nil, errExists
 	}
-	if size > s.capacity {
-		return nil, nil, fmt.Errorf("%w: block larger than the tier", kvsp.ErrTooLarge)
+	if e.size > s.capacity {
+		return nil, nil, nil, fmt.Errorf("%w: block larger than the host tier", kvsp.ErrTooLarge)
 	}
-	var evicted []*entry
-	for el := s.lru.Back(); s.used+size > s.capacity && el != nil; {
+	var evicted, demoted []*entry
+	for el := s.lru.Back(); s.used+e.size > s.capacity && el != nil; {
 		victim := el.Value.(*entry)
 		el = el.Prev()
 		if s.leases.pinned(victim.id) {
 			continue // never under an unexpired lease (R-IS-8, R-LS-4)
 		}
+		if s.disk != nil && s.disk.Put(victim.id.name(), victim.blk) == nil {
+			s.lru.Remove(victim.elem)
+			victim.elem, victim.blk, victim.onDisk = nil, nil, true
+			s.used -= victim.size
+			demoted = append(demoted, victim)
+			continue
+		}
 		s.removeLocked(victim)
 		evicted = append(evicted, victim)
 	}
-	if s.used+size > s.capacity {
-		return nil, evicted, fmt.Errorf("%w: the tier is full of leased blocks", kvsp.ErrUnavailable)
+	if s.used+e.size > s.capacity {
+		return nil, evicted, demoted, fmt.Errorf("%w: the host tier is full of leased blocks", kvsp.ErrUnavailable)
 	}
-	e := &entry{id: id, blk: blk, size: size}
 	e.elem = s.lru.PushFront(e)
 	s.m[id] = e
-	s.used += size
-	return e, evicted, nil
+	s.used += e.size
+	return e, evicted, demoted, nil
+}
+
+// addDisk registers a block found on disk at start.
+func (s *store) addDisk(e *entry) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e.blk, e.onDisk = nil, true
+	s.m[e.id] = e
+}
+
+// drop removes an entry (a corrupt block) from both tiers.
+func (s *store) drop(e *entry) {
+	s.mu.Lock()
+	if s.m[e.id] == e {
+		s.removeLocked(e)
+	}
+	s.mu.Unlock()
+	if s.disk != nil {
+		s.disk.Delete(e.id.name())
+	}
 }
 
 func (s *store) removeLocked(e *entry) {
 	delete(s.m, e.id)
-	s.lru.Remove(e.elem)
-	s.used -= e.size
+	if e.elem != nil {
+		s.lru.Remove(e.elem)
+		s.used -= e.size
+		e.elem = nil
+	}
+	if e.onDisk && s.disk != nil {
+		s.disk.Delete(e.id.name())
+	}
+}
+
+// block returns the entry's octets: from host memory, or read back from
+// disk and verified (tier.ErrCorrupt when that fails).
+func (s *store) block(e *entry, g container.Geometry) (*container.Block, error) {
+	s.mu.Lock()
+	blk := e.blk
+	s.mu.Unlock()
+	if blk != nil {
+		return blk, nil
+	}
+	return s.disk.Get(e.id.name(), g)
 }
 
 // all returns the stored entries (for refresh and shutdown).
