@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"fmt"
 	"net/url"
+	"strconv"
 	"strings"
 )
 
@@ -51,11 +52,21 @@ func NormalizeBaseURI(raw string) (string, error) {
 			return "", invalidf("base URI: host must be ASCII (use the A-label form)")
 		}
 	}
+	if strings.Contains(host, "%") {
+		return "", invalidf("base URI: IPv6 zone identifiers are not allowed")
+	}
 	host = strings.ToLower(host)
 	if strings.Contains(host, ":") {
 		host = "[" + host + "]"
 	}
 	port := u.Port()
+	if port != "" {
+		n, err := strconv.ParseUint(port, 10, 16)
+		if err != nil {
+			return "", invalidf("base URI: bad port")
+		}
+		port = strconv.FormatUint(n, 10) // "0443" is 443
+	}
 	if port == "443" && scheme == "https" {
 		port = ""
 	}
@@ -82,9 +93,21 @@ func NormalizeBaseURI(raw string) (string, error) {
 	return b.String(), nil
 }
 
-// ValidateBaseURI reports an error unless s is a base URI in normalised
-// form, as a record member must be.
+// ValidateBaseURI reports an error unless s is an https base URI in
+// normalised form, as a record member naming a role must be.
 func ValidateBaseURI(name, s string) error {
+	if err := validateNormalized(name, s); err != nil {
+		return err
+	}
+	if !hasScheme(s, "https") {
+		return invalidf("%s: must be an https base URI", name)
+	}
+	return nil
+}
+
+// validateNormalized accepts https and moqt URIs in normalised form; only
+// a replica served through MOQT names a moqt holder (R-REC-12).
+func validateNormalized(name, s string) error {
 	n, err := NormalizeBaseURI(s)
 	if err != nil {
 		return fmt.Errorf("%s: %w", name, err)

@@ -63,7 +63,7 @@ func ResumeChain(key ScopeKey, compat CompatID, blockTokens int, prev BlockKey, 
 		return nil, fmt.Errorf("%w: block keys: resume point is inconsistent", ErrInvalid)
 	}
 	c := &Chain{
-		mac:    hmac.New(sha256.New, key.key),
+		mac:    hmac.New(sha256.New, key.octets()),
 		msg:    make([]byte, offTokens+4*blockTokens),
 		pend:   make([]uint32, blockTokens),
 		b:      blockTokens,

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/gowebpki/jcs"
@@ -131,7 +132,7 @@ func FuzzBaseURI(f *testing.F) {
 		if err != nil || m != n {
 			t.Fatalf("%q -> %q -> %q, %v", s, n, m, err)
 		}
-		if err := kvsp.ValidateBaseURI("uri", n); err != nil {
+		if err := kvsp.ValidateBaseURI("uri", n); err != nil && strings.HasPrefix(n, "https://") {
 			t.Fatalf("normalised %q does not validate: %v", n, err)
 		}
 	})

@@ -62,16 +62,20 @@ func TestScopeKeyNeverShown(t *testing.T) {
 	k := appendixScopeKey(t)
 	secretHex := vecScopeKey.value
 	type holder struct{ Key kvsp.ScopeKey }
+	type hidden struct{ key kvsp.ScopeKey } // fmt cannot call Format through an unexported field
 	var outs []string
 	for _, verb := range []string{"%v", "%+v", "%#v", "%s", "%x", "%X", "%q", "%d"} {
-		outs = append(outs, fmt.Sprintf(verb, k), fmt.Sprintf(verb, holder{k}), fmt.Sprintf(verb, &k))
+		outs = append(outs, fmt.Sprintf(verb, k), fmt.Sprintf(verb, holder{k}), fmt.Sprintf(verb, &k),
+			fmt.Sprintf(verb, hidden{k}), fmt.Sprintf(verb, &hidden{k}), fmt.Sprintf(verb, []hidden{{k}}))
 	}
 	var logBuf bytes.Buffer
 	slog.New(slog.NewJSONHandler(&logBuf, nil)).Info("m", "key", k, "holder", holder{k})
-	slog.New(slog.NewTextHandler(&logBuf, nil)).Info("m", "key", k)
+	slog.New(slog.NewTextHandler(&logBuf, nil)).Info("m", "key", k, "hidden", hidden{k})
+	slog.New(slog.NewJSONHandler(&logBuf, nil)).Info("m", "hidden", hidden{k})
 	outs = append(outs, logBuf.String())
 	for _, o := range outs {
-		if strings.Contains(o, secretHex) || strings.Contains(o, "0102030405") || strings.Contains(o, "[0 1 2 3") {
+		if strings.Contains(o, secretHex) || strings.Contains(o, "0102030405") || strings.Contains(o, "[0 1 2 3") ||
+			strings.Contains(o, "1 2 3 4 5") || strings.Contains(o, "\x00\x01\x02") {
 			t.Fatalf("scope key leaked: %s", o)
 		}
 	}
@@ -119,6 +123,7 @@ func TestBaseURINormalisation(t *testing.T) {
 		"https://[::1]:9443/kvsp/":          "https://[::1]:9443/kvsp/",
 		"https://127.0.0.1:443/":            "https://127.0.0.1/",
 		"moqt://relay.example/ns/":          "moqt://relay.example/ns/",
+		"https://h1.example:0443/kvsp/":     "https://h1.example/kvsp/",
 	} {
 		got, err := kvsp.NormalizeBaseURI(in)
 		if err != nil || got != want {
@@ -132,11 +137,14 @@ func TestBaseURINormalisation(t *testing.T) {
 	for _, bad := range []string{
 		"http://h1.example/kvsp/", "https://h1.example/kvsp", "https://h1.example/kvsp/?a=b",
 		"https://h1.example/kvsp/#x", "https://u:p@h1.example/kvsp/", "/kvsp/", "https:///kvsp/",
-		"https://h1.example/%zz/", "https://hé.example/", "",
+		"https://h1.example/%zz/", "https://hé.example/", "", "https://[fe80::1%25en0]/", "https://h:99999/",
 	} {
 		if _, err := kvsp.NormalizeBaseURI(bad); !errors.Is(err, kvsp.ErrInvalid) {
 			t.Errorf("NormalizeBaseURI(%q) accepted", bad)
 		}
+	}
+	if err := kvsp.ValidateBaseURI("targets[]", "moqt://relay.example/ns/"); err == nil {
+		t.Error("a moqt URI accepted where a role's https base URI is required")
 	}
 	if id := kvsp.ResourceID("https://h1.example/kvsp/"); len(id) != 43 || strings.ContainsAny(id, "+/=") {
 		t.Errorf("ResourceID %q is not 43 base64url characters (R-HTTP-22)", id)

@@ -165,6 +165,8 @@ func (p *Problem) Unwrap() error {
 		}
 	}
 	switch {
+	case p.Status == 404:
+		return ErrNotFound // a miss, whatever the type (R-IS-10, A-28)
 	case p.Status >= 400 && p.Status < 500:
 		return ErrInvalid
 	case p.Status >= 500:

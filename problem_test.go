@@ -81,7 +81,7 @@ func TestProblemDetails(t *testing.T) {
 	if err != nil || !errors.Is(back, kvsp.ErrStaleEpoch) || back.Extensions["epoch"] != float64(12) {
 		t.Errorf("decoded %+v, %v", back, err)
 	}
-	for status, want := range map[int]error{418: kvsp.ErrInvalid, 599: kvsp.ErrUnavailable} {
+	for status, want := range map[int]error{418: kvsp.ErrInvalid, 599: kvsp.ErrUnavailable, 404: kvsp.ErrNotFound} {
 		b := fmt.Sprintf(`{"type":"about:blank","status":%d}`, status)
 		if p, err := kvsp.ParseProblem([]byte(b), status); err != nil || !errors.Is(p, want) {
 			t.Errorf("status %d -> %v, %v", status, p, err)

@@ -86,7 +86,7 @@ func (r *ReplicaRecord) Validate() error {
 		if err := validateMOQTNamespace(r.MOQTNamespace); err != nil {
 			return err
 		}
-		if err := ValidateBaseURI("replica: holder", r.Holder); err != nil {
+		if err := validateNormalized("replica: holder", r.Holder); err != nil {
 			return err
 		}
 		if !hasScheme(r.Holder, "moqt") {
@@ -563,6 +563,26 @@ type TargetEstimate struct {
 	RecomputeUs uint64 `json:"recompute_us"`
 }
 
+// UnmarshalJSONFrom checks that both estimates are present: a fetch_us of
+// 0 means "already resident", so an absent one must not read as 0.
+func (t *TargetEstimate) UnmarshalJSONFrom(dec *jsontext.Decoder) error {
+	type plain TargetEstimate
+	var w struct {
+		plain
+		FetchUs     *uint64 `json:"fetch_us"`
+		RecomputeUs *uint64 `json:"recompute_us"`
+	}
+	if err := json.UnmarshalDecode(dec, &w); err != nil {
+		return err
+	}
+	if err := present("lookup response: targets[]", "fetch_us", w.FetchUs != nil, "recompute_us", w.RecomputeUs != nil); err != nil {
+		return err
+	}
+	*t = TargetEstimate(w.plain)
+	t.FetchUs, t.RecomputeUs = *w.FetchUs, *w.RecomputeUs
+	return nil
+}
+
 // LookupResponse is the answer to POST lookup (A-3): Replicas has exactly
 // Matched entries, each non-empty.
 type LookupResponse struct {
@@ -787,6 +807,9 @@ func (l *LeaseResponse) Validate() error {
 			return invalidf("lease response: lease: must be path-safe")
 		}
 	}
+	if l.Lease == "." || l.Lease == ".." {
+		return invalidf("lease response: lease: a dot segment is not path-safe")
+	}
 	if l.TTLMs == 0 {
 		return invalidf("lease response: ttl_ms: required")
 	}
@@ -958,6 +981,9 @@ func (r *Reshard) Validate() error {
 // ValidateFor checks that every range is a multiple of the block size
 // (A-26).
 func (r *Reshard) ValidateFor(blockTokens int) error {
+	if blockTokens < 1 {
+		return invalidf("reshard plan: block_tokens must be at least 1")
+	}
 	b := uint64(blockTokens)
 	aligned := func(x TokenRange) bool { return x[0]%b == 0 && x[1]%b == 0 }
 	for _, x := range r.Retain {

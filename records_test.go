@@ -345,6 +345,9 @@ func TestShardMapAndReshard(t *testing.T) {
 	if err := plan.ValidateFor(5000); err == nil {
 		t.Error("A-26: unaligned plan accepted")
 	}
+	if err := plan.ValidateFor(0); err == nil {
+		t.Error("block_tokens 0 accepted")
+	}
 	rs := func(s string) (kvsp.Reshard, error) {
 		var r kvsp.Reshard
 		return r, kvsp.Decode([]byte(s), &r)
@@ -384,6 +387,7 @@ func TestLookupResponse(t *testing.T) {
 		t.Fatalf("lookup response: %v", err)
 	}
 	for _, bad := range []string{
+		`{"matched":1,"replicas":[[` + replicaExample + `]],"targets":[{"instance":"https://ii7.example/kvsp/","recompute_us":191}]}`,
 		`{"matched":2,"replicas":[[` + replicaExample + `]]}`,
 		`{"matched":1,"replicas":[[]]}`,
 		`{"replicas":[]}`,
@@ -409,6 +413,7 @@ func TestSmallRecords(t *testing.T) {
 		{new(kvsp.LeaseRenewal), `{}`, false},
 		{new(kvsp.LeaseResponse), `{"lease":"3b2f-a","ttl_ms":2000,"block_keys":["` + hx32 + `"]}`, true},
 		{new(kvsp.LeaseResponse), `{"lease":"a/b","ttl_ms":2000,"block_keys":["` + hx32 + `"]}`, false},
+		{new(kvsp.LeaseResponse), `{"lease":"..","ttl_ms":2000,"block_keys":["` + hx32 + `"]}`, false},
 		{new(kvsp.PrefetchStatus), `{"directive":"a2b7c9e0-1f3d-4c1a-8f5b-6d2e9a7c3b10","state":"partial","loaded":["` + hx32 + `"],"failed":[]}`, true},
 		{new(kvsp.PrefetchStatus), `{"directive":"a2b7c9e0-1f3d-4c1a-8f5b-6d2e9a7c3b10","state":"done","loaded":[],"failed":[]}`, false},
 		{new(kvsp.CheckpointAck), `{"output_offset":8}`, true},

@@ -24,9 +24,15 @@ const redacted = "kvsp.ScopeKey(REDACTED)"
 // refuses to be marshalled as text or JSON. [ScopeKey.Export] is the one way
 // to get its octets, for writing a key file.
 type ScopeKey struct {
-	_   [0]func() // not comparable: == on keys would not be constant-time
-	key []byte
+	_ [0]func() // not comparable: == on keys would not be constant-time
+	// k returns the octets. A function, because fmt cannot call Format on
+	// a ScopeKey reached through an unexported field and would print a
+	// slice's or a pointer's contents there; of a func it prints only an
+	// address.
+	k func() []byte
 }
+
+func newKey(b []byte) ScopeKey { return ScopeKey{k: func() []byte { return b }} }
 
 // NewScopeKey returns a ScopeKey holding a copy of b, which must be at least
 // MinScopeKeyLen octets.
@@ -34,7 +40,7 @@ func NewScopeKey(b []byte) (ScopeKey, error) {
 	if len(b) < MinScopeKeyLen {
 		return ScopeKey{}, fmt.Errorf("%w: scope key: %d octets, at least %d required", ErrInvalid, len(b), MinScopeKeyLen)
 	}
-	return ScopeKey{key: append([]byte(nil), b...)}, nil
+	return newKey(append([]byte(nil), b...)), nil
 }
 
 // GenerateScopeKey returns a new random 32-octet ScopeKey.
@@ -43,7 +49,7 @@ func GenerateScopeKey() (ScopeKey, error) {
 	if _, err := io.ReadFull(rand.Reader, b); err != nil {
 		return ScopeKey{}, fmt.Errorf("kvsp: generating scope key: %w", err)
 	}
-	return ScopeKey{key: b}, nil
+	return newKey(b), nil
 }
 
 // ParseScopeKey parses the lowercase hex text of a key file, as written by
@@ -59,18 +65,25 @@ func ParseScopeKey(text []byte) (ScopeKey, error) {
 	if err := parseHex(b, text, "scope key"); err != nil {
 		return ScopeKey{}, err
 	}
-	return ScopeKey{key: b}, nil
+	return newKey(b), nil
 }
 
 // Valid reports whether k holds a key (the zero ScopeKey does not).
-func (k ScopeKey) Valid() bool { return len(k.key) >= MinScopeKeyLen }
+func (k ScopeKey) Valid() bool { return len(k.octets()) >= MinScopeKeyLen }
+
+func (k ScopeKey) octets() []byte {
+	if k.k == nil {
+		return nil
+	}
+	return k.k()
+}
 
 // ID returns the Scope ID: the first 16 octets of
 // SHA-256("KVSP-SCOPE-1" || 0x00 || scope_key) (R-KEY-2).
 func (k ScopeKey) ID() ScopeID {
 	h := sha256.New()
 	h.Write([]byte("KVSP-SCOPE-1\x00"))
-	h.Write(k.key)
+	h.Write(k.octets())
 	var sum [32]byte
 	var id ScopeID
 	copy(id[:], h.Sum(sum[:0]))
@@ -78,13 +91,13 @@ func (k ScopeKey) ID() ScopeID {
 }
 
 // Equal reports whether k and o are the same key, in constant time.
-func (k ScopeKey) Equal(o ScopeKey) bool { return hmac.Equal(k.key, o.key) }
+func (k ScopeKey) Equal(o ScopeKey) bool { return hmac.Equal(k.octets(), o.octets()) }
 
 // Export returns the key as lowercase hex followed by a newline: the content
 // of a key file. It is the only way to get the key's octets out; never log
 // or send its result.
 func (k ScopeKey) Export() []byte {
-	return append(appendHex(nil, k.key), '\n')
+	return append(appendHex(nil, k.octets()), '\n')
 }
 
 // Format implements fmt.Formatter: every verb prints REDACTED.
