@@ -7,9 +7,12 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
+	"io/fs"
 	"math"
 	"math/rand/v2"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -21,6 +24,7 @@ import (
 	"github.com/kvsp/kvsp/container"
 	"github.com/kvsp/kvsp/controlplane/index"
 	"github.com/kvsp/kvsp/holder"
+	"github.com/kvsp/kvsp/holder/tier"
 	"github.com/kvsp/kvsp/internal/kvsptest"
 	"github.com/kvsp/kvsp/server"
 )
@@ -404,5 +408,105 @@ func TestPublishSurvivesIndexOutage(t *testing.T) {
 			t.Fatalf("record not republished after the outage: %v %v", resp, err)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestLocalStorageTier: a full host tier demotes to local-storage; demoted
+// blocks are served from disk with their residency republished; a bit
+// flipped on disk is detected at GET (an error to the client, the block
+// dropped and withdrawn); after a restart the blocks on disk are served
+// again.
+func TestLocalStorageTier(t *testing.T) {
+	dir := t.TempDir()
+	disk, err := tier.OpenDisk(tier.DiskConfig{Dir: dir, Capacity: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := start(t, 1) // for its PKI and IS; the holders under test are built below
+	hc, _ := client.New(client.Config{TLS: f.pki.ClientTLS(f.pki.Leaf(kvsptest.Holder1))})
+	defer hc.Close()
+	newHolder := func(d *tier.Disk, base string) *holder.Holder {
+		h, err := holder.New(holder.Config{Base: "https://127.0.0.1" + base, Geometries: map[kvsp.CompatID]container.Geometry{compat: geom},
+			Capacity: blockSize(), Disk: d, DiskReadMbitPerS: 8000, Index: hc.Index(f.srv.URL("/is/")), RecordTTL: 30 * time.Second,
+			LeaseQuota: holder.LeaseQuota{Octets: 1 << 20, MaxTTL: time.Second, MaxLeases: 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { h.Close(context.Background()) })
+		return h
+	}
+	h := newHolder(disk, "/h1/")
+	srv2 := kvsptest.StartServer(t, f.pki, kvsptest.Options{Policy: otherPol}, func(s *server.Server) { h.Mount(s.Mount("/h1/")) })
+	a, _ := client.New(client.Config{TLS: f.pki.ClientTLS(f.pki.Leaf(kvsptest.ClientA)), Attempts: 1})
+	defer a.Close()
+	hold := a.Holder(srv2.URL("/h1/"))
+	ctx := context.Background()
+	blocks := map[byte][]byte{}
+	for _, k := range []byte{1, 2} {
+		data, blk := makeBlock(uint64(k), 0, 4)
+		blocks[k] = data
+		if err := hold.PutBlock(ctx, ref(k), bytes.NewReader(data), int64(len(data)), blk.ContainerDigest()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	get := func(k byte) (int, []byte) {
+		tr := &http.Transport{TLSClientConfig: f.pki.ClientTLS(f.pki.Leaf(kvsptest.ClientA))}
+		c := kvsptest.HTTPClient(t, tr)
+		resp, err := c.Get(srv2.URL(path(ref(k))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, b
+	}
+	if st, b := get(1); st != 200 || !bytes.Equal(b, blocks[1]) {
+		t.Fatalf("block 1 from disk: %d", st)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		resp, err := f.is.Lookup(ctx, &kvsp.LookupRequest{ScopeID: scope, CompatID: compat, BlockKeys: []kvsp.BlockKey{ref(1).Key}})
+		if err == nil && resp.Matched == 1 && resp.Replicas[0][0].Residency[0].Tier == kvsp.TierLocalStorage {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("residency not republished as local-storage: %+v %v", resp, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// Restart: a new holder over the same directory serves block 1 again.
+	disk2, err := tier.OpenDisk(tier.DiskConfig{Dir: dir, Capacity: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h2 := newHolder(disk2, "/h9/")
+	srv3 := kvsptest.StartServer(t, f.pki, kvsptest.Options{Policy: otherPol}, func(s *server.Server) { h2.Mount(s.Mount("/h1/")) })
+	tr := &http.Transport{TLSClientConfig: f.pki.ClientTLS(f.pki.Leaf(kvsptest.ClientA))}
+	c := kvsptest.HTTPClient(t, tr)
+	resp, err := c.Get(srv3.URL(path(ref(1))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !bytes.Equal(b, blocks[1]) {
+		t.Fatalf("after restart: %d", resp.StatusCode)
+	}
+	// Flip a bit in block 1's file: the next GET fails, and the block is gone.
+	var file string
+	filepath.WalkDir(filepath.Join(dir, "blocks"), func(p string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && strings.HasSuffix(p, ref(1).Key.String()) {
+			file = p
+		}
+		return nil
+	})
+	raw, _ := os.ReadFile(file)
+	raw[len(raw)-20] ^= 1
+	os.WriteFile(file, raw, 0o600)
+	if st, _ := get(1); st != 503 {
+		t.Fatalf("tampered block: %d, want 503", st)
+	}
+	if st, _ := get(1); st != 404 {
+		t.Fatalf("tampered block after drop: %d, want 404", st)
 	}
 }
