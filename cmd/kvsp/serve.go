@@ -26,6 +26,7 @@ import (
 	"github.com/kvsp/kvsp/container"
 	"github.com/kvsp/kvsp/controlplane/index"
 	"github.com/kvsp/kvsp/holder"
+	"github.com/kvsp/kvsp/holder/tier"
 	"github.com/kvsp/kvsp/internal/config"
 	"github.com/kvsp/kvsp/internal/mtls"
 	"github.com/kvsp/kvsp/server"
@@ -270,19 +271,27 @@ func newHolder(cfg *config.Config, hcfg *config.Holder, c *client.Client, log *s
 		geoms[id] = g
 	}
 	var capacity int64
-	var rate uint64
+	var rate, diskRate uint64
+	var disk *tier.Disk
 	for _, t := range hcfg.Tiers {
-		if t.Name != kvsp.TierHost {
-			log.Warn("tier not built yet: blocks stay in host memory", "base", hcfg.Base, "tier", t.Name)
-			continue
+		switch t.Name {
+		case kvsp.TierHost:
+			capacity, rate = int64(t.Capacity), t.ReadMbitPerS
+		case kvsp.TierLocalStorage:
+			d, err := tier.OpenDisk(tier.DiskConfig{Dir: t.Path, Capacity: int64(t.Capacity), MasterKeyFile: hcfg.MasterKeyFile, Logger: log})
+			if err != nil {
+				return nil, err
+			}
+			disk, diskRate = d, t.ReadMbitPerS
+		default:
+			log.Warn("tier not built yet", "base", hcfg.Base, "tier", t.Name)
 		}
-		capacity, rate = int64(t.Capacity), t.ReadMbitPerS
 	}
 	if capacity == 0 {
-		return nil, fmt.Errorf("tiers: a host tier is required (the other tiers land with the holder issue)")
+		return nil, fmt.Errorf("tiers: a host tier is required")
 	}
 	return holder.New(holder.Config{
-		Base: hcfg.Base, Geometries: geoms, Capacity: capacity, ReadMbitPerS: rate,
+		Base: hcfg.Base, Geometries: geoms, Capacity: capacity, ReadMbitPerS: rate, Disk: disk, DiskReadMbitPerS: diskRate,
 		LeaseQuota: holder.LeaseQuota{Octets: int64(hcfg.LeaseQuota.Octets), MaxTTL: time.Duration(hcfg.LeaseQuota.MaxTTLMs) * time.Millisecond, MaxLeases: hcfg.LeaseQuota.MaxLeases},
 		Index:      c.Index(hcfg.Index), RecordTTL: time.Duration(hcfg.RecordTTLMs) * time.Millisecond, Logger: log,
 	})

@@ -108,6 +108,9 @@ type Holder struct {
 	Descriptors []string   `yaml:"descriptors"`
 	Tiers       []Tier     `yaml:"tiers"`
 	LeaseQuota  LeaseQuota `yaml:"lease_quota"`
+	// MasterKeyFile wraps the local-storage tier's data keys; when absent
+	// one is generated in the tier's path (mode 0600).
+	MasterKeyFile string `yaml:"master_key_file"`
 }
 
 // Tier is one storage tier of a holder.
@@ -250,6 +253,7 @@ func (c *Config) resolve() {
 		for j := range h.Tiers {
 			h.Tiers[j].Path = c.Path(h.Tiers[j].Path)
 		}
+		h.MasterKeyFile = c.Path(h.MasterKeyFile)
 	}
 	for i := range c.Instances {
 		c.Instances[i].Engine.Descriptor = c.Path(c.Instances[i].Engine.Descriptor)
