@@ -80,6 +80,9 @@ func New(cfg Config) (*Client, error) {
 			MaxIdleConnsPerHost: 64,
 			IdleConnTimeout:     90 * time.Second,
 			DisableCompression:  true, // blocks are sent with identity coding
+			// Bulk-friendly HTTP/2 receive windows for block GETs (see
+			// server's bulkHTTP2).
+			HTTP2: &http.HTTP2Config{MaxReadFrameSize: 1 << 20, MaxReceiveBufferPerConnection: 3 << 20, MaxReceiveBufferPerStream: 3 << 20},
 		}
 		c.hc, c.close = &http.Client{Transport: tr}, tr.CloseIdleConnections
 	}
