@@ -302,7 +302,19 @@ func (h *Holder) putBlock(w http.ResponseWriter, r *http.Request) error {
 	if r.ContentLength > max {
 		return fmt.Errorf("%w: a block of this geometry is at most %d octets", kvsp.ErrTooLarge, max)
 	}
-	data, err := io.ReadAll(io.LimitReader(r.Body, max+1))
+	var data []byte
+	if n := r.ContentLength; n >= 0 {
+		// One buffer of the announced size: no regrowth copies.
+		data = make([]byte, n)
+		if _, err = io.ReadFull(r.Body, data); err == nil {
+			var one [1]byte
+			if m, _ := r.Body.Read(one[:]); m > 0 {
+				err = fmt.Errorf("%w: body longer than its Content-Length", kvsp.ErrInvalid)
+			}
+		}
+	} else {
+		data, err = io.ReadAll(io.LimitReader(r.Body, max+1))
+	}
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
