@@ -302,31 +302,25 @@ func (h *Holder) putBlock(w http.ResponseWriter, r *http.Request) error {
 	if r.ContentLength > max {
 		return fmt.Errorf("%w: a block of this geometry is at most %d octets", kvsp.ErrTooLarge, max)
 	}
-	var data []byte
+	var blk *container.Block
 	if n := r.ContentLength; n >= 0 {
-		// One buffer of the announced size: no regrowth copies.
-		data = make([]byte, n)
-		if _, err = io.ReadFull(r.Body, data); err == nil {
-			var one [1]byte
-			if m, _ := r.Body.Read(one[:]); m > 0 {
-				err = fmt.Errorf("%w: body longer than its Content-Length", kvsp.ErrInvalid)
-			}
-		}
+		// Validated as it arrives, hashed while the rest is arriving.
+		blk, err = container.ReadBlock(r.Body, n, g)
 	} else {
+		var data []byte
 		data, err = io.ReadAll(io.LimitReader(r.Body, max+1))
+		if err == nil && int64(len(data)) > max {
+			err = fmt.Errorf("%w: a block of this geometry is at most %d octets", kvsp.ErrTooLarge, max)
+		}
+		if err == nil {
+			blk, err = container.OpenBlock(data, g)
+		}
 	}
 	if err != nil {
 		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
+		if errors.As(err, &mbe) || errors.Is(err, kvsp.ErrTooLarge) {
 			return err
 		}
-		return fmt.Errorf("%w: reading the block: %v", kvsp.ErrInvalid, err)
-	}
-	if int64(len(data)) > max {
-		return fmt.Errorf("%w: a block of this geometry is at most %d octets", kvsp.ErrTooLarge, max)
-	}
-	blk, err := container.OpenBlock(data, g)
-	if err != nil {
 		return fmt.Errorf("%w: %v", kvsp.ErrInvalid, err)
 	}
 	if want != nil && *want != blk.ContainerDigest() {

@@ -1,0 +1,66 @@
+package container
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"math/rand/v2"
+	"testing"
+)
+
+// TestReadBlockMatchesOpenBlock: streaming in with overlapped hashing gives
+// the same block and digests as OpenBlock; every truncation and any
+// trailing octet fail.
+func TestReadBlockMatchesOpenBlock(t *testing.T) {
+	rng := rand.New(rand.NewPCG(51, 52))
+	g := Geometry{Layers: 8, BlockTokens: 16, KVHeads: 8, HeadDim: 128, Elem: BF16} // 32 KiB sections: several chunks
+	data, _ := encode(t, g, CodecRaw, 0, randomLayers(rng, g, 8))
+	want, err := OpenBlock(data, g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := ReadBlock(iotest(data), int64(len(data)), g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got.Bytes(), data) || got.ContainerDigest() != want.ContainerDigest() || got.ReplicaDigest() != want.ReplicaDigest() {
+		t.Fatal("ReadBlock differs from OpenBlock")
+	}
+	for i, d := range want.LayerDigests() {
+		if got.LayerDigests()[i] != d {
+			t.Fatalf("layer %d digest differs", i)
+		}
+	}
+	for _, cut := range []int{0, 10, 100, 5000, len(data) / 2, len(data) - 1} {
+		if _, err := ReadBlock(bytes.NewReader(data[:cut]), int64(len(data)), g); !errors.Is(err, ErrTruncated) {
+			t.Fatalf("cut at %d: %v", cut, err)
+		}
+	}
+	if _, err := ReadBlock(bytes.NewReader(append(bytes.Clone(data), 1)), int64(len(data)), g); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("trailing octet: %v", err)
+	}
+	if _, err := ReadBlock(bytes.NewReader(data), int64(len(data))+1, g); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("wrong announced size: %v", err)
+	}
+	if _, err := ReadBlock(io.MultiReader(bytes.NewReader(data[:7]), errReader{}), int64(len(data)), g); err == nil || errors.Is(err, ErrTruncated) {
+		t.Fatalf("read error: %v", err)
+	}
+}
+
+type errReader struct{}
+
+func (errReader) Read([]byte) (int, error) { return 0, errors.New("connection reset") }
+
+// BenchmarkReadBlock: receiving a 2 MiB block with overlapped hashing,
+// against OpenBlock over the same octets.
+func BenchmarkReadBlock(b *testing.B) {
+	data, _, _ := benchBlock(b, 32)
+	g := benchGeometry(32)
+	b.SetBytes(int64(len(data)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := ReadBlock(bytes.NewReader(data), int64(len(data)), g); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
