@@ -1,6 +1,7 @@
 package holder
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"time"
@@ -30,6 +31,9 @@ func (h *Holder) createLease(w http.ResponseWriter, r *http.Request) error {
 	}
 	ls, err := h.leases.grant(p.ID, ids, octets, time.Duration(q.TTLMs)*time.Millisecond)
 	if err != nil {
+		if errors.Is(err, kvsp.ErrLeaseQuota) {
+			h.m.leaseRejected.Inc()
+		}
 		return err
 	}
 	w.Header().Set("Location", "leases/"+ls.id)

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/client"
 	"github.com/kvsp/kvsp/container"
@@ -39,8 +41,9 @@ type Config struct {
 	Index *client.Index
 	// RecordTTL is the ttl_ms asked for published records; refreshed at a
 	// third of the effective TTL (R-OPS-1). Default 60s.
-	RecordTTL time.Duration
-	Logger    *slog.Logger
+	RecordTTL  time.Duration
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
 }
 
 // Validate reports a bad field.
@@ -60,6 +63,7 @@ type Holder struct {
 	log    *slog.Logger
 	store  *store
 	leases *leases
+	m      *metrics
 
 	pubMu   sync.Mutex
 	pubWake chan struct{}
@@ -85,7 +89,7 @@ func New(cfg Config) (*Holder, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	l := newLeases(cfg.LeaseQuota)
-	h := &Holder{cfg: cfg, log: cfg.Logger, leases: l, store: newStore(cfg.Capacity, l, cfg.Disk),
+	h := &Holder{cfg: cfg, log: cfg.Logger, leases: l, store: newStore(cfg.Capacity, l, cfg.Disk), m: newMetrics(cfg.Registerer),
 		pubWake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	h.recover()
 	go h.publisher()
@@ -194,6 +198,7 @@ func (h *Holder) getBlock(w http.ResponseWriter, r *http.Request) error {
 	}
 	e := h.store.get(id)
 	if e == nil {
+		h.m.getMisses.Inc()
 		return fmt.Errorf("%w: block", kvsp.ErrNotFound)
 	}
 	hdr := &e.hdr
@@ -210,6 +215,7 @@ func (h *Holder) getBlock(w http.ResponseWriter, r *http.Request) error {
 		// rather than serve wrong bytes.
 		h.store.drop(e)
 		h.enqueue(e, true)
+		h.m.corrupt.Inc()
 		h.log.Error("a stored block failed verification; dropped and withdrawn", "err", err)
 		return fmt.Errorf("%w: the stored block failed verification", kvsp.ErrUnavailable)
 	}
@@ -237,7 +243,9 @@ func (h *Holder) getBlock(w http.ResponseWriter, r *http.Request) error {
 	}
 	wh.Set("Repr-Digest", container.ReprDigest(e.rangeDigest(v)))
 	wh.Set("Content-Length", strconv.FormatInt(v.Len(), 10))
-	_, err = v.WriteTo(w)
+	n, err := v.WriteTo(w)
+	h.m.gets.Inc()
+	h.m.bytesServed.Add(float64(n))
 	return err
 }
 
@@ -270,7 +278,12 @@ func (h *Holder) transcode(v container.View, c uint16, g container.Geometry) ([]
 	return []byte(buf.String()), d.Container, true
 }
 
-func (h *Holder) putBlock(w http.ResponseWriter, r *http.Request) error {
+func (h *Holder) putBlock(w http.ResponseWriter, r *http.Request) (err error) {
+	defer func() {
+		if err != nil {
+			h.m.putRejected.Inc()
+		}
+	}()
 	id, err := parseBlockPath(r)
 	if err != nil {
 		return err
@@ -304,6 +317,8 @@ func (h *Holder) putBlock(w http.ResponseWriter, r *http.Request) error {
 	}
 	var blk *container.Block
 	if n := r.ContentLength; n >= 0 {
+		h.m.inFlight.Add(float64(n))
+		defer h.m.inFlight.Sub(float64(n))
 		// Validated as it arrives, hashed while the rest is arriving.
 		blk, err = container.ReadBlock(r.Body, n, g)
 	} else {
@@ -333,9 +348,12 @@ func (h *Holder) putBlock(w http.ResponseWriter, r *http.Request) error {
 	for _, v := range demoted {
 		h.enqueue(v, false) // new residency: local-storage
 	}
+	h.m.evictions.Add(float64(len(evicted)))
+	h.m.demotions.Add(float64(len(demoted)))
 	if err != nil {
 		return err
 	}
+	h.m.puts.Inc()
 	h.enqueue(e, false)
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusCreated)

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 
 	"github.com/kvsp/kvsp"
@@ -42,6 +43,7 @@ var (
 )
 
 type fixture struct {
+	reg  *prometheus.Registry
 	srv  *kvsptest.Server
 	pki  *kvsptest.PKI
 	h    *holder.Holder
@@ -50,7 +52,7 @@ type fixture struct {
 }
 
 func start(t *testing.T, capacity int64) *fixture {
-	f := &fixture{pki: kvsptest.NewPKI(t), hold: map[string]*client.Holder{}}
+	f := &fixture{pki: kvsptest.NewPKI(t), hold: map[string]*client.Holder{}, reg: prometheus.NewRegistry()}
 	mem := index.NewMemory(time.Second)
 	t.Cleanup(func() { mem.Close() })
 	svc, _ := index.New(index.Config{MaxTTL: time.Minute, MaxLookupKeys: 64}, mem)
@@ -63,7 +65,7 @@ func start(t *testing.T, capacity int64) *fixture {
 	t.Cleanup(hc.Close)
 	var err error
 	h, err = holder.New(holder.Config{Base: holderURI, Geometries: map[kvsp.CompatID]container.Geometry{compat: geom},
-		Capacity: capacity, ReadMbitPerS: 400000, Index: hc.Index(f.srv.URL("/is/")), RecordTTL: 30 * time.Second,
+		Capacity: capacity, ReadMbitPerS: 400000, Index: hc.Index(f.srv.URL("/is/")), RecordTTL: 30 * time.Second, Registerer: f.reg,
 		LeaseQuota: holder.LeaseQuota{Octets: 3 * blockSize(), MaxTTL: 10 * time.Second, MaxLeases: 2}})
 	if err != nil {
 		t.Fatal(err)
@@ -260,6 +262,27 @@ func TestPutRules(t *testing.T) {
 	if st, _, _ := f.raw(t, "spiffe://kvsp.test/client/nosc", "GET", path(ref(1)), nil, nil); st != 403 {
 		t.Fatalf("R-BLK-19: %d", st)
 	}
+	for name, want := range map[string]float64{"kvsp_holder_puts_total": 1, "kvsp_holder_puts_rejected_total": 8, "kvsp_holder_gets_total": 1} {
+		if got := gather(t, f.reg, name); got != want {
+			t.Errorf("%s = %v, want %v", name, got, want)
+		}
+	}
+}
+
+func gather(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, _ := reg.Gather()
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			m := mf.GetMetric()[0]
+			if m.GetCounter() != nil {
+				return m.GetCounter().GetValue()
+			}
+			return m.GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
 }
 
 // TestLeases: create, renew, release, quotas and ownership (R-LS-1..12,

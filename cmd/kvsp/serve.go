@@ -204,7 +204,7 @@ func mountRoles(srv *server.Server, cfg *config.Config, log *slog.Logger, reg pr
 		closers = append(closers, hc.Close)
 		for i := range cfg.Holders {
 			hcfg := &cfg.Holders[i]
-			h, err := newHolder(cfg, hcfg, hc, log)
+			h, err := newHolder(cfg, hcfg, hc, log, prometheus.WrapRegistererWith(prometheus.Labels{"holder": hcfg.Base}, reg))
 			if err != nil {
 				closeAll()
 				return nil, fmt.Errorf("holders[%d]: %w", i, err)
@@ -247,7 +247,7 @@ func processClient(cfg *config.Config, log *slog.Logger) (*client.Client, error)
 
 // newHolder builds a holder from its configuration: the geometries of its
 // own descriptors and of the instances whose holder it is.
-func newHolder(cfg *config.Config, hcfg *config.Holder, c *client.Client, log *slog.Logger) (*holder.Holder, error) {
+func newHolder(cfg *config.Config, hcfg *config.Holder, c *client.Client, log *slog.Logger, reg prometheus.Registerer) (*holder.Holder, error) {
 	geoms := map[kvsp.CompatID]container.Geometry{}
 	paths := append([]string(nil), hcfg.Descriptors...)
 	for _, x := range cfg.Instances {
@@ -293,7 +293,7 @@ func newHolder(cfg *config.Config, hcfg *config.Holder, c *client.Client, log *s
 	return holder.New(holder.Config{
 		Base: hcfg.Base, Geometries: geoms, Capacity: capacity, ReadMbitPerS: rate, Disk: disk, DiskReadMbitPerS: diskRate,
 		LeaseQuota: holder.LeaseQuota{Octets: int64(hcfg.LeaseQuota.Octets), MaxTTL: time.Duration(hcfg.LeaseQuota.MaxTTLMs) * time.Millisecond, MaxLeases: hcfg.LeaseQuota.MaxLeases},
-		Index:      c.Index(hcfg.Index), RecordTTL: time.Duration(hcfg.RecordTTLMs) * time.Millisecond, Logger: log,
+		Index:      c.Index(hcfg.Index), RecordTTL: time.Duration(hcfg.RecordTTLMs) * time.Millisecond, Logger: log, Registerer: reg,
 	})
 }
 

@@ -1,0 +1,36 @@
+package holder
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// metrics of a holder (R-OPS-5: lease rejections and digest failures among
+// them), registered on the Registerer of its Config.
+type metrics struct {
+	gets, getMisses, puts, putRejected prometheus.Counter
+	evictions, demotions, corrupt      prometheus.Counter
+	leaseRejected                      prometheus.Counter
+	bytesServed                        prometheus.Counter
+	inFlight                           prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	c := func(name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts{Name: "kvsp_holder_" + name, Help: help})
+	}
+	m := &metrics{
+		gets:          c("gets_total", "Block GETs served."),
+		getMisses:     c("get_misses_total", "Block GETs of blocks not held."),
+		puts:          c("puts_total", "Blocks stored."),
+		putRejected:   c("puts_rejected_total", "Block PUTs refused (invalid, digest mismatch, existing, incompatible)."),
+		evictions:     c("evictions_total", "Blocks evicted."),
+		demotions:     c("demotions_total", "Blocks demoted from host memory to local-storage."),
+		corrupt:       c("digest_failures_total", "Stored blocks that failed verification (dropped and withdrawn)."),
+		leaseRejected: c("lease_rejections_total", "Lease requests refused by quota."),
+		bytesServed:   c("bytes_served_total", "Block octets sent."),
+		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvsp_holder_inflight_put_bytes",
+			Help: "Octets of block PUTs being received (memory held by requests in flight)."}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.gets, m.getMisses, m.puts, m.putRejected, m.evictions, m.demotions, m.corrupt, m.leaseRejected, m.bytesServed, m.inFlight)
+	}
+	return m
+}
