@@ -6,7 +6,7 @@ COUNT     ?= 1
 STATICCHECK_VERSION ?= v0.8.2
 BIN       := $(CURDIR)/bin
 
-.PHONY: help deps build build-nogpu test vet test-race test-nocgo lint fmt-check staticcheck fuzz bench demo check
+.PHONY: help deps bench-holder build build-nogpu test vet test-race test-nocgo lint fmt-check staticcheck fuzz bench demo check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -49,6 +49,10 @@ fuzz: ## run every fuzz target for FUZZTIME each (default 10s)
 
 bench: ## run the benchmarks (BENCHTIME, COUNT); compare runs with benchstat
 	$(GO) test -run='^$$' -bench=. -benchmem -benchtime=$(BENCHTIME) -count=$(COUNT) -tags nogpu ./...
+
+bench-holder: ## the holder against nginx (installed from Debian when missing), same certificate, same verifying client
+	@command -v nginx >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx-light >/dev/null; }
+	KVSP_BENCH_NGINX=1 $(GO) test -run '^$$' -bench 'VersusNginx|BenchmarkGet|BenchmarkPut' -benchtime 2s -count $(COUNT) ./holder/
 
 demo: ## the whole system in one command (not built yet)
 	@echo "kvsp demo is not built yet: it lands with issue 11 (kvsp demo). Nothing was run." >&2
