@@ -21,20 +21,18 @@ import (
 // benchGeom: 16 tokens x 8 heads x 128 x bf16, 32 layers: 2 MiB blocks.
 var benchGeom = container.Geometry{Layers: 32, BlockTokens: 16, KVHeads: 8, HeadDim: 128, Elem: container.BF16}
 
-// BenchmarkGet: GETs of 2 MiB blocks over loopback mutual TLS, the client
-// verifying Repr-Digest and every layer digest as an instance does, over
-// HTTP/1.1 and HTTP/2 with 1 and 8 concurrent clients; and a 4-of-32-layer
-// range. The bound in the same run: SHA-256 of the block (the client's
-// verification alone). Compare against nginx with scripts/bench-holder.sh.
-func BenchmarkGet(b *testing.B) {
-	p := kvsptest.NewPKI(b)
-	h, err := holder.New(holder.Config{Base: "https://127.0.0.1/h1/", Geometries: map[kvsp.CompatID]container.Geometry{{7}: benchGeom},
-		Capacity: 1 << 30, LeaseQuota: holder.LeaseQuota{Octets: 1 << 30, MaxTTL: time.Minute, MaxLeases: 16}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer h.Close(context.Background())
-	srv := kvsptest.StartServer(b, p, kvsptest.Options{}, func(s *server.Server) { h.Mount(s.Mount("/h1/")) })
+// benchFixture is a holder on loopback mTLS holding n copies of one 2 MiB
+// block (seeded content), for the benchmarks.
+type benchFixture struct {
+	pki  *kvsptest.PKI
+	srv  *kvsptest.Server
+	h    *holder.Holder
+	data []byte
+	blk  *container.Block
+	refs []client.BlockRef
+}
+
+func benchBlockBytes() ([]byte, *container.Block) {
 	hdr, _ := container.NewHeader(container.CodecRaw, 0, 32, benchGeom)
 	var buf bytes.Buffer
 	w := container.NewWriter(&buf, hdr)
@@ -46,18 +44,42 @@ func BenchmarkGet(b *testing.B) {
 		w.WriteLayer(sec, sec)
 	}
 	w.Close()
-	data := buf.Bytes()
-	blk, _ := container.OpenBlock(data, benchGeom)
-	const nblocks = 16
-	refs := make([]client.BlockRef, nblocks)
-	setup, _ := client.New(client.Config{TLS: p.ClientTLS(p.Leaf(kvsptest.ClientA))})
-	for i := range refs {
-		refs[i] = client.BlockRef{Compat: kvsp.CompatID{7}, Scope: mustScope(), Key: kvsp.BlockKey{byte(i), 1}}
-		if err := setup.Holder(srv.URL("/h1/")).PutBlock(context.Background(), refs[i], bytes.NewReader(data), int64(len(data)), blk.ContainerDigest()); err != nil {
+	blk, _ := container.OpenBlock(buf.Bytes(), benchGeom)
+	return buf.Bytes(), blk
+}
+
+func newBenchFixture(b *testing.B, n int) *benchFixture {
+	f := &benchFixture{pki: kvsptest.NewPKI(b)}
+	var err error
+	f.h, err = holder.New(holder.Config{Base: "https://127.0.0.1/h1/", Geometries: map[kvsp.CompatID]container.Geometry{{7}: benchGeom},
+		Capacity: 1 << 30, LeaseQuota: holder.LeaseQuota{Octets: 1 << 30, MaxTTL: time.Minute, MaxLeases: 16}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { f.h.Close(context.Background()) })
+	f.srv = kvsptest.StartServer(b, f.pki, kvsptest.Options{}, func(s *server.Server) { f.h.Mount(s.Mount("/h1/")) })
+	f.data, f.blk = benchBlockBytes()
+	setup, _ := client.New(client.Config{TLS: f.pki.ClientTLS(f.pki.Leaf(kvsptest.ClientA))})
+	defer setup.Close()
+	for i := 0; i < n; i++ {
+		ref := client.BlockRef{Compat: kvsp.CompatID{7}, Scope: mustScope(), Key: kvsp.BlockKey{byte(i), 1}}
+		if err := setup.Holder(f.srv.URL("/h1/")).PutBlock(context.Background(), ref, bytes.NewReader(f.data), int64(len(f.data)), f.blk.ContainerDigest()); err != nil {
 			b.Fatal(err)
 		}
+		f.refs = append(f.refs, ref)
 	}
-	setup.Close()
+	return f
+}
+
+// BenchmarkGet: GETs of 2 MiB blocks over loopback mutual TLS, the client
+// verifying Repr-Digest and every layer digest as an instance does, over
+// HTTP/1.1 and HTTP/2 with 1 and 8 concurrent clients; and a 4-of-32-layer
+// range. The bound in the same run: SHA-256 of the block (the client's
+// verification alone). Compare against nginx with scripts/bench-holder.sh.
+func BenchmarkGet(b *testing.B) {
+	bf := newBenchFixture(b, 16)
+	p, srv, data, blk, refs := bf.pki, bf.srv, bf.data, bf.blk, bf.refs
+	const nblocks = 16
 
 	b.Run("bound-sha256", func(b *testing.B) {
 		b.SetBytes(int64(len(data)))
@@ -139,23 +161,9 @@ func mustScope() kvsp.ScopeID { s, _ := kvsp.ParseScopeID(kvsptest.Scope); retur
 // of the SHA-256 bound). Blocks go to fresh keys; a small host tier
 // evicts as it goes.
 func BenchmarkPut(b *testing.B) {
-	p := kvsptest.NewPKI(b)
-	h, err := holder.New(holder.Config{Base: "https://127.0.0.1/h1/", Geometries: map[kvsp.CompatID]container.Geometry{{7}: benchGeom},
-		Capacity: 64 << 20, LeaseQuota: holder.LeaseQuota{Octets: 1 << 30, MaxTTL: time.Minute, MaxLeases: 16}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer h.Close(context.Background())
-	srv := kvsptest.StartServer(b, p, kvsptest.Options{}, func(s *server.Server) { h.Mount(s.Mount("/h1/")) })
-	hdr, _ := container.NewHeader(container.CodecRaw, 0, 32, benchGeom)
-	var buf bytes.Buffer
-	w := container.NewWriter(&buf, hdr)
-	sec := make([]byte, benchGeom.RawSectionLen())
-	for i := 0; i < 32; i++ {
-		w.WriteLayer(sec, sec)
-	}
-	d, _ := w.Close()
-	data := buf.Bytes()
+	bf := newBenchFixture(b, 0)
+	p, srv, data := bf.pki, bf.srv, bf.data
+	d := container.Digests{Container: bf.blk.ContainerDigest()}
 	tls := p.ClientTLS(p.Leaf(kvsptest.ClientA))
 	tls.NextProtos = []string{"http/1.1"}
 	c, _ := client.New(client.Config{TLS: tls})

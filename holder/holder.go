@@ -123,25 +123,13 @@ func (h *Holder) recover() {
 
 // Mount adds the holder routes of the resource table under r.
 func (h *Holder) Mount(r *server.Router) error {
-	for _, rt := range server.RoutesOf(server.RoleHolder) {
-		var fn server.HandlerFunc
-		switch rt.Method + " " + rt.Path {
-		case "GET blocks/{compat}/{scope}/{key}":
-			fn = h.getBlock
-		case "PUT blocks/{compat}/{scope}/{key}":
-			fn = h.putBlock
-		case "POST leases":
-			fn = h.createLease
-		case "PUT leases/{id}":
-			fn = h.renewLease
-		case "DELETE leases/{id}":
-			fn = h.releaseLease
-		default:
-			return fmt.Errorf("holder: no handler for %s %s", rt.Method, rt.Path)
-		}
-		r.Handle(rt.Method, rt.Path, rt.Route(), fn)
-	}
-	return nil
+	return server.MountRole(r, server.RoleHolder, map[string]server.HandlerFunc{
+		"GET blocks/{compat}/{scope}/{key}": h.getBlock,
+		"PUT blocks/{compat}/{scope}/{key}": h.putBlock,
+		"POST leases":                       h.createLease,
+		"PUT leases/{id}":                   h.renewLease,
+		"DELETE leases/{id}":                h.releaseLease,
+	})
 }
 
 // parseBlockPath reads the ids of the path and checks the scope before

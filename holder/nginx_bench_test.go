@@ -1,8 +1,6 @@
 package holder_test
 
 import (
-	"bytes"
-	"context"
 	"crypto/sha256"
 	"fmt"
 	"io"
@@ -17,12 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvsp/kvsp"
-	"github.com/kvsp/kvsp/client"
 	"github.com/kvsp/kvsp/container"
-	"github.com/kvsp/kvsp/holder"
 	"github.com/kvsp/kvsp/internal/kvsptest"
-	"github.com/kvsp/kvsp/server"
 )
 
 // BenchmarkVersusNginx serves the same 2 MiB container from the holder and
@@ -40,31 +34,8 @@ func BenchmarkVersusNginx(b *testing.B) {
 	if err != nil {
 		b.Fatal("nginx not installed")
 	}
-	p := kvsptest.NewPKI(b)
-	h, _ := holder.New(holder.Config{Base: "https://127.0.0.1/h1/", Geometries: map[kvsp.CompatID]container.Geometry{{7}: benchGeom},
-		Capacity: 1 << 30, LeaseQuota: holder.LeaseQuota{Octets: 1 << 30, MaxTTL: time.Minute, MaxLeases: 16}})
-	defer h.Close(context.Background())
-	srv := kvsptest.StartServer(b, p, kvsptest.Options{}, func(s *server.Server) { h.Mount(s.Mount("/h1/")) })
-
-	hdr, _ := container.NewHeader(container.CodecRaw, 0, 32, benchGeom)
-	var buf bytes.Buffer
-	w := container.NewWriter(&buf, hdr)
-	sec := make([]byte, benchGeom.RawSectionLen())
-	for i := range sec {
-		sec[i] = byte(i * 13)
-	}
-	for i := 0; i < 32; i++ {
-		w.WriteLayer(sec, sec)
-	}
-	w.Close()
-	data := buf.Bytes()
-	blk, _ := container.OpenBlock(data, benchGeom)
-	ref := client.BlockRef{Compat: kvsp.CompatID{7}, Scope: mustScope(), Key: kvsp.BlockKey{1}}
-	setup, _ := client.New(client.Config{TLS: p.ClientTLS(p.Leaf(kvsptest.ClientA))})
-	if err := setup.Holder(srv.URL("/h1/")).PutBlock(context.Background(), ref, bytes.NewReader(data), int64(len(data)), blk.ContainerDigest()); err != nil {
-		b.Fatal(err)
-	}
-	setup.Close()
+	bf := newBenchFixture(b, 1)
+	p, srv, data, blk, ref := bf.pki, bf.srv, bf.data, bf.blk, bf.refs[0]
 
 	// nginx: same certificate, client certificates required.
 	dir := b.TempDir()

@@ -1,5 +1,7 @@
 package server
 
+import "fmt"
+
 // KVSPRoute is one row of the spec's resource table ("HTTP Usage", table
 // "KVSP Resources") with the roles that may call it (decision A-5 and the
 // policy rules):
@@ -57,4 +59,23 @@ func RoutesOf(role Role) []KVSPRoute {
 		}
 	}
 	return out
+}
+
+// MountRole adds the handlers of one role's rows of the resource table
+// under r, keyed "METHOD path" as in KVSPRoutes. Every row must have a
+// handler and every handler a row: the table stays the one place that
+// says who may call what.
+func MountRole(r *Router, role Role, handlers map[string]HandlerFunc) error {
+	rows := RoutesOf(role)
+	if len(rows) != len(handlers) {
+		return fmt.Errorf("server: %s has %d routes and %d handlers", role, len(rows), len(handlers))
+	}
+	for _, rt := range rows {
+		h, ok := handlers[rt.Method+" "+rt.Path]
+		if !ok {
+			return fmt.Errorf("server: no handler for %s %s", rt.Method, rt.Path)
+		}
+		r.Handle(rt.Method, rt.Path, rt.Route(), h)
+	}
+	return nil
 }

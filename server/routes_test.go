@@ -77,3 +77,22 @@ func TestKVSPRouteTable(t *testing.T) {
 		}
 	}
 }
+
+// TestMountRole: every row needs its handler and every handler its row.
+func TestMountRole(t *testing.T) {
+	p := kvsptest.NewPKI(t)
+	kvsptest.StartServer(t, p, kvsptest.Options{}, func(s *server.Server) {
+		noop := func(http.ResponseWriter, *http.Request) error { return nil }
+		if err := server.MountRole(s.Mount("/a/"), server.RoleIndex, map[string]server.HandlerFunc{"POST lookup": noop}); err == nil {
+			t.Error("missing handlers accepted")
+		}
+		if err := server.MountRole(s.Mount("/b/"), server.RoleIndex, map[string]server.HandlerFunc{
+			"POST lookup": noop, "PUT replicas/{holder}/{key}": noop, "DELETE replicas/{key}": noop}); err == nil {
+			t.Error("a handler without a row accepted")
+		}
+		if err := server.MountRole(s.Mount("/c/"), server.RoleIndex, map[string]server.HandlerFunc{
+			"POST lookup": noop, "PUT replicas/{holder}/{key}": noop, "DELETE replicas/{holder}/{key}": noop}); err != nil {
+			t.Error(err)
+		}
+	})
+}

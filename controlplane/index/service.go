@@ -69,21 +69,11 @@ func New(cfg Config, b Backend) (*Service, error) {
 
 // Mount adds the IS routes of the resource table under r.
 func (s *Service) Mount(r *server.Router) error {
-	for _, rt := range server.RoutesOf(server.RoleIndex) {
-		var h server.HandlerFunc
-		switch rt.Method + " " + rt.Path {
-		case "POST lookup":
-			h = s.lookup
-		case "PUT replicas/{holder}/{key}":
-			h = s.publish
-		case "DELETE replicas/{holder}/{key}":
-			h = s.withdraw
-		default:
-			return fmt.Errorf("index: no handler for %s %s", rt.Method, rt.Path)
-		}
-		r.Handle(rt.Method, rt.Path, rt.Route(), h)
-	}
-	return nil
+	return server.MountRole(r, server.RoleIndex, map[string]server.HandlerFunc{
+		"POST lookup":                    s.lookup,
+		"PUT replicas/{holder}/{key}":    s.publish,
+		"DELETE replicas/{holder}/{key}": s.withdraw,
+	})
 }
 
 func (s *Service) publish(w http.ResponseWriter, r *http.Request) error {
