@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/container"
 )
 
 const prettyDescriptor = `{
@@ -209,5 +210,19 @@ func TestElementSizes(t *testing.T) {
 		if ty.Size() != n {
 			t.Errorf("%s.Size() = %d, want %d (R-REG-7)", ty, ty.Size(), n)
 		}
+	}
+}
+
+// TestElementTypesAgree: package container keeps its own element table (it
+// imports nothing of kvsp); the two must name and size the same registry.
+func TestElementTypesAgree(t *testing.T) {
+	for _, name := range []kvsp.ElementType{kvsp.BF16, kvsp.FP16, kvsp.FP32, kvsp.FP8E4M3, kvsp.FP8E5M2} {
+		et, ok := container.ParseElemType(string(name))
+		if !ok || et.Size() != name.Size() || et.String() != string(name) {
+			t.Errorf("%s: container has %v (size %d), kvsp size %d", name, et, et.Size(), name.Size())
+		}
+	}
+	if _, ok := container.ParseElemType("int8"); ok {
+		t.Error("container accepts an unregistered element type")
 	}
 }
