@@ -1,6 +1,7 @@
 package index
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"time"
@@ -39,6 +40,10 @@ type Result struct {
 	// Replicas has one non-empty entry per matched key.
 	Replicas [][]kvsp.ReplicaRecord
 	flat     []kvsp.ReplicaRecord
+	arena    arena        // decoded records' memory (shared-store backends)
+	names    []byte       // key names of the lookup, back to back
+	args     []any        // the command's arguments
+	reply    bytes.Buffer // a raw reply, parsed in place
 }
 
 // Reset empties r, keeping its memory.
@@ -47,6 +52,7 @@ func (r *Result) Reset() {
 	r.Replicas = r.Replicas[:0]
 	clear(r.flat)
 	r.flat = r.flat[:0]
+	r.arena.reset()
 }
 
 // add appends one key's records (already in r.flat from start).

@@ -8,10 +8,12 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
+	"unsafe"
 
 	"go.uber.org/goleak"
 
@@ -337,18 +339,81 @@ func TestStoredCodec(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var got kvsp.ReplicaRecord
-	if err := decodeStoredInto(&got, b); err != nil {
-		t.Fatal(err)
-	}
-	got.TTLMs = r.TTLMs
-	if !reflect.DeepEqual(&got, r) {
-		t.Fatalf("round trip:\n%+v\n%+v", &got, r)
+	var a arena
+	for _, ar := range []*arena{nil, &a, &a} { // allocated, then arena (cold, warm)
+		var got kvsp.ReplicaRecord
+		if err := decodeStoredInto(&got, b, ar); err != nil {
+			t.Fatal(err)
+		}
+		got.TTLMs = r.TTLMs
+		if !reflect.DeepEqual(&got, r) {
+			t.Fatalf("round trip:\n%+v\n%+v", &got, r)
+		}
 	}
 	for i := 0; i < len(b); i++ {
 		var x kvsp.ReplicaRecord
-		if err := decodeStoredInto(&x, b[:i]); err == nil {
+		if err := decodeStoredInto(&x, b[:i], &a); err == nil {
 			t.Fatalf("prefix %d decoded", i)
 		}
+	}
+}
+
+// TestArenaRecordsIndependent: records decoded into one arena do not share
+// memory: each has its own layer digests and residency, full-capacity, so
+// an append to one cannot overwrite another.
+func TestArenaRecordsIndependent(t *testing.T) {
+	var a arena
+	var recs [3]kvsp.ReplicaRecord
+	for i := range recs {
+		r := record("https://h1.example/kvsp/", key(i), scopeA, compatX)
+		r.LayerDigests = []kvsp.LayerDigest{{byte(i)}, {byte(i + 10)}}
+		b, _ := appendStored(nil, r)
+		if err := decodeStoredInto(&recs[i], b, &a); err != nil {
+			t.Fatal(err)
+		}
+	}
+	recs[0].LayerDigests = append(recs[0].LayerDigests, kvsp.LayerDigest{99})
+	recs[0].Residency = append(recs[0].Residency, kvsp.Residency{Tier: kvsp.TierDevice})
+	for i := 1; i < 3; i++ {
+		if recs[i].LayerDigests[0][0] != byte(i) || recs[i].LayerDigests[1][0] != byte(i+10) || recs[i].Residency[0].Tier != kvsp.TierHost {
+			t.Fatalf("record %d changed by another's append: %+v", i, recs[i])
+		}
+	}
+	if recs[1].Holder != recs[2].Holder || unsafe.StringData(recs[1].Holder) != unsafe.StringData(recs[2].Holder) {
+		t.Fatal("holder URIs not interned")
+	}
+}
+
+// TestEachBulk: the in-place MGET reply parser takes RESP2 and RESP3
+// nils, stops where fn says, and refuses error replies and malformed or
+// truncated input (a 503 problem, never a panic or a wrong match).
+func TestEachBulk(t *testing.T) {
+	collect := func(raw string, n int) ([]string, error) {
+		var got []string
+		err := eachBulk([]byte(raw), n, func(v string) (bool, error) {
+			got = append(got, v)
+			return v != "stop", nil
+		})
+		return got, err
+	}
+	got, err := collect("*4\r\n$3\r\nabc\r\n$-1\r\n_\r\n$0\r\n\r\n", 4)
+	if err != nil || !reflect.DeepEqual(got, []string{"abc", "", "", ""}) {
+		t.Fatalf("got %q, %v", got, err)
+	}
+	got, err = collect("*3\r\n$4\r\nstop\r\n$3\r\nabc\r\n", 3) // stops before the truncation
+	if err != nil || len(got) != 1 {
+		t.Fatalf("got %q, %v", got, err)
+	}
+	for _, bad := range []string{
+		"", "-ERR wrong number of arguments for 'mget' command\r\n", "*2\r\n$3\r\nabc\r\n", "*1\r\n$9\r\nabc\r\n",
+		"*1\r\n$x\r\nabc\r\n", "*1\r\n:5\r\n", "*3\r\n", "*1\r\n$-5\r\n", "*1", "$3\r\nabc\r\n",
+	} {
+		n := 1
+		if _, err := collect(bad, n); !errors.Is(err, kvsp.ErrUnavailable) {
+			t.Errorf("%q: %v", bad, err)
+		}
+	}
+	if _, err := collect("-ERR secret-key-name here\r\n", 1); err == nil || strings.Contains(err.Error(), "secret") {
+		t.Errorf("error reply leaks its text: %v", err)
 	}
 }

@@ -152,7 +152,9 @@ func BenchmarkRedisLookup(b *testing.B) {
 	}
 	b.ReportAllocs()
 	b.SetParallelism(4)
+	cpu := kvsptest.NewCPUMeter(srv.Pid())
 	b.ResetTimer()
+	cpu.Start()
 	var n atomic.Int64
 	b.RunParallel(func(pb *testing.PB) {
 		var res Result
@@ -166,5 +168,9 @@ func BenchmarkRedisLookup(b *testing.B) {
 			n.Add(1)
 		}
 	})
+	cpu.Stop()
 	b.ReportMetric(float64(n.Load())/b.Elapsed().Seconds(), "lookups/s")
+	// Where the two cores go: this process (the IS side) and redis-server.
+	b.ReportMetric(float64(cpu.Self.Microseconds())/float64(n.Load()), "is-cpu-us/lookup")
+	b.ReportMetric(float64(cpu.Peers.Microseconds())/float64(n.Load()), "redis-cpu-us/lookup")
 }

@@ -1,14 +1,18 @@
 package index
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/redis/go-redis/v9"
 
@@ -155,6 +159,24 @@ func (r *Redis) keys(k kvsp.BlockKey) (records, pin string) {
 	return base + "r", base + "d"
 }
 
+// keyNames returns the record key names of keys ("{prefix}:{K}:r"), built
+// in res's reused buffer: the strings alias it and are valid until the
+// next call.
+func (res *Result) keyNames(prefix string, keys []kvsp.BlockKey) []string {
+	n := len(prefix) + 2 + 2*len(kvsp.BlockKey{}) + 3
+	res.names = slices.Grow(res.names[:0], n*len(keys))
+	out := make([]string, len(keys))
+	for i, k := range keys {
+		start := len(res.names)
+		res.names = append(res.names, prefix...)
+		res.names = append(res.names, ":{"...)
+		res.names = hex.AppendEncode(res.names, k[:])
+		res.names = append(res.names, "}:r"...)
+		out[i] = unsafe.String(&res.names[start], n)
+	}
+	return out
+}
+
 // unavailable marks a Redis failure: lookups answer 503 (and recover when
 // Redis does).
 func unavailable(err error) error {
@@ -199,7 +221,7 @@ func (r *Redis) Delete(ctx context.Context, holder string, key kvsp.BlockKey, au
 	if authorize != nil {
 		var rec kvsp.ReplicaRecord
 		err := parseEntries(v, func(_ int64, _, text string) error {
-			if err := decodeStoredInto(&rec, []byte(text)); err != nil {
+			if err := decodeStoredInto(&rec, []byte(text), nil); err != nil {
 				return unavailable(err)
 			}
 			return nil
@@ -263,22 +285,27 @@ func (r *Redis) Lookup(ctx context.Context, scope kvsp.ScopeID, compat kvsp.Comp
 	if len(keys) == 0 {
 		return nil
 	}
-	names := make([]string, len(keys))
-	for i, k := range keys {
-		names[i], _ = r.keys(k)
-	}
+	names := res.keyNames(r.prefix, keys)
 	var (
 		tm    *redis.TimeCmd
-		mget  *redis.SliceCmd
+		mget  *redis.RawWriteToCmd
 		gets  []*redis.StringCmd
 		_, cl = r.c.(*redis.ClusterClient)
 	)
 	_, err := r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		tm = p.Time(ctx)
 		if !cl {
-			mget = p.MGet(ctx, names...)
-			return nil
+			// One MGET whose reply is copied raw into the Result's
+			// buffer and parsed in place: no allocation per value.
+			res.args = append(res.args[:0], "mget")
+			for _, n := range names {
+				res.args = append(res.args, n)
+			}
+			res.reply.Reset()
+			mget = redis.NewRawWriteToCmd(ctx, &res.reply, res.args...)
+			return p.Process(ctx, mget)
 		}
+		// A cluster pipeline runs per node concurrently: one GET per key.
 		gets = make([]*redis.StringCmd, len(names))
 		for i, n := range names {
 			gets[i] = p.Get(ctx, n)
@@ -289,37 +316,97 @@ func (r *Redis) Lookup(ctx context.Context, scope kvsp.ScopeID, compat kvsp.Comp
 		return unavailable(err)
 	}
 	now := tm.Val().UnixMilli()
-	value := func(i int) string {
-		if mget != nil {
-			s, _ := mget.Val()[i].(string)
-			return s
-		}
-		return gets[i].Val()
-	}
 	filter := filterArg(scope, compat)
-	for i := range names {
+	match := func(v string) (bool, error) {
 		start := len(res.flat)
-		err := parseEntries(value(i), func(exp int64, _ string, rec string) error {
+		err := parseEntries(v, func(exp int64, _ string, rec string) error {
 			if exp <= now || len(rec) < storedFilterLen || rec[:storedFilterLen] != filter {
 				return nil
 			}
 			res.flat = append(res.flat, kvsp.ReplicaRecord{})
 			out := &res.flat[len(res.flat)-1]
-			if err := decodeStoredInto(out, []byte(rec)); err != nil {
+			if err := decodeStoredInto(out, unsafe.Slice(unsafe.StringData(rec), len(rec)), &res.arena); err != nil {
 				return unavailable(err)
 			}
 			out.TTLMs = uint64(exp - now)
 			return nil
 		})
-		if err != nil {
-			return err
-		}
-		if len(res.flat) == start {
-			break // R-IS-15
+		if err != nil || len(res.flat) == start {
+			return false, err // R-IS-15: stop at the first key with none
 		}
 		res.add(start)
+		return true, nil
+	}
+	if mget != nil {
+		return eachBulk(res.reply.Bytes(), len(names), match)
+	}
+	for _, g := range gets {
+		if ok, err := match(g.Val()); !ok || err != nil {
+			return err
+		}
 	}
 	return nil
+}
+
+// eachBulk walks a raw RESP array reply of n bulk strings (nil for a
+// missing key, in RESP2 or RESP3 form), calling fn with each value (which
+// aliases b) until fn returns false or an error.
+func eachBulk(b []byte, n int, fn func(v string) (bool, error)) error {
+	line := func() (string, bool) {
+		i := bytes.Index(b, []byte("\r\n"))
+		if i < 1 {
+			return "", false
+		}
+		l := unsafe.String(&b[0], i)
+		b = b[i+2:]
+		return l, true
+	}
+	h, ok := line()
+	if !ok || h[0] != '*' {
+		return unavailable(fmt.Errorf("index: redis: MGET answered %q", redisErrorLine(h)))
+	}
+	if c, err := strconv.Atoi(h[1:]); err != nil || c != n {
+		return unavailable(errors.New("index: redis: malformed MGET reply"))
+	}
+	for range n {
+		h, ok := line()
+		if !ok {
+			return unavailable(errors.New("index: redis: malformed MGET reply"))
+		}
+		var v string
+		switch {
+		case h == "$-1" || h == "_":
+		case h[0] == '$':
+			l, err := strconv.Atoi(h[1:])
+			if err != nil || l < 0 || len(b) < l+2 {
+				return unavailable(errors.New("index: redis: malformed MGET reply"))
+			}
+			if l > 0 {
+				v = unsafe.String(&b[0], l)
+			}
+			b = b[l+2:]
+		default:
+			return unavailable(errors.New("index: redis: malformed MGET reply"))
+		}
+		if ok, err := fn(v); !ok || err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// redisErrorLine keeps an error reply's first word (its code), never the
+// rest, which might quote keys.
+func redisErrorLine(h string) string {
+	if len(h) > 0 && h[0] == '-' {
+		if i := strings.IndexByte(h, ' '); i > 0 {
+			return h[:i]
+		}
+	}
+	if len(h) > 16 {
+		return h[:16]
+	}
+	return h
 }
 
 // Len implements Backend: the live records (SCAN; for tests and metrics).

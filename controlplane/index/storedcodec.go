@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
+	"unsafe"
 
 	"github.com/kvsp/kvsp"
 )
@@ -74,9 +76,49 @@ func (r *reader) u16() int    { return int(binary.BigEndian.Uint16(r.take(2))) }
 func (r *reader) u32() uint32 { return binary.BigEndian.Uint32(r.take(4)) }
 func (r *reader) u64() uint64 { return binary.BigEndian.Uint64(r.take(8)) }
 
+// arena is a lookup's scratch memory for decoded records: residency is
+// carved out of a slice reused from lookup to lookup, holder URIs are
+// interned, and layer digests alias the stored octets, so decoding 64
+// records costs no allocation once a Result is warm.
+type arena struct {
+	residency []kvsp.Residency
+	holders   map[string]string
+}
+
+// maxInterned bounds the interned holder URIs (a deployment has tens).
+const maxInterned = 1024
+
+func (a *arena) reset() {
+	a.residency = a.residency[:0]
+}
+
+func (a *arena) holder(b []byte) string {
+	if h, ok := a.holders[string(b)]; ok {
+		return h
+	}
+	if a.holders == nil || len(a.holders) >= maxInterned {
+		a.holders = make(map[string]string)
+	}
+	h := string(b)
+	a.holders[h] = h
+	return h
+}
+
+// take returns n fresh elements of s (grown as needed), full-capacity
+// sliced so the caller cannot append into its neighbours.
+func take[T any](s *[]T, n int) []T {
+	*s = slices.Grow(*s, n)
+	l := len(*s)
+	*s = (*s)[:l+n]
+	return (*s)[l : l+n : l+n]
+}
+
 // decodeStoredInto fills rec from the compact form (ttl_ms is the
-// caller's).
-func decodeStoredInto(rec *kvsp.ReplicaRecord, b []byte) error {
+// caller's). With an arena, rec's residency lives in it (valid until the
+// arena's reset) and its layer digests alias b, which must then stay
+// unchanged as long as rec is used (the Result's reply buffer, reused only
+// after its Reset); without, they are allocated.
+func decodeStoredInto(rec *kvsp.ReplicaRecord, b []byte, a *arena) error {
 	r := reader{b: b}
 	if r.u8() != storedVersion {
 		return errStored
@@ -87,16 +129,29 @@ func decodeStoredInto(rec *kvsp.ReplicaRecord, b []byte) error {
 	copy(rec.Digest[:], r.take(32))
 	rec.Codec = kvsp.Codec(r.u16())
 	rec.Size = r.u64()
-	rec.Holder = string(r.take(r.u16()))
+	if a != nil {
+		rec.Holder = a.holder(r.take(r.u16()))
+	} else {
+		rec.Holder = string(r.take(r.u16()))
+	}
 	rec.MOQTNamespace = string(r.take(r.u16()))
+	rec.LayerDigests = nil
 	if n := r.u16(); n > 0 {
-		rec.LayerDigests = make([]kvsp.LayerDigest, n)
-		for i := range rec.LayerDigests {
-			copy(rec.LayerDigests[i][:], r.take(32))
+		raw := r.take(32 * n)
+		if a != nil && !r.err {
+			rec.LayerDigests = unsafe.Slice((*kvsp.LayerDigest)(unsafe.Pointer(unsafe.SliceData(raw))), n)[:n:n]
+		} else {
+			rec.LayerDigests = make([]kvsp.LayerDigest, n)
+			for i := range rec.LayerDigests {
+				copy(rec.LayerDigests[i][:], raw[32*i:])
+			}
 		}
 	}
-	n := r.u8()
-	rec.Residency = make([]kvsp.Residency, n)
+	if n := r.u8(); a != nil {
+		rec.Residency = take(&a.residency, n)
+	} else {
+		rec.Residency = make([]kvsp.Residency, n)
+	}
 	for i := range rec.Residency {
 		var t kvsp.Tier
 		if err := t.UnmarshalText(r.take(r.u8())); err != nil {

@@ -102,6 +102,14 @@ func (r *Redis) ping() error {
 	return nil
 }
 
+// Pid returns the server's process id (0 when it is not running).
+func (r *Redis) Pid() int {
+	if r.cmd == nil || r.cmd.Process == nil {
+		return 0
+	}
+	return r.cmd.Process.Pid
+}
+
 // Kill stops the server with SIGKILL (a crash: nothing is saved).
 func (r *Redis) Kill() {
 	if r.cmd != nil && r.cmd.Process != nil {
