@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/go-json-experiment/json"
 	"github.com/gowebpki/jcs"
 
 	"github.com/kvsp/kvsp"
@@ -157,6 +158,53 @@ func FuzzProblem(f *testing.F) {
 		}
 		if !errors.Is(q, errors.Unwrap(p)) && errors.Unwrap(p) != nil {
 			t.Fatalf("sentinel changed: %v vs %v", p, q)
+		}
+	})
+}
+
+// lookupRef is LookupRequest without its hand-written decoder: the
+// reference the token decoder must agree with.
+type lookupRef struct {
+	ScopeID   kvsp.ScopeID    `json:"scope_id"`
+	CompatID  kvsp.CompatID   `json:"compat_id"`
+	BlockKeys []kvsp.BlockKey `json:"block_keys"`
+	Targets   []string        `json:"targets,omitempty"`
+}
+
+// FuzzLookupRequestDecode: the IS's token-by-token lookup decoder accepts
+// exactly what reflective decoding (with the library's default options,
+// which are A-29's) accepts, and decodes it to the same request.
+func FuzzLookupRequestDecode(f *testing.F) {
+	s, k := strings.Repeat("cd", 16), strings.Repeat("ab", 32)
+	for _, seed := range []string{
+		`{"scope_id":"` + s + `","compat_id":"` + k + `","block_keys":["` + k + `","` + k + `"],"targets":["https://i.example/"]}`,
+		`{"scope_id":"\u0063d` + s[2:] + `","compat_id":"` + k + `","block_keys":[]}`,
+		`{"sc\u006fpe_id":"` + s + `","compat_id":"` + k + `","block_keys":["` + k + `"],"x":{"y":[1,null]}}`,
+		`{"scope_id":"` + s + `","compat_id":"` + k + `","block_keys":null,"targets":null}`,
+		`{"scope_id":"` + s + `","scope_id":"` + s + `"}`, `null`, `[]`, `{"block_keys":[5]}`, `{"targets":"x"}`,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var got kvsp.LookupRequest
+		gotErr := kvsp.Decode(data, &got)
+		var ref lookupRef
+		refErr := json.Unmarshal(data, &ref)
+		if refErr == nil {
+			want := kvsp.LookupRequest(ref)
+			refErr = want.Validate()
+		}
+		if (gotErr == nil) != (refErr == nil) {
+			t.Fatalf("%q: token decoder %v, reflection %v", data, gotErr, refErr)
+		}
+		if gotErr != nil {
+			if !errors.Is(gotErr, kvsp.ErrInvalid) {
+				t.Fatalf("rejection is not ErrInvalid: %v", gotErr)
+			}
+			return
+		}
+		if want := kvsp.LookupRequest(ref); !reflect.DeepEqual(got, want) {
+			t.Fatalf("%q:\n%+v\n%+v", data, got, want)
 		}
 	})
 }

@@ -60,8 +60,6 @@ func parseHex(dst, src []byte, what string) error {
 	return nil
 }
 
-func appendHex(dst, b []byte) []byte { return hex.AppendEncode(dst, b) }
-
 // String returns the hex32 form.
 func (k BlockKey) String() string { return hex.EncodeToString(k[:]) }
 

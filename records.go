@@ -1,9 +1,12 @@
 package kvsp
 
 import (
+	"bytes"
 	"encoding/base64"
+	"errors"
 	"math"
 	"slices"
+	"strings"
 
 	"github.com/go-json-experiment/json"
 	"github.com/go-json-experiment/json/jsontext"
@@ -529,6 +532,107 @@ type LookupRequest struct {
 	CompatID  CompatID   `json:"compat_id"`
 	BlockKeys []BlockKey `json:"block_keys"`
 	Targets   []string   `json:"targets,omitempty"`
+}
+
+// UnmarshalJSONFrom decodes a lookup request token by token, without
+// reflection: it is the IS's hottest input (up to max_lookup_keys block
+// keys per request). Semantics are those of the reflective decoder (A-29):
+// unknown members skipped, null as the zero value, duplicates and invalid
+// UTF-8 refused by the decoder's options.
+func (l *LookupRequest) UnmarshalJSONFrom(dec *jsontext.Decoder) error {
+	*l = LookupRequest{}
+	tok, err := dec.ReadToken()
+	if err != nil {
+		return err
+	}
+	switch tok.Kind() {
+	case 'n':
+		return nil
+	case '{':
+	default:
+		return invalidf("cannot decode JSON %s as a lookup request", kindName(tok.Kind()))
+	}
+	var scratch []byte // unescaped strings, rare
+	for dec.PeekKind() != '}' {
+		name, err := dec.ReadValue() // a member name: always a string
+		if err != nil {
+			return err
+		}
+		n := name[1 : len(name)-1]
+		if bytes.IndexByte(n, '\\') >= 0 {
+			if n, err = jsontext.AppendUnquote(nil, name); err != nil {
+				return err
+			}
+		}
+		switch string(n) {
+		case "scope_id":
+			err = readHexValue(dec, l.ScopeID[:], "scope_id", &scratch)
+		case "compat_id":
+			err = readHexValue(dec, l.CompatID[:], "compat_id", &scratch)
+		case "block_keys":
+			err = l.readBlockKeys(dec, &scratch)
+		case "targets":
+			err = json.UnmarshalDecode(dec, &l.Targets)
+		default:
+			err = dec.SkipValue()
+		}
+		if err != nil {
+			return err
+		}
+	}
+	_, err = dec.ReadToken() // '}'
+	return err
+}
+
+func (l *LookupRequest) readBlockKeys(dec *jsontext.Decoder, scratch *[]byte) error {
+	tok, err := dec.ReadToken()
+	if err != nil {
+		return err
+	}
+	switch tok.Kind() {
+	case 'n':
+		l.BlockKeys = nil
+		return nil
+	case '[':
+	default:
+		return invalidf("block_keys: cannot decode JSON %s as a list of block keys", kindName(tok.Kind()))
+	}
+	l.BlockKeys = make([]BlockKey, 0, 64)
+	for i := 0; dec.PeekKind() != ']'; i++ {
+		l.BlockKeys = append(l.BlockKeys, BlockKey{})
+		if err := readHexValue(dec, l.BlockKeys[i][:], "block key", scratch); err != nil {
+			if errors.Is(err, ErrInvalid) { // ours: name the element
+				return invalidf("element %d: %s", i, strings.TrimPrefix(err.Error(), ErrInvalid.Error()+": "))
+			}
+			return err
+		}
+	}
+	_, err = dec.ReadToken()
+	return err
+}
+
+// readHexValue reads a JSON string of lowercase hex into dst (null: zero).
+func readHexValue(dec *jsontext.Decoder, dst []byte, what string, scratch *[]byte) error {
+	v, err := dec.ReadValue()
+	if err != nil {
+		return err
+	}
+	switch v.Kind() {
+	case 'n':
+		clear(dst)
+		return nil
+	case '"':
+	default:
+		return invalidf("%s: cannot decode JSON %s as hex", what, kindName(v.Kind()))
+	}
+	s := v[1 : len(v)-1]
+	if bytes.IndexByte(s, '\\') >= 0 {
+		if *scratch, err = jsontext.AppendUnquote((*scratch)[:0], v); err != nil {
+			return invalidf("%s: malformed string", what)
+		}
+		s = *scratch
+	}
+	return parseHex(dst, s, what)
 }
 
 // Validate implements Validator. The per-deployment cap on len(BlockKeys)

@@ -1,17 +1,18 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"mime"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/kvsp/kvsp"
@@ -264,20 +265,38 @@ func DecodeJSON(r *http.Request, v kvsp.Validator) error {
 	if err := RequireMediaType(r, kvsp.MediaType); err != nil {
 		return err
 	}
-	body, err := io.ReadAll(r.Body)
-	if err != nil {
+	bp := requestBodies.Get().(*bytes.Buffer)
+	defer func() {
+		if bp.Cap() <= maxPooledBody {
+			bp.Reset()
+			requestBodies.Put(bp)
+		}
+	}()
+	if r.ContentLength > 0 && r.ContentLength <= maxPooledBody {
+		bp.Grow(int(r.ContentLength) + 1) // +1: the read that sees EOF needs no growth
+	}
+	if _, err := bp.ReadFrom(r.Body); err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
 			return err
 		}
 		return fmt.Errorf("%w: reading body: %v", kvsp.ErrInvalid, err)
 	}
-	return kvsp.Decode(body, v)
+	// Decoders copy what they keep: the buffer goes back to the pool.
+	return kvsp.Decode(bp.Bytes(), v)
 }
+
+// requestBodies recycles request body buffers up to maxPooledBody.
+var requestBodies = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+const maxPooledBody = 1 << 20
 
 // RequireMediaType checks the request's Content-Type (parameters allowed).
 func RequireMediaType(r *http.Request, want string) error {
 	ct := r.Header.Get("Content-Type")
+	if ct == want { // the common case, without parsing
+		return nil
+	}
 	mt, _, err := mime.ParseMediaType(ct)
 	if err != nil || !strings.EqualFold(mt, want) {
 		return fmt.Errorf("%w: want Content-Type %s", kvsp.ErrUnsupportedMediaType, want)
