@@ -31,6 +31,7 @@ vet: ## go vet
 
 test-race: ## go test -race over every package (shuffled); Redis tests are required, not skipped
 	KVSP_REQUIRE_REDIS=1 $(GO) test -race -shuffle=on -tags nogpu ./...
+	$(GO) test -tags nogpu,purego -run 'Hex' . # the portable paths of code that has assembly
 
 test-nocgo: ## tests with CGO_ENABLED=0
 	CGO_ENABLED=0 $(GO) test -tags nogpu,nordma ./...
