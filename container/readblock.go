@@ -19,6 +19,16 @@ const readChunk = 256 << 10
 // another, so receiving (and decrypting TLS) overlaps with hashing. It
 // returns the same Block as OpenBlock on the same octets.
 func ReadBlock(r io.Reader, n int64, g Geometry) (*Block, error) {
+	return ReadBlockInto(r, n, g, nil)
+}
+
+// ReadBlockInto is ReadBlock with the block's memory from alloc (a buffer
+// of at least n octets, which the returned Block keeps): holders store
+// blocks in recycled memory, since a fresh 2 MiB allocation costs as much
+// as hashing it (page faults and zeroing). alloc is called once the header
+// has been validated; on error the buffer is the caller's again. A nil
+// alloc allocates.
+func ReadBlockInto(r io.Reader, n int64, g Geometry, alloc func(n int) []byte) (*Block, error) {
 	if n < FixedHeaderLen {
 		return nil, truncated("header")
 	}
@@ -46,7 +56,12 @@ func ReadBlock(r io.Reader, n int64, g Geometry) (*Block, error) {
 	if size := h.Size(); uint64(n) != size {
 		return nil, fmt.Errorf("%w: %d octets announced, the header makes %d", ErrMalformed, n, size)
 	}
-	data := make([]byte, n)
+	var data []byte
+	if alloc != nil {
+		data = alloc(int(n))[:n]
+	} else {
+		data = make([]byte, n)
+	}
 	copy(data, fixed[:])
 	copy(data[FixedHeaderLen:], lens)
 

@@ -31,6 +31,14 @@ func TestReadBlockMatchesOpenBlock(t *testing.T) {
 			t.Fatalf("layer %d digest differs", i)
 		}
 	}
+	// Into a recycled buffer, larger and full of another block's octets.
+	dirty := bytes.Repeat([]byte{0xa5}, len(data)+4096)
+	var asked int
+	got2, err := ReadBlockInto(iotest(data), int64(len(data)), g, func(n int) []byte { asked = n; return dirty })
+	if err != nil || asked != len(data) || !bytes.Equal(got2.Bytes(), data) || &got2.Bytes()[0] != &dirty[0] ||
+		got2.ContainerDigest() != want.ContainerDigest() || got2.ReplicaDigest() != want.ReplicaDigest() {
+		t.Fatalf("ReadBlockInto differs from OpenBlock (asked %d): %v", asked, err)
+	}
 	for _, cut := range []int{0, 10, 100, 5000, len(data) / 2, len(data) - 1} {
 		if _, err := ReadBlock(bytes.NewReader(data[:cut]), int64(len(data)), g); !errors.Is(err, ErrTruncated) {
 			t.Fatalf("cut at %d: %v", cut, err)

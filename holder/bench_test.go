@@ -6,7 +6,10 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"io"
+	"runtime"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -48,11 +51,15 @@ func benchBlockBytes() ([]byte, *container.Block) {
 	return buf.Bytes(), blk
 }
 
-func newBenchFixture(b *testing.B, n int) *benchFixture {
+func newBenchFixture(b *testing.B, n int) *benchFixture { return newBenchFixtureCap(b, n, 1<<30) }
+
+// newBenchFixtureCap is a holder of the given host capacity holding n
+// blocks.
+func newBenchFixtureCap(b *testing.B, n int, capacity int64) *benchFixture {
 	f := &benchFixture{pki: kvsptest.NewPKI(b)}
 	var err error
 	f.h, err = holder.New(holder.Config{Base: "https://127.0.0.1/h1/", Geometries: map[kvsp.CompatID]container.Geometry{{7}: benchGeom},
-		Capacity: 1 << 30, LeaseQuota: holder.LeaseQuota{Octets: 1 << 30, MaxTTL: time.Minute, MaxLeases: 16}})
+		Capacity: capacity, LeaseQuota: holder.LeaseQuota{Octets: 1 << 30, MaxTTL: time.Minute, MaxLeases: 16}})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -161,27 +168,59 @@ func mustScope() kvsp.ScopeID { s, _ := kvsp.ParseScopeID(kvsptest.Scope); retur
 // of the SHA-256 bound). Blocks go to fresh keys; a small host tier
 // evicts as it goes.
 func BenchmarkPut(b *testing.B) {
-	bf := newBenchFixture(b, 0)
+	// A holder in steady state: full (128 blocks in 256 MiB), so every PUT
+	// evicts the least recently used block and reuses its memory.
+	bf := newBenchFixtureCap(b, 128, 256<<20)
 	p, srv, data := bf.pki, bf.srv, bf.data
 	d := container.Digests{Container: bf.blk.ContainerDigest()}
-	tls := p.ClientTLS(p.Leaf(kvsptest.ClientA))
-	tls.NextProtos = []string{"http/1.1"}
-	c, _ := client.New(client.Config{TLS: tls})
-	defer c.Close()
-	hc := c.Holder(srv.URL("/h1/"))
 	b.Run("bound-sha256", func(b *testing.B) {
 		b.SetBytes(int64(len(data)))
 		for b.Loop() {
 			sha256.Sum256(data)
 		}
 	})
-	b.Run("http1", func(b *testing.B) {
-		b.SetBytes(int64(len(data)))
-		for i := 0; b.Loop(); i++ {
-			ref := client.BlockRef{Compat: kvsp.CompatID{7}, Scope: mustScope(), Key: kvsp.BlockKey{byte(i), byte(i >> 8), byte(i >> 16), 3}}
-			if err := hc.PutBlock(context.Background(), ref, bytes.NewReader(data), int64(len(data)), d.Container); err != nil {
-				b.Fatal(err)
-			}
+	key := 1 << 20
+	for _, proto := range []string{"http/1.1", "h2"} {
+		tls := p.ClientTLS(p.Leaf(kvsptest.ClientA))
+		tls.NextProtos = []string{proto}
+		c, _ := client.New(client.Config{TLS: tls})
+		defer c.Close()
+		hc := c.Holder(srv.URL("/h1/"))
+		for _, clients := range []int{1, 2, 4} { // concurrent PUTs
+			b.Run(fmt.Sprintf("%s/clients=%d", strings.ReplaceAll(proto, "/", ""), clients), func(b *testing.B) {
+				b.SetBytes(int64(len(data)))
+				b.SetParallelism(max(1, clients/runtime.GOMAXPROCS(0)))
+				var keys atomic.Int64
+				keys.Store(int64(key))
+				put := func() error {
+					k := keys.Add(1)
+					ref := client.BlockRef{Compat: kvsp.CompatID{7}, Scope: mustScope(), Key: kvsp.BlockKey{byte(k), byte(k >> 8), byte(k >> 16), 3}}
+					return hc.PutBlock(context.Background(), ref, bytes.NewReader(data), int64(len(data)), d.Container)
+				}
+				cpu := kvsptest.NewCPUMeter()
+				cpu.Start()
+				if clients == 1 {
+					for b.Loop() {
+						if err := put(); err != nil {
+							b.Fatal(err)
+						}
+					}
+				} else {
+					b.RunParallel(func(pb *testing.PB) {
+						for pb.Next() {
+							if err := put(); err != nil {
+								b.Error(err)
+								return
+							}
+						}
+					})
+				}
+				cpu.Stop()
+				key = int(keys.Load())
+				// Client and server together (one process): 2 cores' worth
+				// is 2 / (GB/s).
+				b.ReportMetric(cpu.Self.Seconds()/(float64(b.N)*float64(len(data))/1e9), "cpu-s/GB")
+			})
 		}
-	})
+	}
 }

@@ -197,7 +197,7 @@ func (h *Holder) getBlock(w http.ResponseWriter, r *http.Request) error {
 	if first < hdr.FirstLayer || last > hdr.LastLayer() {
 		return fmt.Errorf("%w: layers %d-%d", kvsp.ErrLayersUnavailable, first, last)
 	}
-	blk, err := h.store.block(e, g)
+	blk, release, err := h.store.acquire(e, g)
 	if err != nil {
 		// Tampered with at rest: drop it, withdraw it, and fail this GET
 		// rather than serve wrong bytes.
@@ -207,6 +207,7 @@ func (h *Holder) getBlock(w http.ResponseWriter, r *http.Request) error {
 		h.log.Error("a stored block failed verification; dropped and withdrawn", "err", err)
 		return fmt.Errorf("%w: the stored block failed verification", kvsp.ErrUnavailable)
 	}
+	defer release()
 	v, err := blk.Range(first, last)
 	if err != nil {
 		return fmt.Errorf("%w: layers %d-%d", kvsp.ErrLayersUnavailable, first, last)
@@ -303,12 +304,20 @@ func (h *Holder) putBlock(w http.ResponseWriter, r *http.Request) (err error) {
 	if r.ContentLength > max {
 		return fmt.Errorf("%w: a block of this geometry is at most %d octets", kvsp.ErrTooLarge, max)
 	}
-	var blk *container.Block
+	var (
+		blk *container.Block
+		buf []byte // recycled memory, the pool's again unless stored
+	)
+	defer func() {
+		if buf != nil {
+			h.store.bufs.put(buf)
+		}
+	}()
 	if n := r.ContentLength; n >= 0 {
 		h.m.inFlight.Add(float64(n))
 		defer h.m.inFlight.Sub(float64(n))
 		// Validated as it arrives, hashed while the rest is arriving.
-		blk, err = container.ReadBlock(r.Body, n, g)
+		blk, err = container.ReadBlockInto(r.Body, n, g, func(n int) []byte { buf = h.store.bufs.get(n); return buf })
 	} else {
 		var data []byte
 		data, err = io.ReadAll(io.LimitReader(r.Body, max+1))
@@ -330,6 +339,9 @@ func (h *Holder) putBlock(w http.ResponseWriter, r *http.Request) (err error) {
 		return fmt.Errorf("%w: Repr-Digest differs from the body", kvsp.ErrDigestMismatch)
 	}
 	e, evicted, demoted, err := h.store.put(id, blk)
+	if err == nil {
+		buf = nil // the store's now
+	}
 	for _, v := range evicted {
 		h.enqueue(v, true)
 	}

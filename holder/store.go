@@ -31,6 +31,8 @@ type entry struct {
 
 	blk    *container.Block // nil when only on disk
 	onDisk bool
+	refs   int    // GETs using blk (under store.mu)
+	orphan []byte // blk's memory once evicted, until refs drops to 0
 
 	mu        sync.Mutex
 	published time.Time // expiry of the record at the IS; zero: not published
@@ -73,15 +75,88 @@ type store struct {
 	capacity int64
 	leases   *leases
 	disk     *tier.Disk
+	bufs     *bufferPool
 }
 
 func newStore(capacity int64, l *leases, disk *tier.Disk) *store {
-	return &store{m: map[blockID]*entry{}, lru: list.New(), capacity: capacity, leases: l, disk: disk}
+	return &store{m: map[blockID]*entry{}, lru: list.New(), capacity: capacity, leases: l, disk: disk,
+		bufs: newBufferPool(min(max(capacity/8, 8<<20), 256<<20))}
+}
+
+// bufferPool recycles the memory of evicted blocks for the next PUTs, by
+// size class: a fresh 2 MiB allocation costs about as much as hashing it
+// (page faults, zeroing, then the collector), and blocks of one geometry
+// are all one size. The free memory it keeps is bounded.
+type bufferPool struct {
+	mu      sync.Mutex
+	free    map[int][][]byte
+	held    int64 // octets in free
+	maxHeld int64
+}
+
+// bufferClass is the size-class granularity: blocks whose sizes differ by
+// less (header lengths, short layer ranges) share a class. Blocks smaller
+// than minPooled are allocated exactly (no rounding waste; the page-fault
+// cost that pooling saves is a large block's).
+const (
+	bufferClass = 64 << 10
+	minPooled   = 256 << 10
+)
+
+func newBufferPool(maxHeld int64) *bufferPool {
+	return &bufferPool{free: map[int][][]byte{}, maxHeld: maxHeld}
+}
+
+func (p *bufferPool) get(n int) []byte {
+	if n < minPooled {
+		return make([]byte, n)
+	}
+	c := (n + bufferClass - 1) / bufferClass * bufferClass
+	p.mu.Lock()
+	if l := p.free[c]; len(l) > 0 {
+		b := l[len(l)-1]
+		l[len(l)-1] = nil
+		p.free[c] = l[:len(l)-1]
+		p.held -= int64(c)
+		p.mu.Unlock()
+		return b[:n]
+	}
+	p.mu.Unlock()
+	return make([]byte, n, c)
+}
+
+func (p *bufferPool) put(b []byte) {
+	c := cap(b)
+	if c < minPooled || c%bufferClass != 0 {
+		return // small, or not ours (a block read back from disk): the collector's
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.held+int64(c) > p.maxHeld {
+		return
+	}
+	p.free[c] = append(p.free[c], b[:0])
+	p.held += int64(c)
+}
+
+// releaseBlockLocked gives up e's host copy: its memory goes back to the
+// pool now, or when the last GET using it finishes.
+func (s *store) releaseBlockLocked(e *entry) {
+	if e.blk == nil {
+		return
+	}
+	buf := e.blk.Bytes()
+	e.blk = nil
+	if e.refs > 0 {
+		e.orphan = buf
+		return
+	}
+	s.bufs.put(buf)
 }
 
 func newEntry(id blockID, blk *container.Block) *entry {
 	return &entry{id: id, hdr: *blk.Header(), layers: blk.LayerDigests(), replica: blk.ReplicaDigest(),
-		payload: blk.PayloadSize(), size: int64(len(blk.Bytes())), blk: blk}
+		payload: blk.PayloadSize(), size: int64(cap(blk.Bytes())), blk: blk} // the memory it holds
 }
 
 func (id blockID) name() tier.Name { return tier.Name{Compat: id.compat, Scope: id.scope, Key: id.key} }
@@ -137,7 +212,8 @@ func (s *store) put(id blockID, blk *container.Block) (*entry, []*entry, []*entr
 		}
 		if s.disk != nil && s.disk.Put(victim.id.name(), victim.blk) == nil {
 			s.lru.Remove(victim.elem)
-			victim.elem, victim.blk, victim.onDisk = nil, nil, true
+			s.releaseBlockLocked(victim)
+			victim.elem, victim.onDisk = nil, true
 			s.used -= victim.size
 			demoted = append(demoted, victim)
 			continue
@@ -181,21 +257,38 @@ func (s *store) removeLocked(e *entry) {
 		s.used -= e.size
 		e.elem = nil
 	}
+	s.releaseBlockLocked(e)
 	if e.onDisk && s.disk != nil {
 		s.disk.Delete(e.id.name())
 	}
 }
 
-// block returns the entry's octets: from host memory, or read back from
-// disk and verified (tier.ErrCorrupt when that fails).
-func (s *store) block(e *entry, g container.Geometry) (*container.Block, error) {
+// acquire returns the entry's octets: from host memory, or read back from
+// disk and verified (tier.ErrCorrupt when that fails). The caller calls
+// release when done with them: until then an eviction does not recycle
+// their memory.
+func (s *store) acquire(e *entry, g container.Geometry) (blk *container.Block, release func(), err error) {
 	s.mu.Lock()
-	blk := e.blk
+	blk = e.blk
+	if blk != nil {
+		e.refs++
+	}
 	s.mu.Unlock()
 	if blk != nil {
-		return blk, nil
+		return blk, func() { s.unref(e) }, nil
 	}
-	return s.disk.Get(e.id.name(), g)
+	blk, err = s.disk.Get(e.id.name(), g)
+	return blk, func() {}, err
+}
+
+func (s *store) unref(e *entry) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e.refs--
+	if e.refs == 0 && e.orphan != nil {
+		s.bufs.put(e.orphan)
+		e.orphan = nil
+	}
 }
 
 // all returns the stored entries (for refresh and shutdown).

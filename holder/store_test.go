@@ -1,0 +1,61 @@
+package holder
+
+import (
+	"bytes"
+	"testing"
+
+	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/container"
+)
+
+// bigGeom makes 1 MiB blocks: pooled sizes.
+var bigGeom = container.Geometry{Layers: 4, BlockTokens: 64, KVHeads: 8, HeadDim: 128, Elem: container.BF16}
+
+func bigBlock(t *testing.T, s *store, fill byte) *container.Block {
+	t.Helper()
+	h, _ := container.NewHeader(container.CodecRaw, 0, 4, bigGeom)
+	var buf bytes.Buffer
+	w := container.NewWriter(&buf, h)
+	sec := bytes.Repeat([]byte{fill}, int(bigGeom.RawSectionLen()))
+	for range 4 {
+		w.WriteLayer(sec, sec)
+	}
+	w.Close()
+	blk, err := container.ReadBlockInto(&buf, int64(buf.Len()), bigGeom, s.bufs.get)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return blk
+}
+
+// TestRecycledMemoryWaitsForReaders: an evicted block's memory is reused
+// by a later PUT only once no GET is still sending it; a GET in flight
+// keeps seeing the bytes it started with.
+func TestRecycledMemoryWaitsForReaders(t *testing.T) {
+	s := newStore(1<<20+64<<10, newLeases(LeaseQuota{}), nil) // room for one block
+	id := func(k byte) blockID { return blockID{compat: kvsp.CompatID{1}, key: kvsp.BlockKey{k}} }
+	a := bigBlock(t, s, 0xaa)
+	ea, _, _, err := s.put(id(1), a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, release, err := s.acquire(ea, bigGeom) // a GET starts sending A
+	if err != nil || got != a {
+		t.Fatal(err)
+	}
+	want := bytes.Clone(a.Bytes())
+	if _, evicted, _, err := s.put(id(2), bigBlock(t, s, 0xbb)); err != nil || len(evicted) != 1 {
+		t.Fatalf("B evicts A: %v %d", err, len(evicted))
+	}
+	// C arrives while the GET of A is still running: A's memory is not
+	// free yet (B's block memory is in use by B).
+	c := bigBlock(t, s, 0xcc)
+	if &c.Bytes()[0] == &want[0] || !bytes.Equal(a.Bytes(), want) {
+		t.Fatal("the memory of a block being sent was reused")
+	}
+	release() // the GET is done: A's memory goes back to the pool
+	d := bigBlock(t, s, 0xdd)
+	if &d.Bytes()[:1][0] != &a.Bytes()[:1][0] {
+		t.Fatal("released memory was not recycled")
+	}
+}
