@@ -51,11 +51,11 @@ func benchBlockBytes() ([]byte, *container.Block) {
 	return buf.Bytes(), blk
 }
 
-func newBenchFixture(b *testing.B, n int) *benchFixture { return newBenchFixtureCap(b, n, 1<<30) }
+func newBenchFixture(b testing.TB, n int) *benchFixture { return newBenchFixtureCap(b, n, 1<<30) }
 
 // newBenchFixtureCap is a holder of the given host capacity holding n
 // blocks.
-func newBenchFixtureCap(b *testing.B, n int, capacity int64) *benchFixture {
+func newBenchFixtureCap(b testing.TB, n int, capacity int64) *benchFixture {
 	f := &benchFixture{pki: kvsptest.NewPKI(b)}
 	var err error
 	f.h, err = holder.New(holder.Config{Base: "https://127.0.0.1/h1/", Geometries: map[kvsp.CompatID]container.Geometry{{7}: benchGeom},

@@ -1,7 +1,10 @@
 package holder_test
 
 import (
+	"bufio"
 	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"net"
@@ -9,7 +12,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -19,13 +24,29 @@ import (
 	"github.com/kvsp/kvsp/internal/kvsptest"
 )
 
+// TestHolderServerProcess is not a test: BenchmarkVersusNginx runs the
+// test binary with it selected, to serve one block from a holder in a
+// process of its own (so its CPU time can be compared with nginx's).
+func TestHolderServerProcess(t *testing.T) {
+	if os.Getenv("KVSP_HOLDER_SERVER") == "" {
+		t.Skip("the server process of BenchmarkVersusNginx")
+	}
+	bf := newBenchFixture(t, 1)
+	bf.pki.WriteLeaf("client.pem", "client.key", bf.pki.Leaf(kvsptest.ClientA))
+	ref := bf.refs[0]
+	runtime.GC()
+	fmt.Printf("\nSERVING %s %s\n", bf.srv.URL("/h1/blocks/"+ref.Compat.String()+"/"+ref.Scope.String()+"/"+ref.Key.String()), bf.pki.Dir)
+	io.Copy(io.Discard, os.Stdin) // until the benchmark closes it
+}
+
 // BenchmarkVersusNginx serves the same 2 MiB container from the holder and
 // from nginx (Debian's, started here on 127.0.0.1 with the same server
-// certificate and client-certificate verification), and fetches both with
-// the same verifying client: the body read, SHA-256 of the container and
-// of every layer compared with the known digests. Runs alternate peer and
-// holder. Set KVSP_BENCH_NGINX=1 (make bench-holder does); nginx must be
-// installed.
+// certificate and client-certificate verification), each in its own
+// process, and fetches both with the same verifying client in this one:
+// the body read, SHA-256 of the container and of every layer compared with
+// the known digests. Runs alternate peer and holder; each reports its
+// throughput and the server's CPU-seconds per GB. Set KVSP_BENCH_NGINX=1
+// (make bench-holder does); nginx must be installed.
 func BenchmarkVersusNginx(b *testing.B) {
 	if os.Getenv("KVSP_BENCH_NGINX") != "1" {
 		b.Skip("set KVSP_BENCH_NGINX=1 (make bench-holder)")
@@ -34,12 +55,42 @@ func BenchmarkVersusNginx(b *testing.B) {
 	if err != nil {
 		b.Fatal("nginx not installed")
 	}
-	bf := newBenchFixture(b, 1)
-	p, srv, data, blk, ref := bf.pki, bf.srv, bf.data, bf.blk, bf.refs[0]
+	data, blk := benchBlockBytes()
+
+	// The holder, in a process of its own.
+	hcmd := exec.Command(os.Args[0], "-test.run", "^TestHolderServerProcess$")
+	hcmd.Env = append(os.Environ(), "KVSP_HOLDER_SERVER=1")
+	stdin, _ := hcmd.StdinPipe()
+	stdout, _ := hcmd.StdoutPipe()
+	hcmd.Stderr = os.Stderr
+	if err := hcmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	defer func() { stdin.Close(); hcmd.Wait() }()
+	var holderURL, dir string
+	sc := bufio.NewScanner(stdout)
+	for sc.Scan() {
+		if f := strings.Fields(sc.Text()); len(f) == 3 && f[0] == "SERVING" {
+			holderURL, dir = f[1], f[2]
+			break
+		}
+	}
+	if holderURL == "" {
+		b.Fatal("the holder process did not start")
+	}
+	go io.Copy(io.Discard, stdout)
+	pem := func(name string) string { return filepath.Join(dir, name) }
+	ca, _ := os.ReadFile(pem("ca.pem"))
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(ca)
+	cert, err := tls.LoadX509KeyPair(pem("client.pem"), pem("client.key"))
+	if err != nil {
+		b.Fatal(err)
+	}
 
 	// nginx: same certificate, client certificates required.
-	dir := b.TempDir()
-	os.WriteFile(filepath.Join(dir, "block"), data, 0o644)
+	ndir := b.TempDir()
+	os.WriteFile(filepath.Join(ndir, "block"), data, 0o644)
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	port := ln.Addr().(*net.TCPAddr).Port
 	ln.Close()
@@ -50,9 +101,9 @@ http { access_log off; sendfile on; keepalive_requests 100000; client_body_temp_
   server { listen 127.0.0.1:%[2]d ssl http2; ssl_protocols TLSv1.3;
     ssl_certificate %[3]s; ssl_certificate_key %[4]s; ssl_client_certificate %[5]s; ssl_verify_client on;
     root %[1]s; location / { default_type application/kvsp-block; } } }
-`, dir, port, p.Path("server.pem"), p.Path("server.key"), p.Path("ca.pem"))
-	os.WriteFile(filepath.Join(dir, "nginx.conf"), []byte(conf), 0o644)
-	cmd := exec.Command(ngx, "-c", filepath.Join(dir, "nginx.conf"), "-p", dir)
+`, ndir, port, pem("server.pem"), pem("server.key"), pem("ca.pem"))
+	os.WriteFile(filepath.Join(ndir, "nginx.conf"), []byte(conf), 0o644)
+	cmd := exec.Command(ngx, "-c", filepath.Join(ndir, "nginx.conf"), "-p", ndir)
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
@@ -65,6 +116,7 @@ http { access_log off; sendfile on; keepalive_requests 100000; client_body_temp_
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	pids := map[string]int{"holder": hcmd.Process.Pid, "nginx": cmd.Process.Pid}
 
 	wantWhole := blk.ContainerDigest()
 	layers := blk.LayerDigests()
@@ -82,19 +134,16 @@ http { access_log off; sendfile on; keepalive_requests 100000; client_body_temp_
 		}
 		return nil
 	}
-	urls := map[string]string{
-		"holder": srv.URL("/h1/blocks/" + ref.Compat.String() + "/" + ref.Scope.String() + "/" + ref.Key.String()),
-		"nginx":  "https://127.0.0.1:" + strconv.Itoa(port) + "/block",
-	}
+	urls := map[string]string{"holder": holderURL, "nginx": "https://127.0.0.1:" + strconv.Itoa(port) + "/block"}
 	for _, proto := range []string{"http1", "h2"} {
 		for _, clients := range []int{1, 8} {
 			for _, peer := range []string{"nginx", "holder"} {
 				b.Run(fmt.Sprintf("%s/clients=%d/%s", proto, clients, peer), func(b *testing.B) {
-					tls := p.ClientTLS(p.Leaf(kvsptest.ClientA))
+					tc := &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: pool, Certificates: []tls.Certificate{cert}, NextProtos: []string{"h2", "http/1.1"}}
 					if proto == "http1" {
-						tls.NextProtos = []string{"http/1.1"}
+						tc.NextProtos = []string{"http/1.1"}
 					}
-					tr := &http.Transport{TLSClientConfig: tls, ForceAttemptHTTP2: proto == "h2", MaxIdleConnsPerHost: 16,
+					tr := &http.Transport{TLSClientConfig: tc, ForceAttemptHTTP2: proto == "h2", MaxIdleConnsPerHost: 16,
 						HTTP2: &http.HTTP2Config{MaxReadFrameSize: 1 << 20, MaxReceiveBufferPerConnection: 3 << 20, MaxReceiveBufferPerStream: 3 << 20}}
 					defer tr.CloseIdleConnections()
 					c := &http.Client{Transport: tr}
@@ -127,11 +176,15 @@ http { access_log off; sendfile on; keepalive_requests 100000; client_body_temp_
 							}
 						}()
 					}
+					meter := kvsptest.NewCPUMeter(pids[peer])
+					meter.Start()
 					for i := 0; i < b.N; i++ {
 						work <- struct{}{}
 					}
 					close(work)
 					wg.Wait()
+					meter.Stop()
+					b.ReportMetric(meter.Peers.Seconds()/(float64(b.N)*float64(len(data))/1e9), "server-cpu-s/GB")
 				})
 			}
 		}

@@ -51,7 +51,7 @@ func SelfCPU() time.Duration {
 }
 
 // CPUMeter measures the CPU time of this process and of peer processes
-// between Start and Stop.
+// (with their children) between Start and Stop.
 type CPUMeter struct {
 	pids        []int
 	self0       time.Duration
@@ -67,7 +67,7 @@ func (m *CPUMeter) Start() {
 	m.self0 = SelfCPU()
 	m.peers0 = m.peers0[:0]
 	for _, p := range m.pids {
-		c, _ := ProcessCPU(p)
+		c, _ := ProcessTreeCPU(p)
 		m.peers0 = append(m.peers0, c)
 	}
 }
@@ -77,7 +77,31 @@ func (m *CPUMeter) Stop() {
 	m.Self = SelfCPU() - m.self0
 	m.Peers = 0
 	for i, p := range m.pids {
-		c, _ := ProcessCPU(p)
+		c, _ := ProcessTreeCPU(p)
 		m.Peers += c - m.peers0[i]
 	}
+}
+
+// ProcessTreeCPU is ProcessCPU of pid plus that of its children (nginx's
+// workers under its master), found through /proc/<pid>/task/*/children.
+func ProcessTreeCPU(pid int) (time.Duration, error) {
+	total, err := ProcessCPU(pid)
+	if err != nil {
+		return 0, err
+	}
+	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	for _, t := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", pid, t.Name()))
+		if err != nil {
+			continue
+		}
+		for _, f := range strings.Fields(string(b)) {
+			if c, err := strconv.Atoi(f); err == nil {
+				if d, err := ProcessTreeCPU(c); err == nil {
+					total += d
+				}
+			}
+		}
+	}
+	return total, nil
 }
