@@ -56,6 +56,30 @@ func OpenBlock(data []byte, g Geometry) (*Block, error) {
 	return b, nil
 }
 
+// AdoptBlock returns the Block of data, a complete container for g whose
+// layer digests and container digest were computed when this process
+// received it (a holder moving a verified block between its own tiers, or
+// reassembling it from them): the structure is validated again, the octets
+// are not hashed again. data is kept, not copied.
+func AdoptBlock(data []byte, g Geometry, layers []Digest, whole Digest) (*Block, error) {
+	h, hl, err := ParseHeader(data, g)
+	if err != nil {
+		return nil, err
+	}
+	if uint64(len(data)) != h.Size() || len(layers) != len(h.Layers) {
+		return nil, fmt.Errorf("%w: %d octets and %d digests for a container of %d octets and %d layers", ErrMalformed, len(data), len(layers), h.Size(), len(h.Layers))
+	}
+	b := &Block{data: data, h: h, hl: hl, offs: make([]uint64, len(h.Layers)+1), layers: layers, whole: whole}
+	off := uint64(hl)
+	for i, l := range h.Layers {
+		b.offs[i] = off
+		off += l.K + l.V
+	}
+	b.offs[len(h.Layers)] = off
+	b.replica = ReplicaDigest(layers)
+	return b, nil
+}
+
 // hashLayers computes the digest of each layer [offs[i], offs[i+1]) with up
 // to `workers` goroutines (at least one).
 func hashLayers(out []Digest, data []byte, offs []uint64, workers int) {

@@ -72,3 +72,30 @@ func BenchmarkReadBlock(b *testing.B) {
 		}
 	}
 }
+
+// TestAdoptBlock: adopting a container with its known digests gives the
+// Block OpenBlock gives, and structural errors are still caught.
+func TestAdoptBlock(t *testing.T) {
+	rng := rand.New(rand.NewPCG(61, 62))
+	g := Geometry{Layers: 4, BlockTokens: 16, KVHeads: 2, HeadDim: 64, Elem: BF16}
+	data, _ := encode(t, g, CodecRaw, 0, randomLayers(rng, g, 4))
+	want, err := OpenBlock(data, g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := AdoptBlock(data, g, want.LayerDigests(), want.ContainerDigest())
+	if err != nil || got.ContainerDigest() != want.ContainerDigest() || got.ReplicaDigest() != want.ReplicaDigest() || got.PayloadSize() != want.PayloadSize() {
+		t.Fatalf("adopted block differs: %v", err)
+	}
+	v1, _ := got.Range(1, 2)
+	v2, _ := want.Range(1, 2)
+	if v1.Digest() != v2.Digest() || !bytes.Equal(v1.Data(), v2.Data()) {
+		t.Fatal("range differs")
+	}
+	if _, err := AdoptBlock(data[:len(data)-1], g, want.LayerDigests(), want.ContainerDigest()); err == nil {
+		t.Fatal("a truncated container was adopted")
+	}
+	if _, err := AdoptBlock(data, g, want.LayerDigests()[:3], want.ContainerDigest()); err == nil {
+		t.Fatal("a digest list of the wrong length was adopted")
+	}
+}

@@ -27,7 +27,7 @@ func (h *Holder) createLease(w http.ResponseWriter, r *http.Request) error {
 		if e == nil {
 			return fmt.Errorf("%w: block %d of the lease is not held (A-2: no partial lease)", kvsp.ErrNotFound, i)
 		}
-		octets += e.size
+		octets += e.octets
 	}
 	ls, err := h.leases.grant(p.ID, ids, octets, time.Duration(q.TTLMs)*time.Millisecond)
 	if err != nil {

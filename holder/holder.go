@@ -1,10 +1,12 @@
 package holder
 
 import (
+	"container/list"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -33,6 +35,14 @@ type Config struct {
 	ReadMbitPerS uint64
 	// LeaseQuota bounds each client's leases.
 	LeaseQuota LeaseQuota
+	// Device, when set, is the device tier: the first DeviceLayers layers
+	// of each block (all of them when 0) go to its memory while it has
+	// DeviceCapacity octets free, the rest to host memory; least recently
+	// used device parts are demoted to host memory.
+	Device             *tier.Device
+	DeviceCapacity     int64
+	DeviceLayers       int
+	DeviceReadMbitPerS uint64
 	// Disk, when set, is the local-storage tier blocks are demoted to.
 	Disk *tier.Disk
 	// DiskReadMbitPerS is the local-storage tier's read rate (R-PLC-5).
@@ -53,6 +63,8 @@ func (c *Config) Validate() error {
 		return errors.New("holder: capacity required")
 	case c.LeaseQuota.Octets <= 0 || c.LeaseQuota.MaxTTL <= 0 || c.LeaseQuota.MaxLeases <= 0:
 		return errors.New("holder: lease_quota: octets, max_ttl_ms and max_leases required")
+	case c.Device != nil && (c.DeviceCapacity <= 0 || c.DeviceLayers < 0):
+		return errors.New("holder: device tier: capacity required, layers >= 0")
 	}
 	return kvsp.ValidateBaseURI("holder: base", c.Base)
 }
@@ -91,6 +103,20 @@ func New(cfg Config) (*Holder, error) {
 	l := newLeases(cfg.LeaseQuota)
 	h := &Holder{cfg: cfg, log: cfg.Logger, leases: l, store: newStore(cfg.Capacity, l, cfg.Disk), m: newMetrics(cfg.Registerer),
 		pubWake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	if cfg.Device != nil {
+		layers := cfg.DeviceLayers
+		if layers == 0 {
+			layers = math.MaxInt
+		}
+		h.store.dev = &deviceTier{d: cfg.Device, layers: layers, capacity: cfg.DeviceCapacity, lru: list.New()}
+		name, standIn := cfg.Device.Name(), cfg.Device.StandIn()
+		h.m.device.WithLabelValues(name, strconv.FormatBool(standIn)).Set(1)
+		if standIn {
+			h.log.Warn("the device tier is a host-memory stand-in (built with -tags nogpu): its blocks are in host memory", "device", name)
+		} else {
+			h.log.Info("device tier", "device", name, "capacity", cfg.DeviceCapacity)
+		}
+	}
 	h.recover()
 	go h.publisher()
 	return h, nil
@@ -115,7 +141,7 @@ func (h *Holder) recover() {
 			h.cfg.Disk.Delete(n)
 			continue
 		}
-		e := newEntry(id, blk)
+		e := newEntry(id, blk, g)
 		h.store.addDisk(e)
 		h.enqueue(e, false)
 	}
@@ -197,7 +223,7 @@ func (h *Holder) getBlock(w http.ResponseWriter, r *http.Request) error {
 	if first < hdr.FirstLayer || last > hdr.LastLayer() {
 		return fmt.Errorf("%w: layers %d-%d", kvsp.ErrLayersUnavailable, first, last)
 	}
-	blk, release, err := h.store.acquire(e, g)
+	p, release, err := h.store.acquire(e, g)
 	if err != nil {
 		// Tampered with at rest: drop it, withdraw it, and fail this GET
 		// rather than serve wrong bytes.
@@ -208,10 +234,6 @@ func (h *Holder) getBlock(w http.ResponseWriter, r *http.Request) error {
 		return fmt.Errorf("%w: the stored block failed verification", kvsp.ErrUnavailable)
 	}
 	defer release()
-	v, err := blk.Range(first, last)
-	if err != nil {
-		return fmt.Errorf("%w: layers %d-%d", kvsp.ErrLayersUnavailable, first, last)
-	}
 	maxAge := 0
 	e.mu.Lock()
 	if rem := time.Until(e.published); rem > 0 {
@@ -222,7 +244,16 @@ func (h *Holder) getBlock(w http.ResponseWriter, r *http.Request) error {
 	wh.Set("Content-Type", client.MediaTypeBlock)
 	wh.Set("Cache-Control", "private, immutable, max-age="+strconv.Itoa(maxAge))
 	if codec != 0 && codec != hdr.Codec {
-		if body, d, ok := h.transcode(v, codec, h.cfg.Geometries[id.compat]); ok {
+		blk, done, err := h.store.materialize(e, p)
+		if err != nil {
+			return fmt.Errorf("%w: reading the block from device memory: %v", kvsp.ErrUnavailable, err)
+		}
+		defer done()
+		v, err := blk.Range(first, last)
+		if err != nil {
+			return fmt.Errorf("%w: layers %d-%d", kvsp.ErrLayersUnavailable, first, last)
+		}
+		if body, d, ok := h.transcode(v, codec, g); ok {
 			wh.Set("Repr-Digest", container.ReprDigest(d))
 			wh.Set("Content-Length", strconv.Itoa(len(body)))
 			_, err := w.Write(body)
@@ -230,9 +261,23 @@ func (h *Holder) getBlock(w http.ResponseWriter, r *http.Request) error {
 		}
 		// Not transcodable: the native codec, which the header names.
 	}
-	wh.Set("Repr-Digest", container.ReprDigest(e.rangeDigest(v)))
-	wh.Set("Content-Length", strconv.FormatInt(v.Len(), 10))
-	n, err := v.WriteTo(w)
+	var body interface {
+		io.WriterTo
+		Len() int64
+		Digest() container.Digest
+	}
+	if p.blk != nil {
+		v, err := p.blk.Range(first, last)
+		if err != nil {
+			return fmt.Errorf("%w: layers %d-%d", kvsp.ErrLayersUnavailable, first, last)
+		}
+		body = v
+	} else { // split between device and host memory
+		body = splitRange{e: e, p: p, i: int(first - hdr.FirstLayer), j: int(last-hdr.FirstLayer) + 1}
+	}
+	wh.Set("Repr-Digest", container.ReprDigest(e.rangeDigest(first, last, body.Digest)))
+	wh.Set("Content-Length", strconv.FormatInt(body.Len(), 10))
+	n, err := body.WriteTo(w)
 	h.m.gets.Inc()
 	h.m.bytesServed.Add(float64(n))
 	return err
@@ -338,7 +383,7 @@ func (h *Holder) putBlock(w http.ResponseWriter, r *http.Request) (err error) {
 	if want != nil && *want != blk.ContainerDigest() {
 		return fmt.Errorf("%w: Repr-Digest differs from the body", kvsp.ErrDigestMismatch)
 	}
-	e, evicted, demoted, err := h.store.put(id, blk)
+	e, evicted, demoted, err := h.store.put(id, blk, g)
 	if err == nil {
 		buf = nil // the store's now
 	}

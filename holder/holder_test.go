@@ -52,7 +52,7 @@ type fixture struct {
 	hold map[string]*client.Holder
 }
 
-func start(t *testing.T, capacity int64) *fixture {
+func start(t *testing.T, capacity int64, mods ...func(*holder.Config)) *fixture {
 	f := &fixture{pki: kvsptest.NewPKI(t), hold: map[string]*client.Holder{}, reg: prometheus.NewRegistry()}
 	mem := index.NewMemory(time.Second)
 	t.Cleanup(func() { mem.Close() })
@@ -65,9 +65,13 @@ func start(t *testing.T, capacity int64) *fixture {
 	hc, _ := client.New(client.Config{TLS: f.pki.ClientTLS(f.pki.Leaf(kvsptest.Holder1))})
 	t.Cleanup(hc.Close)
 	var err error
-	h, err = holder.New(holder.Config{Base: holderURI, Geometries: map[kvsp.CompatID]container.Geometry{compat: geom},
+	cfg := holder.Config{Base: holderURI, Geometries: map[kvsp.CompatID]container.Geometry{compat: geom},
 		Capacity: capacity, ReadMbitPerS: 400000, Index: hc.Index(f.srv.URL("/is/")), RecordTTL: 30 * time.Second, Registerer: f.reg,
-		LeaseQuota: holder.LeaseQuota{Octets: 3 * blockSize(), MaxTTL: 10 * time.Second, MaxLeases: 2}})
+		LeaseQuota: holder.LeaseQuota{Octets: 3 * blockSize(), MaxTTL: 10 * time.Second, MaxLeases: 2}}
+	for _, m := range mods {
+		m(&cfg)
+	}
+	h, err = holder.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

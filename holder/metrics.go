@@ -10,6 +10,7 @@ type metrics struct {
 	leaseRejected                      prometheus.Counter
 	bytesServed                        prometheus.Counter
 	inFlight                           prometheus.Gauge
+	device                             *prometheus.GaugeVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -22,15 +23,17 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		puts:          c("puts_total", "Blocks stored."),
 		putRejected:   c("puts_rejected_total", "Block PUTs refused (invalid, digest mismatch, existing, incompatible)."),
 		evictions:     c("evictions_total", "Blocks evicted."),
-		demotions:     c("demotions_total", "Blocks demoted from host memory to local-storage."),
+		demotions:     c("demotions_total", "Blocks demoted to a slower tier (device to host, host to local-storage)."),
 		corrupt:       c("digest_failures_total", "Stored blocks that failed verification (dropped and withdrawn)."),
 		leaseRejected: c("lease_rejections_total", "Lease requests refused by quota."),
 		bytesServed:   c("bytes_served_total", "Block octets sent."),
 		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvsp_holder_inflight_put_bytes",
 			Help: "Octets of block PUTs being received (memory held by requests in flight)."}),
+		device: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kvsp_holder_device_tier",
+			Help: "1 for the device tier's device; stand_in is true for the nogpu host-memory stand-in."}, []string{"device", "stand_in"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.gets, m.getMisses, m.puts, m.putRejected, m.evictions, m.demotions, m.corrupt, m.leaseRejected, m.bytesServed, m.inFlight)
+		reg.MustRegister(m.gets, m.getMisses, m.puts, m.putRejected, m.evictions, m.demotions, m.corrupt, m.leaseRejected, m.bytesServed, m.inFlight, m.device)
 	}
 	return m
 }

@@ -17,17 +17,24 @@ func (h *Holder) record(e *entry) (*kvsp.ReplicaRecord, bool) {
 		return nil, false
 	}
 	lds := e.layers
-	res := kvsp.Residency{Tier: kvsp.TierHost, Layers: kvsp.LayerRange{0, g.Layers - 1}, ReadMbitPerS: h.cfg.ReadMbitPerS}
+	res := []kvsp.Residency{{Tier: kvsp.TierHost, Layers: kvsp.LayerRange{0, g.Layers - 1}, ReadMbitPerS: h.cfg.ReadMbitPerS}}
 	h.store.mu.Lock()
-	if e.blk == nil && e.onDisk {
-		res.Tier, res.ReadMbitPerS = kvsp.TierLocalStorage, h.cfg.DiskReadMbitPerS
+	switch {
+	case e.dev != nil: // split: exactly which layers are where
+		d := uint32(e.devLayers)
+		res[0] = kvsp.Residency{Tier: kvsp.TierDevice, Layers: kvsp.LayerRange{0, d - 1}, ReadMbitPerS: h.cfg.DeviceReadMbitPerS}
+		if d < g.Layers {
+			res = append(res, kvsp.Residency{Tier: kvsp.TierHost, Layers: kvsp.LayerRange{d, g.Layers - 1}, ReadMbitPerS: h.cfg.ReadMbitPerS})
+		}
+	case e.blk == nil && e.onDisk:
+		res[0].Tier, res[0].ReadMbitPerS = kvsp.TierLocalStorage, h.cfg.DiskReadMbitPerS
 	}
 	h.store.mu.Unlock()
 	rec := &kvsp.ReplicaRecord{
 		BlockKey: e.id.key, CompatID: e.id.compat, ScopeID: e.id.scope, Holder: h.cfg.Base,
 		Codec: kvsp.Codec(hdr.Codec), Size: e.payload, Digest: kvsp.Digest(e.replica),
 		LayerDigests: make([]kvsp.LayerDigest, len(lds)),
-		Residency:    []kvsp.Residency{res},
+		Residency:    res,
 		TTLMs:        uint64(h.cfg.RecordTTL.Milliseconds()),
 	}
 	for i := range lds {
@@ -125,6 +132,7 @@ func (h *Holder) apply(op pubOp) error {
 func (h *Holder) Close(ctx context.Context) error {
 	close(h.stop)
 	<-h.done
+	defer h.store.close() // device memory
 	if h.cfg.Index == nil {
 		return nil
 	}

@@ -18,40 +18,54 @@ type blockID struct {
 	key    kvsp.BlockKey
 }
 
-// entry is a stored block: its metadata always, its octets in host memory
-// (blk) or only in the local-storage tier (onDisk, blk nil).
+// entry is a stored block: its metadata always; its octets in one of
+//
+//   - host memory: blk, the whole container;
+//   - split: the first devLayers layers in device memory (dev, their
+//     octets back to back, no header) and the rest in host memory (tail);
+//   - the local-storage tier only (onDisk, blk and dev nil).
 type entry struct {
 	id      blockID
 	hdr     container.Header
 	layers  []container.Digest
+	whole   container.Digest // the container digest (Repr-Digest of the whole)
 	replica container.Digest
 	payload uint64
-	size    int64 // octets in host memory when resident there
+	octets  int64 // the container's size
+	size    int64 // host memory held (blk's or tail's)
+	g       container.Geometry
 	elem    *list.Element
 
-	blk    *container.Block // nil when only on disk
-	onDisk bool
-	refs   int    // GETs using blk (under store.mu)
-	orphan []byte // blk's memory once evicted, until refs drops to 0
+	blk       *container.Block // nil when split or only on disk
+	onDisk    bool
+	refs      int    // GETs using blk, or dev and tail (under store.mu)
+	orphan    []byte // host memory given up while refs > 0
+	devOrphan tier.DeviceBuffer
+
+	dev       tier.DeviceBuffer
+	devLayers int
+	tail      []byte
+	devElem   *list.Element
 
 	mu        sync.Mutex
 	published time.Time // expiry of the record at the IS; zero: not published
 	ranges    map[[2]uint32]container.Digest
 }
 
-// rangeDigest returns the Repr-Digest of a layer range view, computed once.
-func (e *entry) rangeDigest(v container.View) container.Digest {
-	if v.IsFull() {
-		return v.Digest()
+// rangeDigest returns the Repr-Digest of layers first..last, computed
+// once (by compute) per range; the whole block's is stored.
+func (e *entry) rangeDigest(first, last uint32, compute func() container.Digest) container.Digest {
+	if first == e.hdr.FirstLayer && last == e.hdr.LastLayer() {
+		return e.whole
 	}
-	k := [2]uint32{v.FirstLayer(), v.FirstLayer() + uint32(v.LayerCount()) - 1}
+	k := [2]uint32{first, last}
 	e.mu.Lock()
 	d, ok := e.ranges[k]
 	e.mu.Unlock()
 	if ok {
 		return d
 	}
-	d = v.Digest()
+	d = compute()
 	e.mu.Lock()
 	if e.ranges == nil {
 		e.ranges = map[[2]uint32]container.Digest{}
@@ -76,6 +90,17 @@ type store struct {
 	leases   *leases
 	disk     *tier.Disk
 	bufs     *bufferPool
+	dev      *deviceTier // nil: no device tier
+}
+
+// deviceTier is the accelerator memory tier: the first layers of blocks,
+// least recently used first out (demoted to host memory).
+type deviceTier struct {
+	d        *tier.Device
+	layers   int // leading layers per block placed in device memory
+	capacity int64
+	used     int64
+	lru      *list.List
 }
 
 func newStore(capacity int64, l *leases, disk *tier.Disk) *store {
@@ -142,11 +167,27 @@ func (p *bufferPool) put(b []byte) {
 // releaseBlockLocked gives up e's host copy: its memory goes back to the
 // pool now, or when the last GET using it finishes.
 func (s *store) releaseBlockLocked(e *entry) {
-	if e.blk == nil {
+	var buf []byte
+	switch {
+	case e.blk != nil:
+		buf = e.blk.Bytes()
+		e.blk = nil
+	case e.dev != nil:
+		buf = e.tail
+		if s.dev != nil && e.devElem != nil {
+			s.dev.lru.Remove(e.devElem)
+			s.dev.used -= e.dev.Len()
+			e.devElem = nil
+		}
+		if e.refs > 0 {
+			e.devOrphan = e.dev
+		} else {
+			e.dev.Free()
+		}
+		e.dev, e.tail, e.devLayers = nil, nil, 0
+	default:
 		return
 	}
-	buf := e.blk.Bytes()
-	e.blk = nil
 	if e.refs > 0 {
 		e.orphan = buf
 		return
@@ -154,9 +195,19 @@ func (s *store) releaseBlockLocked(e *entry) {
 	s.bufs.put(buf)
 }
 
-func newEntry(id blockID, blk *container.Block) *entry {
-	return &entry{id: id, hdr: *blk.Header(), layers: blk.LayerDigests(), replica: blk.ReplicaDigest(),
-		payload: blk.PayloadSize(), size: int64(cap(blk.Bytes())), blk: blk} // the memory it holds
+func newEntry(id blockID, blk *container.Block, g container.Geometry) *entry {
+	return &entry{id: id, g: g, hdr: *blk.Header(), layers: blk.LayerDigests(), whole: blk.ContainerDigest(), replica: blk.ReplicaDigest(),
+		payload: blk.PayloadSize(), octets: int64(len(blk.Bytes())), size: int64(cap(blk.Bytes())), blk: blk}
+}
+
+// layerOffset returns the offset of layer index i (0 = the block's first
+// layer) in the container's data, counted from the first layer's start.
+func (e *entry) layerOffset(i int) int64 {
+	var off int64
+	for _, l := range e.hdr.Layers[:i] {
+		off += int64(l.K + l.V)
+	}
+	return off
 }
 
 func (id blockID) name() tier.Name { return tier.Name{Compat: id.compat, Scope: id.scope, Key: id.key} }
@@ -189,12 +240,13 @@ func (s *store) has(id blockID) bool {
 // (R-BLK-14).
 var errExists = fmt.Errorf("%w: the holder already has a replica for this key (If-None-Match: *)", kvsp.ErrPreconditionFailed)
 
-// put stores a verified block in host memory, demoting or evicting least
-// recently used unleased blocks to make room. It returns the entries whose
-// records changed: evicted ones (to withdraw) and demoted ones (to
-// republish with their new residency).
-func (s *store) put(id blockID, blk *container.Block) (*entry, []*entry, []*entry, error) {
-	e := newEntry(id, blk)
+// put stores a verified block: its first layers in device memory when
+// there is a device tier with room (split residency), otherwise all of it
+// in host memory, demoting or evicting least recently used unleased blocks
+// to make room. It returns the entries whose records changed: evicted ones
+// (to withdraw) and demoted ones (to republish with their new residency).
+func (s *store) put(id blockID, blk *container.Block, g container.Geometry) (*entry, []*entry, []*entry, error) {
+	e := newEntry(id, blk, g)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.m[id] != nil {
@@ -204,7 +256,29 @@ func (s *store) put(id blockID, blk *container.Block) (*entry, []*entry, []*entr
 		return nil, nil, nil, fmt.Errorf("%w: block larger than the host tier", kvsp.ErrTooLarge)
 	}
 	var evicted, demoted []*entry
-	for el := s.lru.Back(); s.used+e.size > s.capacity && el != nil; {
+	if s.dev != nil {
+		ev, dm, placed := s.placeOnDeviceLocked(e)
+		evicted, demoted = append(evicted, ev...), append(demoted, dm...)
+		if placed {
+			s.m[id] = e
+			return e, evicted, demoted, nil
+		}
+	}
+	ev, dm := s.makeHostRoomLocked(e.size)
+	evicted, demoted = append(evicted, ev...), append(demoted, dm...)
+	if s.used+e.size > s.capacity {
+		return nil, evicted, demoted, fmt.Errorf("%w: the host tier is full of leased blocks", kvsp.ErrUnavailable)
+	}
+	e.elem = s.lru.PushFront(e)
+	s.m[id] = e
+	s.used += e.size
+	return e, evicted, demoted, nil
+}
+
+// makeHostRoomLocked demotes (to local storage) or evicts least recently
+// used unleased host blocks until n more octets fit, or none is left.
+func (s *store) makeHostRoomLocked(n int64) (evicted, demoted []*entry) {
+	for el := s.lru.Back(); s.used+n > s.capacity && el != nil; {
 		victim := el.Value.(*entry)
 		el = el.Prev()
 		if s.leases.pinned(victim.id) {
@@ -221,13 +295,104 @@ func (s *store) put(id blockID, blk *container.Block) (*entry, []*entry, []*entr
 		s.removeLocked(victim)
 		evicted = append(evicted, victim)
 	}
-	if s.used+e.size > s.capacity {
-		return nil, evicted, demoted, fmt.Errorf("%w: the host tier is full of leased blocks", kvsp.ErrUnavailable)
+	return evicted, demoted
+}
+
+// placeOnDeviceLocked moves e's first layers to device memory and the rest
+// to a right-sized host buffer (e.blk's memory goes back to the pool),
+// demoting least recently used unleased device blocks to host memory to
+// make room. It reports false, changing nothing in e, when they do not fit.
+func (s *store) placeOnDeviceLocked(e *entry) (evicted, demoted []*entry, placed bool) {
+	d := min(s.dev.layers, len(e.hdr.Layers))
+	devBytes := e.layerOffset(d)
+	tailBytes := int64(e.payload) - devBytes
+	if devBytes == 0 || devBytes > s.dev.capacity {
+		return nil, nil, false
 	}
+	for el := s.dev.lru.Back(); s.dev.used+devBytes > s.dev.capacity && el != nil; {
+		victim := el.Value.(*entry)
+		el = el.Prev()
+		if s.leases.pinned(victim.id) {
+			continue
+		}
+		ev, ok := s.demoteFromDeviceLocked(victim)
+		evicted = append(evicted, ev...)
+		if ok {
+			demoted = append(demoted, victim)
+		}
+	}
+	if s.dev.used+devBytes > s.dev.capacity {
+		return evicted, demoted, false
+	}
+	ev, dm := s.makeHostRoomLocked(tailBytes)
+	evicted, demoted = append(evicted, ev...), append(demoted, dm...)
+	if s.used+tailBytes > s.capacity {
+		return evicted, demoted, false
+	}
+	buf, err := s.dev.d.Alloc(devBytes)
+	if err != nil {
+		return evicted, demoted, false
+	}
+	data := e.blk.Bytes()
+	start := int64(e.hdr.Len())
+	if err := buf.CopyIn(0, data[start:start+devBytes]); err != nil {
+		buf.Free()
+		return evicted, demoted, false
+	}
+	tail := s.bufs.get(int(tailBytes))
+	copy(tail, data[start+devBytes:])
+	s.bufs.put(data)
+	e.blk, e.dev, e.devLayers, e.tail, e.size = nil, buf, d, tail, int64(cap(tail))
+	e.devElem = s.dev.lru.PushFront(e)
+	s.dev.used += devBytes
+	s.used += e.size // tails are host memory, not in the host LRU: they leave with their device part
+	return evicted, demoted, true
+}
+
+// demoteFromDeviceLocked reassembles a split block into host memory (the
+// whole container), freeing its device part; it reports false when host
+// memory has no room for it (the block stays where it is).
+func (s *store) demoteFromDeviceLocked(e *entry) (evicted []*entry, ok bool) {
+	need := e.octets - e.size // the tail is already counted
+	ev, dm := s.makeHostRoomLocked(need)
+	evicted = append(ev, dm...) // demoted host blocks change records too
+	if s.used+need > s.capacity {
+		return evicted, false
+	}
+	blk, err := s.assemble(e)
+	if err != nil {
+		return evicted, false
+	}
+	s.releaseBlockLocked(e) // the device part and the tail
+	s.used -= e.size
+	e.blk, e.size = blk, int64(cap(blk.Bytes()))
 	e.elem = s.lru.PushFront(e)
-	s.m[id] = e
 	s.used += e.size
-	return e, evicted, demoted, nil
+	return evicted, true
+}
+
+// assemble returns a split block's whole container in a pooled host
+// buffer: the header, the device layers copied out, the tail.
+func (s *store) assemble(e *entry) (*container.Block, error) {
+	return s.assembleParts(e, parts{dev: e.dev, devLayers: e.devLayers, tail: e.tail})
+}
+
+func (s *store) assembleParts(e *entry, p parts) (*container.Block, error) {
+	buf := s.bufs.get(int(e.octets))
+	out := e.hdr.Append(buf[:0])
+	hl := len(out)
+	devBytes := p.dev.Len()
+	out = out[:hl+int(devBytes)]
+	if err := p.dev.CopyOut(out[hl:], 0); err != nil {
+		s.bufs.put(buf)
+		return nil, err
+	}
+	out = append(out, p.tail...)
+	blk, err := container.AdoptBlock(out, e.g, e.layers, e.whole)
+	if err != nil {
+		s.bufs.put(buf)
+	}
+	return blk, err
 }
 
 // addDisk registers a block found on disk at start.
@@ -263,31 +428,73 @@ func (s *store) removeLocked(e *entry) {
 	}
 }
 
-// acquire returns the entry's octets: from host memory, or read back from
-// disk and verified (tier.ErrCorrupt when that fails). The caller calls
-// release when done with them: until then an eviction does not recycle
-// their memory.
-func (s *store) acquire(e *entry, g container.Geometry) (blk *container.Block, release func(), err error) {
+// parts is what a GET sends a block from: the host copy, or a split
+// block's device part and host tail.
+type parts struct {
+	blk       *container.Block
+	dev       tier.DeviceBuffer
+	devLayers int
+	tail      []byte
+}
+
+// acquire returns the entry's octets: from host memory, split between
+// device and host memory, or read back from disk and verified
+// (tier.ErrCorrupt when that fails). The caller calls release when done:
+// until then an eviction or demotion does not reuse their memory.
+func (s *store) acquire(e *entry, g container.Geometry) (p parts, release func(), err error) {
 	s.mu.Lock()
-	blk = e.blk
-	if blk != nil {
+	if e.blk != nil || e.dev != nil {
+		p = parts{blk: e.blk, dev: e.dev, devLayers: e.devLayers, tail: e.tail}
 		e.refs++
+		if e.devElem != nil {
+			s.dev.lru.MoveToFront(e.devElem)
+		}
+		s.mu.Unlock()
+		return p, func() { s.unref(e) }, nil
 	}
 	s.mu.Unlock()
-	if blk != nil {
-		return blk, func() { s.unref(e) }, nil
-	}
-	blk, err = s.disk.Get(e.id.name(), g)
-	return blk, func() {}, err
+	p.blk, err = s.disk.Get(e.id.name(), g)
+	return p, func() {}, err
 }
 
 func (s *store) unref(e *entry) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e.refs--
-	if e.refs == 0 && e.orphan != nil {
+	if e.refs > 0 {
+		return
+	}
+	if e.orphan != nil {
 		s.bufs.put(e.orphan)
 		e.orphan = nil
+	}
+	if e.devOrphan != nil {
+		e.devOrphan.Free()
+		e.devOrphan = nil
+	}
+}
+
+// materialize returns the whole container of e in host memory (a split
+// block is assembled into a new buffer, which release gives back).
+func (s *store) materialize(e *entry, p parts) (*container.Block, func(), error) {
+	if p.blk != nil {
+		return p.blk, func() {}, nil
+	}
+	blk, err := s.assembleParts(e, p)
+	if err != nil {
+		return nil, nil, err
+	}
+	return blk, func() { s.bufs.put(blk.Bytes()) }, nil
+}
+
+// close frees device memory.
+func (s *store) close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, e := range s.m {
+		if e.dev != nil && e.refs == 0 {
+			e.dev.Free()
+		}
 	}
 }
 

@@ -35,16 +35,16 @@ func TestRecycledMemoryWaitsForReaders(t *testing.T) {
 	s := newStore(1<<20+64<<10, newLeases(LeaseQuota{}), nil) // room for one block
 	id := func(k byte) blockID { return blockID{compat: kvsp.CompatID{1}, key: kvsp.BlockKey{k}} }
 	a := bigBlock(t, s, 0xaa)
-	ea, _, _, err := s.put(id(1), a)
+	ea, _, _, err := s.put(id(1), a, bigGeom)
 	if err != nil {
 		t.Fatal(err)
 	}
 	got, release, err := s.acquire(ea, bigGeom) // a GET starts sending A
-	if err != nil || got != a {
+	if err != nil || got.blk != a {
 		t.Fatal(err)
 	}
 	want := bytes.Clone(a.Bytes())
-	if _, evicted, _, err := s.put(id(2), bigBlock(t, s, 0xbb)); err != nil || len(evicted) != 1 {
+	if _, evicted, _, err := s.put(id(2), bigBlock(t, s, 0xbb), bigGeom); err != nil || len(evicted) != 1 {
 		t.Fatalf("B evicts A: %v %d", err, len(evicted))
 	}
 	// C arrives while the GET of A is still running: A's memory is not

@@ -273,8 +273,15 @@ func newHolder(cfg *config.Config, hcfg *config.Holder, c *client.Client, log *s
 	var capacity int64
 	var rate, diskRate uint64
 	var disk *tier.Disk
+	hc := holder.Config{}
 	for _, t := range hcfg.Tiers {
 		switch t.Name {
+		case kvsp.TierDevice:
+			d, err := tier.OpenDevice(t.Device)
+			if err != nil {
+				return nil, fmt.Errorf("tiers: device: %w", err)
+			}
+			hc.Device, hc.DeviceCapacity, hc.DeviceLayers, hc.DeviceReadMbitPerS = d, int64(t.Capacity), t.Layers, t.ReadMbitPerS
 		case kvsp.TierHost:
 			capacity, rate = int64(t.Capacity), t.ReadMbitPerS
 		case kvsp.TierLocalStorage:
@@ -290,11 +297,10 @@ func newHolder(cfg *config.Config, hcfg *config.Holder, c *client.Client, log *s
 	if capacity == 0 {
 		return nil, fmt.Errorf("tiers: a host tier is required")
 	}
-	return holder.New(holder.Config{
-		Base: hcfg.Base, Geometries: geoms, Capacity: capacity, ReadMbitPerS: rate, Disk: disk, DiskReadMbitPerS: diskRate,
-		LeaseQuota: holder.LeaseQuota{Octets: int64(hcfg.LeaseQuota.Octets), MaxTTL: time.Duration(hcfg.LeaseQuota.MaxTTLMs) * time.Millisecond, MaxLeases: hcfg.LeaseQuota.MaxLeases},
-		Index:      c.Index(hcfg.Index), RecordTTL: time.Duration(hcfg.RecordTTLMs) * time.Millisecond, Logger: log, Registerer: reg,
-	})
+	hc.Base, hc.Geometries, hc.Capacity, hc.ReadMbitPerS, hc.Disk, hc.DiskReadMbitPerS = hcfg.Base, geoms, capacity, rate, disk, diskRate
+	hc.LeaseQuota = holder.LeaseQuota{Octets: int64(hcfg.LeaseQuota.Octets), MaxTTL: time.Duration(hcfg.LeaseQuota.MaxTTLMs) * time.Millisecond, MaxLeases: hcfg.LeaseQuota.MaxLeases}
+	hc.Index, hc.RecordTTL, hc.Logger, hc.Registerer = c.Index(hcfg.Index), time.Duration(hcfg.RecordTTLMs)*time.Millisecond, log, reg
+	return holder.New(hc)
 }
 
 // indexBackend opens the configured index backend.

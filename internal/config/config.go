@@ -119,6 +119,10 @@ type Tier struct {
 	Capacity     Size      `yaml:"capacity"`
 	ReadMbitPerS uint64    `yaml:"read_mbit_per_s"`
 	Path         string    `yaml:"path"`
+	// Device tier only: the accelerator's ordinal, and how many leading
+	// layers of each block it takes (0: all; the rest go to host memory).
+	Device int `yaml:"device"`
+	Layers int `yaml:"layers"`
 }
 
 // LeaseQuota is a holder's per-client lease quota (R-LS-5, R-LS-6).
@@ -429,6 +433,12 @@ func (c *Config) validate() error {
 			}
 			if t.Name.IsStorage() && t.Path == "" {
 				return fieldErr(tf+".path", "required for %s", t.Name)
+			}
+			if t.Name != kvsp.TierDevice && (t.Device != 0 || t.Layers != 0) {
+				return fieldErr(tf, "device and layers belong to the device tier only")
+			}
+			if t.Layers < 0 || t.Device < 0 {
+				return fieldErr(tf, "device and layers cannot be negative")
 			}
 		}
 		q := &h.LeaseQuota

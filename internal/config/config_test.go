@@ -52,6 +52,10 @@ index: {base: https://h/is/, max_ttl_ms: 1000, max_lookup_keys: 64}
 		"no role":            base[:strings.Index(base, "index:")],
 		"controller.base":    base + "controller: {base: https://h/is/, index: https://h/is/}\n",
 		"field x_index":      strings.Replace(base, "index:", "x_index:", 1) + "index: {base: https://h/is/, max_ttl_ms: 1, max_lookup_keys: 1}\n",
+		"holders[0].tiers[0]": base + "holders: [{base: https://h/h1/, index: https://h/is/, lease_quota: {octets: 1, max_ttl_ms: 1, max_leases: 1}," +
+			" tiers: [{name: host, capacity: 1GiB, layers: 4}]}]\n",
+		"holders[0].tiers[1]": base + "holders: [{base: https://h/h1/, index: https://h/is/, lease_quota: {octets: 1, max_ttl_ms: 1, max_leases: 1}," +
+			" tiers: [{name: host, capacity: 1GiB}, {name: device, capacity: 1GiB, layers: -1}]}]\n",
 	} {
 		_, err := Parse([]byte(text), dir)
 		if err == nil || !strings.Contains(err.Error(), field) {

@@ -1,0 +1,46 @@
+//go:build nogpu
+
+package holder
+
+import (
+	"bytes"
+	"container/list"
+	"testing"
+
+	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/holder/tier"
+)
+
+// TestDevicePartOutlivesDemotionWhileSent: a GET that is sending a split
+// block keeps its device part and tail valid while the block is demoted
+// to host memory under it; the device memory is freed when it finishes.
+func TestDevicePartOutlivesDemotionWhileSent(t *testing.T) {
+	d, _ := tier.OpenDevice(0)
+	s := newStore(8<<20, newLeases(LeaseQuota{}), nil)
+	s.dev = &deviceTier{d: d, layers: 2, capacity: 600 << 10, lru: list.New()} // two 256 KiB layers of one block
+	id := func(k byte) blockID { return blockID{compat: kvsp.CompatID{1}, key: kvsp.BlockKey{k}} }
+	a := bigBlock(t, s, 0xaa)
+	want := bytes.Clone(a.Bytes())
+	ea, _, _, err := s.put(id(1), a, bigGeom)
+	if err != nil || ea.dev == nil {
+		t.Fatalf("A not split: %v", err)
+	}
+	p, release, err := s.acquire(ea, bigGeom) // a GET starts sending A
+	if err != nil || p.dev == nil {
+		t.Fatal(err)
+	}
+	_, _, demoted, err := s.put(id(2), bigBlock(t, s, 0xbb), bigGeom)
+	if err != nil || len(demoted) != 1 || demoted[0] != ea || ea.dev != nil || ea.blk == nil {
+		t.Fatalf("B did not demote A: %v", err)
+	}
+	// The GET still reads A's original parts, intact.
+	blk, done, err := s.materialize(ea, p)
+	if err != nil || !bytes.Equal(blk.Bytes(), want) {
+		t.Fatalf("parts of a block being sent were released: %v", err)
+	}
+	done()
+	release()
+	if p.dev.Len() != 0 {
+		t.Fatal("the device part was not freed when the GET finished")
+	}
+}
