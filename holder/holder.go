@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -47,6 +48,9 @@ type Config struct {
 	Disk *tier.Disk
 	// DiskReadMbitPerS is the local-storage tier's read rate (R-PLC-5).
 	DiskReadMbitPerS uint64
+	// MaxInFlight bounds the octets of block PUTs being received at once
+	// (beyond it, 503); default a quarter of Capacity, at least 64 MiB.
+	MaxInFlight int64
 	// Index, when set, receives the holder's replica records.
 	Index *client.Index
 	// RecordTTL is the ttl_ms asked for published records; refreshed at a
@@ -76,6 +80,8 @@ type Holder struct {
 	store  *store
 	leases *leases
 	m      *metrics
+	// inFlight counts the octets of PUTs being received (MaxInFlight).
+	inFlight atomic.Int64
 
 	pubMu   sync.Mutex
 	pubWake chan struct{}
@@ -96,6 +102,9 @@ func New(cfg Config) (*Holder, error) {
 	}
 	if cfg.RecordTTL == 0 {
 		cfg.RecordTTL = time.Minute
+	}
+	if cfg.MaxInFlight == 0 {
+		cfg.MaxInFlight = max(cfg.Capacity/4, 64<<20)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -358,9 +367,19 @@ func (h *Holder) putBlock(w http.ResponseWriter, r *http.Request) (err error) {
 			h.store.bufs.put(buf)
 		}
 	}()
+	// Memory held by PUTs being received is bounded: a chunked PUT counts
+	// as the largest block of its geometry.
+	reserve := r.ContentLength
+	if reserve < 0 {
+		reserve = max
+	}
+	if h.inFlight.Add(reserve) > h.cfg.MaxInFlight {
+		h.inFlight.Add(-reserve)
+		return fmt.Errorf("%w: too many block octets being received; retry later", kvsp.ErrUnavailable)
+	}
+	h.m.inFlight.Add(float64(reserve))
+	defer func() { h.inFlight.Add(-reserve); h.m.inFlight.Sub(float64(reserve)) }()
 	if n := r.ContentLength; n >= 0 {
-		h.m.inFlight.Add(float64(n))
-		defer h.m.inFlight.Sub(float64(n))
 		// Validated as it arrives, hashed while the rest is arriving.
 		blk, err = container.ReadBlockInto(r.Body, n, g, func(n int) []byte { buf = h.store.bufs.get(n); return buf })
 	} else {

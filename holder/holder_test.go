@@ -610,3 +610,57 @@ func TestLeaseUnderEvictionLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestPutMemoryBounded: the octets of PUTs being received are bounded
+// (MaxInFlight): while one PUT is stalled half-way, a second that would
+// exceed the bound gets 503 at once, and the gauge reports the held
+// memory; once the first completes, PUTs are accepted again.
+func TestPutMemoryBounded(t *testing.T) {
+	f := start(t, 1<<20, func(c *holder.Config) { c.MaxInFlight = blockSize() + blockSize()/2 })
+	data, _ := makeBlock(7, 0, 4)
+	tr := &http.Transport{TLSClientConfig: f.pki.ClientTLS(f.pki.Leaf(kvsptest.ClientA)), ForceAttemptHTTP2: true}
+	c := kvsptest.HTTPClient(t, tr)
+	put := func(k byte, body io.Reader) (*http.Response, error) {
+		req, _ := http.NewRequest("PUT", f.srv.URL(path(ref(k))), body)
+		req.ContentLength = int64(len(data))
+		req.Header.Set("If-None-Match", "*")
+		req.Header.Set("Content-Type", "application/kvsp-block")
+		return c.Do(req)
+	}
+	pr, pw := io.Pipe()
+	first := make(chan int, 1)
+	go func() {
+		resp, err := put(1, pr)
+		if err != nil {
+			first <- 0
+			return
+		}
+		resp.Body.Close()
+		first <- resp.StatusCode
+	}()
+	pw.Write(data[:len(data)/2]) // returns once the server has read it
+	deadline := time.Now().Add(5 * time.Second)
+	for gather(t, f.reg, "kvsp_holder_inflight_put_bytes") != float64(len(data)) && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if got := gather(t, f.reg, "kvsp_holder_inflight_put_bytes"); got != float64(len(data)) {
+		t.Fatalf("in-flight gauge %v, want %d", got, len(data))
+	}
+	resp, err := put(2, bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("PUT beyond the in-flight bound: %d, want 503", resp.StatusCode)
+	}
+	pw.Write(data[len(data)/2:])
+	pw.Close()
+	if st := <-first; st != http.StatusCreated {
+		t.Fatalf("the stalled PUT: %d", st)
+	}
+	if resp, err = put(2, bytes.NewReader(data)); err != nil || resp.StatusCode != http.StatusCreated {
+		t.Fatalf("PUT after the bound freed up: %v %v", resp, err)
+	}
+	resp.Body.Close()
+}
