@@ -1,6 +1,7 @@
 package kvsp
 
 import (
+	"crypto/rand"
 	"encoding/hex"
 	"fmt"
 )
@@ -190,6 +191,15 @@ func (u *UUID) UnmarshalText(b []byte) error {
 	copy(h[16:20], b[19:23])
 	copy(h[20:32], b[24:36])
 	return parseHex(u[:], h[:], "uuid")
+}
+
+// NewUUID returns a random (version 4) UUID.
+func NewUUID() UUID {
+	var u UUID
+	rand.Read(u[:])
+	u[6] = u[6]&0x0f | 0x40 // version 4
+	u[8] = u[8]&0x3f | 0x80 // variant 10
+	return u
 }
 
 // ParseUUID parses the canonical lowercase form.

@@ -193,6 +193,9 @@ type InstanceStatus struct {
 	// RequestedState is nil (JSON null) or "sleeping" (A-19).
 	RequestedState *InstanceState `json:"requested_state"`
 	TTLMs          uint64         `json:"ttl_ms"`
+	// CompatID, a kvsp extension member (other PCs ignore it), tells the
+	// PC which model the instance serves, for placement.
+	CompatID CompatID `json:"compat_id,omitzero"`
 }
 
 // UnmarshalJSONFrom checks that the members whose zero is meaningful are

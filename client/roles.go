@@ -75,6 +75,16 @@ func (x *Controller) PutStatus(ctx context.Context, s *kvsp.InstanceStatus) (*kv
 	return &out, nil
 }
 
+// Place asks where a request should run (kvsp's placement API, POST
+// place; not retried: each call creates a session).
+func (x *Controller) Place(ctx context.Context, q *kvsp.PlaceRequest) (*kvsp.PlaceResponse, error) {
+	var out kvsp.PlaceResponse
+	if _, _, err := x.c.doJSON(ctx, http.MethodPost, join(x.base, "place"), q, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
 // PutCheckpoint sends a Session Checkpoint; a 2xx is the acknowledgement
 //
 func (x *Controller) PutCheckpoint(ctx context.Context, cp *kvsp.Checkpoint) (*kvsp.CheckpointAck, error) {

@@ -25,6 +25,7 @@ import (
 	"github.com/kvsp/kvsp/client"
 	"github.com/kvsp/kvsp/container"
 	"github.com/kvsp/kvsp/controlplane/index"
+	"github.com/kvsp/kvsp/controlplane/placement"
 	"github.com/kvsp/kvsp/holder"
 	"github.com/kvsp/kvsp/holder/tier"
 	"github.com/kvsp/kvsp/internal/config"
@@ -151,6 +152,7 @@ func mountRoles(srv *server.Server, cfg *config.Config, log *slog.Logger, reg pr
 	if err != nil {
 		return nil, err
 	}
+	statuses := index.NewStatusTable()
 	if x := cfg.Index; x != nil {
 		backend, err := indexBackend(cfg)
 		if err != nil {
@@ -177,7 +179,7 @@ func mountRoles(srv *server.Server, cfg *config.Config, log *slog.Logger, reg pr
 		svc, err := index.New(index.Config{
 			MaxTTL:        time.Duration(x.MaxTTLMs) * time.Millisecond,
 			MaxLookupKeys: x.MaxLookupKeys,
-			Status:        index.NewStatusTable(), // fed by a co-located PC
+			Status:        statuses, // fed by a co-located PC
 			BlockTokens: func(c kvsp.CompatID) (int, bool) {
 				b, ok := blockTokens[c]
 				return b, ok
@@ -221,10 +223,30 @@ func mountRoles(srv *server.Server, cfg *config.Config, log *slog.Logger, reg pr
 			log.Info("role mounted", "role", "holder", "base", hcfg.Base)
 		}
 	}
-	var pending []string
-	if cfg.Controller != nil {
-		pending = append(pending, cfg.Controller.Base)
+	if x := cfg.Controller; x != nil {
+		pcc, err := processClient(cfg, log)
+		if err != nil {
+			closeAll()
+			return nil, err
+		}
+		closers = append(closers, pcc.Close)
+		var keys []kvsp.ScopeKey
+		for _, e := range cfg.ScopeKeys {
+			keys = append(keys, e.Key)
+		}
+		pc, err := placement.New(placement.Config{Scopes: keys, BlockTokens: blockTokens, Index: pcc.Index(x.Index),
+			Instances: placement.ClientInstances{C: pcc}, OnStatus: statuses.Update, Logger: log, Registerer: reg})
+		if err != nil {
+			closeAll()
+			return nil, err
+		}
+		if err := pc.Mount(srv.Mount(basePath(x.Base))); err != nil {
+			closeAll()
+			return nil, err
+		}
+		log.Info("role mounted", "role", "controller", "base", x.Base)
 	}
+	var pending []string
 	for _, x := range cfg.Instances {
 		pending = append(pending, x.Base)
 	}

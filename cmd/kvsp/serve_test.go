@@ -102,7 +102,7 @@ func TestCertsThenServe(t *testing.T) {
 	roots.AppendCertsFromPEM(ca1)
 	tr := &http.Transport{TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: roots, Certificates: []tls.Certificate{pair}}, ForceAttemptHTTP2: true}
 	defer tr.CloseIdleConnections()
-	resp, err := (&http.Client{Transport: tr, Timeout: 5 * time.Second}).Get("https://" + addr + "/pc/instances/x/status")
+	resp, err := (&http.Client{Transport: tr, Timeout: 5 * time.Second}).Get("https://" + addr + "/pc/no-such-resource")
 	if err != nil {
 		t.Fatal(err)
 	}

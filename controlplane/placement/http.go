@@ -1,0 +1,58 @@
+package placement
+
+import (
+	"fmt"
+	"net/http"
+
+	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/server"
+)
+
+// Mount adds the PC's routes under r: the status PUT of the resource
+// table, and POST place for front ends (the client role, and the scope).
+// Session checkpoints come with the session-migration issue.
+func (c *Controller) Mount(r *server.Router) error {
+	for _, rt := range server.RoutesOf(server.RoleController) {
+		if rt.Method == "PUT" && rt.Path == "instances/{instance}/status" {
+			r.Handle(rt.Method, rt.Path, rt.Route(), c.putStatus)
+		}
+	}
+	r.Handle("POST", "place", server.Route{Roles: []server.Role{server.RoleClient}, MaxBody: 8 << 20}, c.place)
+	return nil
+}
+
+func (c *Controller) putStatus(w http.ResponseWriter, r *http.Request) error {
+	var st kvsp.InstanceStatus
+	if err := server.DecodeJSON(r, &st); err != nil {
+		return err
+	}
+	if !server.PrincipalFrom(r.Context()).SpeaksFor(st.Instance) {
+		return fmt.Errorf("%w: this identity does not speak for %s", kvsp.ErrForbidden, st.Instance)
+	}
+	if r.PathValue("instance") != kvsp.ResourceID(st.Instance) {
+		return fmt.Errorf("%w: the path's instance id is not the record's (R-ST-2)", kvsp.ErrInvalid)
+	}
+	state, err := c.reg.Put(&st)
+	if err != nil {
+		return err
+	}
+	return server.WriteJSON(w, http.StatusOK, &kvsp.StateBody{State: state})
+}
+
+func (c *Controller) place(w http.ResponseWriter, r *http.Request) error {
+	var q kvsp.PlaceRequest
+	if err := server.DecodeJSON(r, &q); err != nil {
+		return err
+	}
+	if !server.PrincipalFrom(r.Context()).MayUseScope(q.ScopeID) {
+		return fmt.Errorf("%w: place", kvsp.ErrScopeDenied) // before any lookup
+	}
+	out, err := c.Place(r.Context(), &q)
+	if err != nil {
+		if err == ErrNoCapacity {
+			w.Header().Set("Retry-After", "1")
+		}
+		return err
+	}
+	return server.WriteJSON(w, http.StatusOK, out)
+}

@@ -1,0 +1,340 @@
+package placement
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/client"
+)
+
+// Index is the Index Service as the PC uses it: client.Index, or an
+// in-process adapter.
+type Index interface {
+	Lookup(ctx context.Context, q *kvsp.LookupRequest) (*kvsp.LookupResponse, error)
+}
+
+// Instances sends directives and state changes to instances.
+type Instances interface {
+	Prefetch(ctx context.Context, base string, d *kvsp.PrefetchDirective) error
+	SetState(ctx context.Context, base string, s kvsp.InstanceState) error
+}
+
+// ClientInstances is Instances over a kvsp client (mutual TLS with the
+// PC's identity).
+type ClientInstances struct{ C *client.Client }
+
+// Prefetch implements Instances.
+func (c ClientInstances) Prefetch(ctx context.Context, base string, d *kvsp.PrefetchDirective) error {
+	_, err := c.C.Instance(base).Prefetch(ctx, d)
+	return err
+}
+
+// SetState implements Instances.
+func (c ClientInstances) SetState(ctx context.Context, base string, s kvsp.InstanceState) error {
+	_, err := c.C.Instance(base).SetState(ctx, s)
+	return err
+}
+
+// Config configures a Controller.
+type Config struct {
+	// Scopes are the scope keys the PC computes Block Keys with.
+	Scopes []kvsp.ScopeKey
+	// BlockTokens gives each compat_id's tokens per block (from its
+	// descriptor).
+	BlockTokens map[kvsp.CompatID]int
+	Index       Index
+	Instances   Instances
+	// MaxPending bounds the directives pending at one instance (R-PF-13);
+	// default 4.
+	MaxPending int
+	// LeaseMs is the lease_ms of directives; default 2000.
+	LeaseMs uint64
+	// MaxDeadline caps a directive's deadline_ms (twice the estimated
+	// fetch time, at least 10 ms); default 2s.
+	MaxDeadline time.Duration
+	// OnStatus, when set, receives every accepted status record: a
+	// co-located IS's status table (A-20), so lookups with targets get
+	// estimates.
+	OnStatus   func(kvsp.InstanceStatus)
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+}
+
+// Controller is a Placement Controller.
+type Controller struct {
+	cfg      Config
+	keys     map[kvsp.ScopeID]kvsp.ScopeKey
+	reg      *Registry
+	log      *slog.Logger
+	m        *metrics
+	mu       sync.Mutex
+	sessions map[kvsp.UUID]*Session
+}
+
+// Session is a session the PC placed (the session-migration issue adds its
+// checkpoints).
+type Session struct {
+	ID       kvsp.UUID
+	Epoch    uint64
+	ScopeID  kvsp.ScopeID
+	CompatID kvsp.CompatID
+	Instance string
+	Created  time.Time
+}
+
+// New returns a Controller.
+func New(cfg Config) (*Controller, error) {
+	if cfg.Index == nil || cfg.Instances == nil {
+		return nil, errors.New("placement: index and instances required")
+	}
+	if cfg.MaxPending == 0 {
+		cfg.MaxPending = 4
+	}
+	if cfg.LeaseMs == 0 {
+		cfg.LeaseMs = 2000
+	}
+	if cfg.MaxDeadline == 0 {
+		cfg.MaxDeadline = 2 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	c := &Controller{cfg: cfg, keys: map[kvsp.ScopeID]kvsp.ScopeKey{}, reg: &Registry{m: map[string]*instance{}, onStatus: cfg.OnStatus}, log: cfg.Logger,
+		m: newMetrics(cfg.Registerer), sessions: map[kvsp.UUID]*Session{}}
+	for _, k := range cfg.Scopes {
+		c.keys[k.ID()] = k
+	}
+	return c, nil
+}
+
+// Registry returns the instance registry.
+func (c *Controller) Registry() *Registry { return c.reg }
+
+// Session returns a placed session.
+func (c *Controller) Session(id kvsp.UUID) (Session, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.sessions[id]
+	if s == nil {
+		return Session{}, false
+	}
+	return *s, true
+}
+
+// ErrNoCapacity: no active instance has capacity and none could be woken
+// (503 with Retry-After).
+var ErrNoCapacity = fmt.Errorf("%w: no instance of this model has capacity", kvsp.ErrUnavailable)
+
+// candidate is an instance considered for a request.
+type candidate struct {
+	snap Snapshot
+	cost Cost
+}
+
+// Place chooses the instance for a request and sends it the directive
+// for the cached prefix it lacks (spec "Placement Inputs", "Prefetch
+// Directives").
+func (c *Controller) Place(ctx context.Context, q *kvsp.PlaceRequest) (*kvsp.PlaceResponse, error) {
+	key, ok := c.keys[q.ScopeID]
+	if !ok {
+		return nil, fmt.Errorf("%w: the PC holds no key for this scope", kvsp.ErrScopeDenied)
+	}
+	bt := c.cfg.BlockTokens[q.CompatID]
+	var active, sleeping []candidate
+	for _, s := range c.reg.All() {
+		if s.Status.CompatID != q.CompatID {
+			continue
+		}
+		switch s.State {
+		case kvsp.StateActive:
+			if s.Status.Queued < max(1, s.Status.BatchSize) { // capacity
+				active = append(active, candidate{snap: s})
+			}
+		case kvsp.StateSleeping:
+			sleeping = append(sleeping, candidate{snap: s})
+		}
+	}
+	if bt == 0 || (len(active) == 0 && len(sleeping) == 0 && !c.served(q.CompatID)) {
+		c.m.placements.WithLabelValues("incompatible").Inc()
+		return nil, fmt.Errorf("%w: no instance serves this compat_id", kvsp.ErrIncompatible)
+	}
+
+	// The cached prefix: Block Keys computed here, looked up by key only.
+	var replicas [][]kvsp.ReplicaRecord
+	keys, err := kvsp.BlockKeys(key, q.CompatID, bt, q.Tokens)
+	if err != nil {
+		return nil, err
+	}
+	if len(keys) > 0 {
+		resp, err := c.cfg.Index.Lookup(ctx, &kvsp.LookupRequest{ScopeID: q.ScopeID, CompatID: q.CompatID, BlockKeys: keys})
+		if err != nil {
+			c.log.Warn("lookup failed; placing without the cache", "err", err)
+		} else {
+			replicas = resp.Replicas
+		}
+	}
+
+	var chosen *candidate
+	pick := func(cands []candidate) *candidate {
+		var best *candidate
+		for i := range cands {
+			cd := &cands[i]
+			cd.cost = costAt(&cd.snap.Status, c.serviceUs(cd.snap, len(q.Tokens), q.MaxTokens), replicas, bt, len(q.Tokens))
+			if best == nil || cd.cost.Total < best.cost.Total ||
+				(cd.cost.Total == best.cost.Total && cd.snap.Status.Instance < best.snap.Status.Instance) {
+				best = cd
+			}
+		}
+		return best
+	}
+	if chosen = pick(active); chosen == nil {
+		// Wake the cheapest sleeping instance; its prefetch goes at once,
+		// so loading overlaps its start (R-PLC-10, R-PLC-11).
+		for len(sleeping) > 0 && chosen == nil {
+			cd := pick(sleeping)
+			uri := cd.snap.Status.Instance
+			if err := c.cfg.Instances.SetState(ctx, uri, kvsp.StateActive); err != nil {
+				c.log.Warn("could not wake an instance", "instance", uri, "err", err)
+				sleeping = slices.DeleteFunc(sleeping, func(x candidate) bool { return x.snap.Status.Instance == uri })
+				continue
+			}
+			c.reg.setState(uri, kvsp.StateActive)
+			c.m.wakeups.Inc()
+			chosen = cd
+		}
+	}
+	if chosen == nil {
+		c.m.placements.WithLabelValues("no_capacity").Inc()
+		return nil, ErrNoCapacity
+	}
+	uri := chosen.snap.Status.Instance
+
+	out := &kvsp.PlaceResponse{Epoch: 1, Instance: uri, Matched: len(replicas)}
+	if q.Session != nil {
+		out.Session = *q.Session
+	} else {
+		out.Session = kvsp.NewUUID()
+	}
+	c.mu.Lock()
+	if s := c.sessions[out.Session]; s != nil {
+		out.Epoch = s.Epoch // a session continues where it is
+		s.Instance = uri
+	} else {
+		c.sessions[out.Session] = &Session{ID: out.Session, Epoch: 1, ScopeID: q.ScopeID, CompatID: q.CompatID, Instance: uri, Created: time.Now()}
+	}
+	c.mu.Unlock()
+	c.reg.observe(uri, c.estimateServiceUs(&chosen.snap.Status, len(q.Tokens), q.MaxTokens))
+
+	if chosen.cost.Fetch {
+		out.Directive = c.prefetch(ctx, uri, q, out.Session, keys[:len(replicas)], replicas, chosen.cost)
+	}
+	c.m.placements.WithLabelValues("placed").Inc()
+	c.m.matched.Observe(float64(len(replicas)))
+	return out, nil
+}
+
+// served reports an instance of compat that is known and not failed.
+func (c *Controller) served(compat kvsp.CompatID) bool {
+	for _, s := range c.reg.All() {
+		if s.Status.CompatID == compat && s.State != kvsp.StateFailed {
+			return true
+		}
+	}
+	return false
+}
+
+// serviceUs is the mean service time used for wait_us: the instance's
+// running estimate, or this request's own estimate before it has one.
+func (c *Controller) serviceUs(s Snapshot, tokens int, maxTokens uint64) float64 {
+	if s.ServiceUs > 0 {
+		return s.ServiceUs
+	}
+	return c.estimateServiceUs(&s.Status, tokens, maxTokens)
+}
+
+// estimateServiceUs is a request's service time from the instance's rates:
+// its prefill plus its decode (A-22: the PC's own estimate).
+func (c *Controller) estimateServiceUs(st *kvsp.InstanceStatus, tokens int, maxTokens uint64) float64 {
+	us := 0.0
+	if st.PrefillTokensPerS > 0 {
+		us += 1e6 * float64(tokens) / st.PrefillTokensPerS
+	}
+	if st.DecodeTokensPerS > 0 {
+		batch := max(1, float64(st.BatchSize))
+		us += 1e6 * float64(maxTokens) * batch / st.DecodeTokensPerS // decode rate is shared by the batch
+	}
+	return us
+}
+
+// prefetch sends the instance a directive for the matched blocks it does
+// not hold, and returns its id (nil when nothing was sent).
+func (c *Controller) prefetch(ctx context.Context, uri string, q *kvsp.PlaceRequest, session kvsp.UUID, keys []kvsp.BlockKey, replicas [][]kvsp.ReplicaRecord, cost Cost) *kvsp.UUID {
+	d := &kvsp.PrefetchDirective{Directive: kvsp.NewUUID(), RequestRef: session.String(), ScopeID: q.ScopeID, CompatID: q.CompatID,
+		LayerOrder: kvsp.LayerOrderAscending, LeaseMs: c.cfg.LeaseMs}
+	for i, reps := range replicas {
+		var sources []string
+		resident := false
+		for _, r := range reps {
+			if r.Holder == uri {
+				resident = true
+				break
+			}
+			if !slices.Contains(sources, r.Holder) {
+				sources = append(sources, r.Holder)
+			}
+		}
+		if resident {
+			continue
+		}
+		d.Blocks = append(d.Blocks, kvsp.PrefetchBlock{BlockKey: keys[i], Sources: sources})
+	}
+	if len(d.Blocks) == 0 {
+		return nil
+	}
+	deadline := time.Duration(math.Max(2*cost.FetchUs, 10e3)) * time.Microsecond
+	deadline = min(deadline, c.cfg.MaxDeadline)
+	d.DeadlineMs = uint64((deadline + time.Millisecond - 1) / time.Millisecond)
+	if !c.reg.reserve(uri, c.cfg.MaxPending, time.Now().Add(time.Duration(d.DeadlineMs)*time.Millisecond+time.Duration(d.LeaseMs)*time.Millisecond)) {
+		c.m.directives.WithLabelValues("quota").Inc()
+		return nil // R-PF-13: the request recomputes instead
+	}
+	if err := c.cfg.Instances.Prefetch(ctx, uri, d); err != nil {
+		c.m.directives.WithLabelValues("failed").Inc()
+		c.log.Warn("prefetch directive not accepted", "instance", uri, "err", err)
+		return nil
+	}
+	c.m.directives.WithLabelValues("sent").Inc()
+	return &d.Directive
+}
+
+type metrics struct {
+	placements *prometheus.CounterVec
+	directives *prometheus.CounterVec
+	wakeups    prometheus.Counter
+	matched    prometheus.Histogram
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		placements: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_pc_placements_total",
+			Help: "Placement requests by outcome (placed, incompatible, no_capacity)."}, []string{"outcome"}),
+		directives: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_pc_directives_total",
+			Help: "Prefetch directives by outcome (sent, failed, quota)."}, []string{"outcome"}),
+		wakeups: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvsp_pc_wakeups_total", Help: "Sleeping instances woken for a request."}),
+		matched: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvsp_pc_matched_blocks",
+			Help: "Cached prefix length of placed requests, in blocks.", Buckets: prometheus.ExponentialBuckets(1, 2, 12)}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.placements, m.directives, m.wakeups, m.matched)
+	}
+	return m
+}

@@ -1,0 +1,284 @@
+package placement_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/client"
+	"github.com/kvsp/kvsp/controlplane/index"
+	"github.com/kvsp/kvsp/controlplane/placement"
+	"github.com/kvsp/kvsp/internal/kvsptest"
+	"github.com/kvsp/kvsp/server"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const (
+	iiID   = "spiffe://kvsp.test/ii"
+	h1Base = "https://h1.example/kvsp/"
+	bt     = 16 // tokens per block
+)
+
+var compat = kvsp.CompatID{0xc0}
+
+// mockII is an inference instance's directive endpoints (the instance
+// agent is the next step of this issue): it records what the PC sends.
+type mockII struct {
+	mu         sync.Mutex
+	directives []kvsp.PrefetchDirective
+	states     []kvsp.InstanceState
+}
+
+func (m *mockII) mount(r *server.Router) {
+	r.Handle("POST", "prefetch", server.Route{Roles: []server.Role{server.RoleController}}, func(w http.ResponseWriter, r *http.Request) error {
+		var d kvsp.PrefetchDirective
+		if err := server.DecodeJSON(r, &d); err != nil {
+			return err
+		}
+		m.mu.Lock()
+		m.directives = append(m.directives, d)
+		m.mu.Unlock()
+		w.Header().Set("Location", "prefetch/"+d.Directive.String())
+		w.WriteHeader(http.StatusAccepted)
+		return nil
+	})
+	r.Handle("PUT", "state", server.Route{Roles: []server.Role{server.RoleController}}, func(w http.ResponseWriter, r *http.Request) error {
+		var b kvsp.StateBody
+		if err := server.DecodeJSON(r, &b); err != nil {
+			return err
+		}
+		m.mu.Lock()
+		m.states = append(m.states, b.State)
+		m.mu.Unlock()
+		return server.WriteJSON(w, http.StatusOK, &b)
+	})
+}
+
+type world struct {
+	srv      *kvsptest.Server
+	pc       *placement.Controller
+	mem      *index.Memory
+	ii       map[string]*mockII // by base URI
+	base     map[string]string  // name -> base URI
+	ctl      *client.Controller // with the instances' identity
+	front    *client.Client     // a front end (client role)
+	scopeKey kvsp.ScopeKey
+}
+
+func newWorld(t *testing.T, maxPending int) *world {
+	w := &world{ii: map[string]*mockII{}, base: map[string]string{}}
+	p := kvsptest.NewPKI(t)
+	w.mem = index.NewMemory(time.Second)
+	t.Cleanup(func() { w.mem.Close() })
+	svc, _ := index.New(index.Config{MaxTTL: time.Hour, MaxLookupKeys: 4096}, w.mem)
+	key := make([]byte, 32)
+	for i := range key {
+		key[i] = byte(i) // the appendix scope key: kvsptest.Scope
+	}
+	w.scopeKey, _ = kvsp.NewScopeKey(key)
+	pcc, _ := client.New(client.Config{TLS: p.ClientTLS(p.Leaf(kvsptest.PC))})
+	t.Cleanup(pcc.Close)
+	mocks := map[string]*mockII{"ii1": {}, "ii2": {}, "ii3": {}}
+	w.srv = kvsptest.StartServer(t, p, kvsptest.Options{}, func(s *server.Server) {
+		svc.Mount(s.Mount("/is/"))
+		for name, m := range mocks {
+			m.mount(s.Mount("/" + name + "/"))
+		}
+	})
+	var err error
+	w.pc, err = placement.New(placement.Config{Scopes: []kvsp.ScopeKey{w.scopeKey}, BlockTokens: map[kvsp.CompatID]int{compat: bt},
+		Index: pcc.Index(w.srv.URL("/is/")), Instances: placement.ClientInstances{C: pcc}, MaxPending: maxPending})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.pc.Mount(w.srv.Server.Mount("/pc/"))
+	// The instances' identity speaks for their bases, which carry the
+	// server's port: the policy is rewritten now that it is known.
+	var speaks []string
+	for name, m := range mocks {
+		u := w.srv.URL("/" + name + "/")
+		w.ii[u], w.base[name] = m, u
+		speaks = append(speaks, `"`+u+`"`)
+	}
+	pol := kvsptest.Policy + `  - {id: "` + iiID + `", roles: [instance], speaks_for: [` + strings.Join(speaks, ", ") + `]}
+`
+	if err := os.WriteFile(p.Path("policy.yaml"), []byte(pol), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.srv.Policy.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	ic, _ := client.New(client.Config{TLS: p.ClientTLS(p.Leaf(iiID))})
+	t.Cleanup(ic.Close)
+	w.ctl = ic.Controller(w.srv.URL("/pc/"))
+	w.front, _ = client.New(client.Config{TLS: p.ClientTLS(p.Leaf(kvsptest.ClientA))})
+	t.Cleanup(w.front.Close)
+	return w
+}
+
+func (w *world) status(t *testing.T, name string, epoch, queued uint64, state kvsp.InstanceState, links ...kvsp.Link) kvsp.InstanceState {
+	t.Helper()
+	st := &kvsp.InstanceStatus{Instance: w.base[name], Epoch: epoch, State: state, Queued: queued, BatchSize: 8,
+		PrefillTokensPerS: 42000, DecodeTokensPerS: 3100, Links: append([]kvsp.Link{}, links...), TTLMs: 60000, CompatID: compat}
+	got, err := w.ctl.PutStatus(context.Background(), st)
+	if err != nil {
+		t.Fatalf("status of %s: %v", name, err)
+	}
+	return got.State
+}
+
+// publish puts replicas at h1 for the first n blocks of tokens.
+func (w *world) publish(t *testing.T, tokens []uint32, n int) {
+	keys, _ := kvsp.BlockKeys(w.scopeKey, compat, bt, tokens)
+	for _, k := range keys[:n] {
+		r := &kvsp.ReplicaRecord{BlockKey: k, CompatID: compat, ScopeID: w.scopeKey.ID(), Holder: h1Base, Codec: 1, Size: 2097152,
+			Digest: kvsp.Digest{1}, LayerDigests: []kvsp.LayerDigest{{1}}, TTLMs: 60000,
+			Residency: []kvsp.Residency{{Tier: kvsp.TierHost, Layers: kvsp.LayerRange{0, 0}}}}
+		if _, err := w.mem.Put(context.Background(), r, time.Minute, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func (w *world) place(t *testing.T, tokens []uint32) (*kvsp.PlaceResponse, error) {
+	t.Helper()
+	q := &kvsp.PlaceRequest{ScopeID: w.scopeKey.ID(), CompatID: compat, Tokens: tokens, MaxTokens: 16}
+	return w.front.Controller(w.srv.URL("/pc/")).Place(context.Background(), q)
+}
+
+func prompt(n int, seed uint32) []uint32 {
+	out := make([]uint32, n)
+	for i := range out {
+		out[i] = seed*100000 + uint32(i)
+	}
+	return out
+}
+
+// TestPlaceByCost: R-PLC-9 (the instance with the cached prefix and a
+// link to its holder wins over one without), R-PF-1 (the directive names
+// the matched blocks and their sources, request_ref the session), R-ST-12
+// (a draining instance gets nothing), 409 for an unserved model, 403
+// before any lookup for a scope the caller lacks.
+func TestPlaceByCost(t *testing.T) {
+	w := newWorld(t, 4)
+	tokens := prompt(10*bt+5, 1)
+	if _, err := w.place(t, tokens); !errors.Is(err, kvsp.ErrIncompatible) {
+		t.Fatalf("no instance: %v, want 409 kvsp-incompatible", err)
+	}
+	w.publish(t, tokens, 8)
+	link := kvsp.Link{Holder: h1Base, MbitPerS: 200000, RTTUs: 12}
+	w.status(t, "ii1", 1, 0, kvsp.StateActive) // no link to h1: must recompute
+	w.status(t, "ii2", 1, 0, kvsp.StateActive, link)
+	w.status(t, "ii3", 1, 0, kvsp.StateDraining, link)
+	out, err := w.place(t, tokens)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out.Instance != w.base["ii2"] || out.Matched != 8 || out.Epoch != 1 || out.Directive == nil || out.Session.IsZero() {
+		t.Fatalf("placed %+v", out)
+	}
+	m := w.ii[w.base["ii2"]]
+	if len(m.directives) != 1 {
+		t.Fatalf("%d directives at ii2", len(m.directives))
+	}
+	d := m.directives[0]
+	keys, _ := kvsp.BlockKeys(w.scopeKey, compat, bt, tokens)
+	if d.Directive != *out.Directive || d.RequestRef != out.Session.String() || len(d.Blocks) != 8 || d.Blocks[7].BlockKey != keys[7] ||
+		len(d.Blocks[0].Sources) != 1 || d.Blocks[0].Sources[0] != h1Base || d.DeadlineMs == 0 || d.LayerOrder != "ascending" {
+		t.Fatalf("directive %+v", d)
+	}
+	if s, ok := w.pc.Session(out.Session); !ok || s.Instance != w.base["ii2"] || s.Epoch != 1 {
+		t.Fatalf("session %+v", s)
+	}
+	if n := len(w.ii[w.base["ii3"]].directives); n != 0 {
+		t.Fatalf("a draining instance got %d directives (R-ST-12)", n)
+	}
+	// A prompt with nothing cached: no directive, still placed.
+	if out, err := w.place(t, prompt(40, 2)); err != nil || out.Directive != nil || out.Matched != 0 {
+		t.Fatalf("uncached prompt: %+v %v", out, err)
+	}
+	// A caller without the scope: 403 before any lookup.
+	p := w.srv.PKI
+	other, _ := client.New(client.Config{TLS: p.ClientTLS(p.Leaf(kvsptest.DNSOnly))})
+	defer other.Close()
+	q := &kvsp.PlaceRequest{ScopeID: w.scopeKey.ID(), CompatID: compat, Tokens: tokens, MaxTokens: 1}
+	if _, err := other.Controller(w.srv.URL("/pc/")).Place(context.Background(), q); !errors.Is(err, kvsp.ErrScopeDenied) {
+		t.Fatalf("caller without the scope: %v", err)
+	}
+}
+
+// TestPlaceWakesSleeping: R-PLC-10/11: when no active instance has
+// capacity, a sleeping one is set active and sent its prefetch at once;
+// with none to wake, 503 with Retry-After.
+func TestPlaceWakesSleeping(t *testing.T) {
+	w := newWorld(t, 4)
+	tokens := prompt(4*bt, 3)
+	w.publish(t, tokens, 4)
+	link := kvsp.Link{Holder: h1Base, MbitPerS: 200000, RTTUs: 12}
+	w.status(t, "ii1", 1, 8, kvsp.StateActive, link) // queue full (batch 8)
+	w.status(t, "ii2", 1, 0, kvsp.StateSleeping, link)
+	out, err := w.place(t, tokens)
+	if err != nil || out.Instance != w.base["ii2"] || out.Directive == nil {
+		t.Fatalf("placed %+v %v", out, err)
+	}
+	m := w.ii[w.base["ii2"]]
+	if len(m.states) != 1 || m.states[0] != kvsp.StateActive || len(m.directives) != 1 {
+		t.Fatalf("woken: states %v, %d directives", m.states, len(m.directives))
+	}
+	w.status(t, "ii2", 1, 8, kvsp.StateActive, link) // now full too
+	_, err = w.place(t, tokens)
+	if !errors.Is(err, kvsp.ErrUnavailable) {
+		t.Fatalf("no capacity: %v, want 503", err)
+	}
+	var p *kvsp.Problem
+	if !errors.As(err, &p) {
+		t.Fatalf("not a problem: %v", err)
+	}
+}
+
+// TestPlacePendingQuota: R-PF-13: beyond MaxPending directives pending at
+// an instance, requests are still placed but without a directive.
+func TestPlacePendingQuota(t *testing.T) {
+	w := newWorld(t, 1)
+	link := kvsp.Link{Holder: h1Base, MbitPerS: 200000, RTTUs: 12}
+	w.status(t, "ii1", 1, 0, kvsp.StateActive, link)
+	a, b := prompt(4*bt, 4), prompt(4*bt, 5)
+	w.publish(t, a, 4)
+	w.publish(t, b, 4)
+	if out, err := w.place(t, a); err != nil || out.Directive == nil {
+		t.Fatalf("first: %+v %v", out, err)
+	}
+	if out, err := w.place(t, b); err != nil || out.Directive != nil || out.Instance != w.base["ii1"] {
+		t.Fatalf("second, over the quota: %+v %v", out, err)
+	}
+}
+
+// TestStatusOverHTTP: R-ST-2 (path id = b64url(SHA-256(instance))),
+// R-ST-6 / A-12 over the wire (409 kvsp-stale-epoch with the epoch), and
+// speaks_for (another instance's record is 403).
+func TestStatusOverHTTP(t *testing.T) {
+	w := newWorld(t, 4)
+	if s := w.status(t, "ii1", 12, 0, kvsp.StateActive); s != kvsp.StateActive {
+		t.Fatalf("state %s", s)
+	}
+	st := &kvsp.InstanceStatus{Instance: w.base["ii1"], Epoch: 11, State: kvsp.StateDraining, BatchSize: 8, PrefillTokensPerS: 1,
+		Links: []kvsp.Link{}, TTLMs: 3000, CompatID: compat}
+	_, err := w.ctl.PutStatus(context.Background(), st)
+	var p *kvsp.Problem
+	if !errors.Is(err, kvsp.ErrStaleEpoch) || !errors.As(err, &p) || p.Extensions["epoch"] != float64(12) {
+		t.Fatalf("stale epoch: %v", err)
+	}
+	st.Instance, st.Epoch = "https://elsewhere.example/kvsp/", 1
+	if _, err := w.ctl.PutStatus(context.Background(), st); !errors.Is(err, kvsp.ErrForbidden) {
+		t.Fatalf("a record for a base it does not speak for: %v", err)
+	}
+}

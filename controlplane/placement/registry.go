@@ -1,0 +1,175 @@
+package placement
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/kvsp/kvsp"
+)
+
+// instance is what the PC knows of one instance.
+type instance struct {
+	st       kvsp.InstanceStatus // the last record accepted
+	expires  time.Time
+	maxEpoch uint64
+	// draining is set when the PC accepted the instance's request to sleep
+	// and the instance has not reported a state other than active since.
+	draining bool
+	pending  []time.Time // expiry of the directives sent to it (R-PF-13)
+	// serviceUs is the running estimate of a request's service time at
+	// the instance (EWMA), for wait_us.
+	serviceUs float64
+}
+
+// state is the state the PC assigns at now: failed once the record
+// expired (R-ST-3).
+func (in *instance) state(now time.Time) kvsp.InstanceState {
+	switch {
+	case !now.Before(in.expires):
+		return kvsp.StateFailed
+	case in.draining && in.st.State == kvsp.StateActive:
+		return kvsp.StateDraining
+	}
+	return in.st.State
+}
+
+// pendingAt counts the directives not yet past their deadline, dropping
+// the others.
+func (in *instance) pendingAt(now time.Time) int {
+	k := 0
+	for _, t := range in.pending {
+		if now.Before(t) {
+			in.pending[k] = t
+			k++
+		}
+	}
+	in.pending = in.pending[:k]
+	return k
+}
+
+// Registry holds instance status records.
+type Registry struct {
+	mu       sync.Mutex
+	m        map[string]*instance
+	onStatus func(kvsp.InstanceStatus)
+}
+
+// NewRegistry returns an empty registry.
+func NewRegistry() *Registry { return &Registry{m: map[string]*instance{}} }
+
+// Put applies a status record (spec "Instance Status and Lifecycle") and
+// returns the state the PC assigns: the reported state, failed
+// never (an instance that reports is alive), or draining when the instance
+// asks to sleep and another active instance of its model remains to serve
+// (otherwise the request is refused: active). A record whose epoch is
+// below the highest seen is refused (409 kvsp-stale-epoch, with the
+// highest epoch; A-12) and changes nothing.
+func (r *Registry) Put(st *kvsp.InstanceStatus) (kvsp.InstanceState, error) {
+	now := time.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	in := r.m[st.Instance]
+	if in == nil {
+		in = &instance{}
+		r.m[st.Instance] = in
+	}
+	if st.Epoch < in.maxEpoch {
+		return "", kvsp.NewProblem(kvsp.ErrStaleEpoch, fmt.Sprintf("status epoch %d is below %d", st.Epoch, in.maxEpoch)).With("epoch", in.maxEpoch)
+	}
+	if st.Epoch > in.maxEpoch { // a restart: what it was doing is gone
+		in.maxEpoch, in.draining, in.pending = st.Epoch, false, nil
+	}
+	in.st = *st
+	in.st.Links = append([]kvsp.Link(nil), st.Links...)
+	in.expires = now.Add(time.Duration(st.TTLMs) * time.Millisecond)
+	if st.State != kvsp.StateActive {
+		in.draining = false // it has moved on
+	}
+	if st.RequestedState != nil && *st.RequestedState == kvsp.StateSleeping && st.State == kvsp.StateActive && !in.draining {
+		in.draining = r.othersActive(st.Instance, st.CompatID, now)
+	}
+	if r.onStatus != nil {
+		r.onStatus(in.st)
+	}
+	return in.state(now), nil
+}
+
+// othersActive reports another active instance of compat.
+func (r *Registry) othersActive(self string, compat kvsp.CompatID, now time.Time) bool {
+	for uri, in := range r.m {
+		if uri != self && in.st.CompatID == compat && in.state(now) == kvsp.StateActive {
+			return true
+		}
+	}
+	return false
+}
+
+// Snapshot is an instance as the PC sees it now.
+type Snapshot struct {
+	Status  kvsp.InstanceStatus
+	State   kvsp.InstanceState
+	Pending int
+	// ServiceUs is the mean service time estimate (0: none yet).
+	ServiceUs float64
+}
+
+// Get returns an instance's snapshot.
+func (r *Registry) Get(uri string) (Snapshot, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	in := r.m[uri]
+	if in == nil {
+		return Snapshot{}, false
+	}
+	now := time.Now()
+	return Snapshot{Status: in.st, State: in.state(now), Pending: in.pendingAt(now), ServiceUs: in.serviceUs}, true
+}
+
+// All returns every instance's snapshot.
+func (r *Registry) All() []Snapshot {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := time.Now()
+	out := make([]Snapshot, 0, len(r.m))
+	for _, in := range r.m {
+		out = append(out, Snapshot{Status: in.st, State: in.state(now), Pending: in.pendingAt(now), ServiceUs: in.serviceUs})
+	}
+	return out
+}
+
+// setState records a state the PC set on the instance (PUT state).
+func (r *Registry) setState(uri string, s kvsp.InstanceState) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if in := r.m[uri]; in != nil {
+		in.st.State, in.draining = s, false
+	}
+}
+
+// reserve takes one of the instance's pending-directive slots until
+// deadline, if fewer than max are taken (R-PF-13).
+func (r *Registry) reserve(uri string, max int, deadline time.Time) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	in := r.m[uri]
+	if in == nil || in.pendingAt(time.Now()) >= max {
+		return false
+	}
+	in.pending = append(in.pending, deadline)
+	return true
+}
+
+// observe folds a request's estimated service time into the instance's
+// mean (EWMA, weight 1/8).
+func (r *Registry) observe(uri string, us float64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if in := r.m[uri]; in != nil {
+		if in.serviceUs == 0 {
+			in.serviceUs = us
+		} else {
+			in.serviceUs += (us - in.serviceUs) / 8
+		}
+	}
+}

@@ -1,0 +1,68 @@
+package kvsp
+
+import "fmt"
+
+// The placement API of kvsp's PC (not part of the KVSP spec, which leaves
+// the inference API out of scope): front ends ask POST {pc}place where a
+// request should run, and get a session and the instance.
+
+// PlaceRequest is the body of POST {pc}place.
+type PlaceRequest struct {
+	ScopeID   ScopeID       `json:"scope_id"`
+	CompatID  CompatID      `json:"compat_id"`
+	Tokens    []uint32      `json:"tokens"`
+	Session   *UUID         `json:"session,omitempty"`
+	Sampler   *PlaceSampler `json:"sampler,omitempty"`
+	MaxTokens uint64        `json:"max_tokens"`
+}
+
+// PlaceSampler is the sampler a request asks for.
+type PlaceSampler struct {
+	Method string         `json:"method"`
+	Params map[string]any `json:"params,omitempty"`
+	Seed   uint64         `json:"seed"`
+}
+
+// MaxPlaceTokens bounds a request's prompt.
+const MaxPlaceTokens = 1 << 20
+
+// Validate implements Validator.
+func (q *PlaceRequest) Validate() error {
+	switch {
+	case q.ScopeID.IsZero():
+		return invalidf("place: scope_id: required")
+	case q.CompatID.IsZero():
+		return invalidf("place: compat_id: required")
+	case len(q.Tokens) == 0:
+		return invalidf("place: tokens: required, at least one")
+	case len(q.Tokens) > MaxPlaceTokens:
+		return fmt.Errorf("%w: place: tokens: more than %d", ErrTooLarge, MaxPlaceTokens)
+	case q.MaxTokens == 0 || q.MaxTokens > MaxJSONInt:
+		return invalidf("place: max_tokens: required, 1..2^53-1")
+	case q.Session != nil && q.Session.IsZero():
+		return invalidf("place: session: the nil UUID")
+	case q.Sampler != nil && q.Sampler.Method == "":
+		return invalidf("place: sampler.method: required")
+	}
+	return nil
+}
+
+// PlaceResponse answers POST place.
+type PlaceResponse struct {
+	Session   UUID   `json:"session"`
+	Epoch     uint64 `json:"epoch"`
+	Instance  string `json:"instance"`
+	Matched   int    `json:"matched"`
+	Directive *UUID  `json:"directive"`
+}
+
+// Validate implements Validator.
+func (r *PlaceResponse) Validate() error {
+	switch {
+	case r.Session.IsZero():
+		return invalidf("place: session: required")
+	case r.Epoch == 0:
+		return invalidf("place: epoch: required, at least 1")
+	}
+	return ValidateBaseURI("place: instance", r.Instance)
+}
