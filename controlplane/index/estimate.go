@@ -62,24 +62,91 @@ func (t *StatusTable) Status(instance string) (kvsp.InstanceStatus, bool) {
 //   - recompute_us = ceil(1e6 x matched x B / prefill_tokens_per_s).
 //
 // It reports false when the status lacks what is needed: no link to any
-// source of some block, no prefill rate, or unknown B.
+// source of some block, no prefill rate, or unknown B. A caller that
+// estimates the same replicas for many instances (the PC) prepares them
+// once with NewPlan.
 func Estimate(st *kvsp.InstanceStatus, replicas [][]kvsp.ReplicaRecord, blockTokens int) (fetchUs, recomputeUs uint64, ok bool) {
+	return NewPlan(replicas).Estimate(st, blockTokens)
+}
+
+// Plan is a lookup's replicas prepared for estimates at many instances:
+// holders numbered, each replica's tiers reduced to (bits, read rate).
+type Plan struct {
+	holders []string
+	blocks  [][]planReplica
+}
+
+type planReplica struct {
+	holder int
+	tiers  []planTier
+}
+
+type planTier struct {
+	bits float64 // 8 x the tier's share of the replica's octets
+	rate float64 // its read_mbit_per_s; 0: the link's
+}
+
+// NewPlan prepares replicas (one non-empty list per matched block).
+func NewPlan(replicas [][]kvsp.ReplicaRecord) *Plan {
+	p := &Plan{blocks: make([][]planReplica, len(replicas))}
+	idx := map[string]int{}
+	for i, reps := range replicas {
+		p.blocks[i] = make([]planReplica, len(reps))
+		for j := range reps {
+			r := &reps[j]
+			h, ok := idx[r.Holder]
+			if !ok {
+				h = len(p.holders)
+				idx[r.Holder] = h
+				p.holders = append(p.holders, r.Holder)
+			}
+			pr := planReplica{holder: h}
+			if held := r.HeldLayers(); held > 0 {
+				for _, e := range r.Residency {
+					pr.tiers = append(pr.tiers, planTier{bits: 8 * float64(r.Size) * float64(e.Layers.Len()) / float64(held), rate: float64(e.ReadMbitPerS)})
+				}
+			}
+			p.blocks[i][j] = pr
+		}
+	}
+	return p
+}
+
+// Estimate is Estimate of the package for the plan's replicas.
+func (p *Plan) Estimate(st *kvsp.InstanceStatus, blockTokens int) (fetchUs, recomputeUs uint64, ok bool) {
 	if st.PrefillTokensPerS <= 0 || blockTokens <= 0 {
 		return 0, 0, false
 	}
-	links := make(map[string]kvsp.Link, len(st.Links))
-	for _, l := range st.Links {
-		links[l.Holder] = l
+	// Per holder: the instance's link (rate 0: none), and what is
+	// assigned to it so far.
+	type src struct {
+		link, rtt float64
+		xfer      float64
+		used      bool
 	}
-	type srcAcc struct {
-		rtt  float64
-		xfer float64 // microseconds of transfer assigned
+	var buf [32]src
+	srcs := buf[:0]
+	if len(p.holders) > len(buf) {
+		srcs = make([]src, 0, len(p.holders))
 	}
-	acc := map[string]*srcAcc{}
-	for _, reps := range replicas {
+	self := -1
+	for h, uri := range p.holders {
+		s := src{}
+		for _, l := range st.Links {
+			if l.Holder == uri {
+				s.link, s.rtt = float64(l.MbitPerS), float64(l.RTTUs)
+				break
+			}
+		}
+		if uri == st.Instance {
+			self = h
+		}
+		srcs = append(srcs, s)
+	}
+	for _, reps := range p.blocks {
 		resident := false
-		for i := range reps {
-			if reps[i].Holder == st.Instance {
+		for _, r := range reps {
+			if r.holder == self {
 				resident = true
 				break
 			}
@@ -87,56 +154,36 @@ func Estimate(st *kvsp.InstanceStatus, replicas [][]kvsp.ReplicaRecord, blockTok
 		if resident {
 			continue
 		}
-		best, bestCost, bestXfer := "", math.Inf(1), 0.0
-		for i := range reps {
-			r := &reps[i]
-			l, ok := links[r.Holder]
-			if !ok || l.MbitPerS == 0 {
+		best, bestCost, bestXfer := -1, math.Inf(1), 0.0
+		for _, r := range reps {
+			s := &srcs[r.holder]
+			if s.link == 0 {
 				continue
 			}
-			xfer := transferUs(r, float64(l.MbitPerS))
-			a := acc[r.Holder]
-			cost := float64(l.RTTUs) + xfer
-			if a != nil {
-				cost = a.rtt + a.xfer + xfer
+			var xfer float64
+			for _, t := range r.tiers {
+				rate := s.link
+				if t.rate != 0 && t.rate < rate {
+					rate = t.rate
+				}
+				xfer += t.bits / rate // bits / (Mbit/s) = microseconds
 			}
-			if cost < bestCost {
-				best, bestCost, bestXfer = r.Holder, cost, xfer
+			if cost := s.rtt + s.xfer + xfer; cost < bestCost {
+				best, bestCost, bestXfer = r.holder, cost, xfer
 			}
 		}
-		if best == "" {
+		if best < 0 {
 			return 0, 0, false
 		}
-		a := acc[best]
-		if a == nil {
-			a = &srcAcc{rtt: float64(links[best].RTTUs)}
-			acc[best] = a
-		}
-		a.xfer += bestXfer
+		srcs[best].xfer += bestXfer
+		srcs[best].used = true
 	}
 	var fetch float64
-	for _, a := range acc {
-		fetch = math.Max(fetch, a.rtt+a.xfer)
-	}
-	tokens := float64(len(replicas)) * float64(blockTokens)
-	return uint64(math.Ceil(fetch)), uint64(math.Ceil(1e6 * tokens / st.PrefillTokensPerS)), true
-}
-
-// transferUs is the time to move one replica's octets over a link of
-// linkMbit, each tier at most at its read rate.
-func transferUs(r *kvsp.ReplicaRecord, linkMbit float64) float64 {
-	held := r.HeldLayers()
-	if held == 0 {
-		return 0
-	}
-	var us float64
-	for _, e := range r.Residency {
-		rate := linkMbit
-		if e.ReadMbitPerS != 0 && float64(e.ReadMbitPerS) < rate {
-			rate = float64(e.ReadMbitPerS)
+	for _, s := range srcs {
+		if s.used {
+			fetch = math.Max(fetch, s.rtt+s.xfer)
 		}
-		bytes := float64(r.Size) * float64(e.Layers.Len()) / float64(held)
-		us += 8 * bytes / rate // bits / (Mbit/s) = microseconds
 	}
-	return us
+	tokens := float64(len(p.blocks)) * float64(blockTokens)
+	return uint64(math.Ceil(fetch)), uint64(math.Ceil(1e6 * tokens / st.PrefillTokensPerS)), true
 }

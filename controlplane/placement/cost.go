@@ -24,19 +24,24 @@ type Cost struct {
 // len(replicas) blocks of blockTokens tokens are cached, at the instance
 // whose status is st and mean service time serviceUs.
 func costAt(st *kvsp.InstanceStatus, serviceUs float64, replicas [][]kvsp.ReplicaRecord, blockTokens, totalTokens int) Cost {
+	return costWith(st, serviceUs, index.NewPlan(replicas), len(replicas), blockTokens, totalTokens)
+}
+
+// costWith is costAt with the replicas prepared once for every candidate.
+func costWith(st *kvsp.InstanceStatus, serviceUs float64, plan *index.Plan, matched, blockTokens, totalTokens int) Cost {
 	c := Cost{WaitUs: float64(st.Queued) * serviceUs}
 	if st.PrefillTokensPerS <= 0 {
 		c.RecomputeAllUs, c.Total = math.Inf(1), math.Inf(1)
 		return c
 	}
-	matchedTokens := min(len(replicas)*blockTokens, totalTokens)
+	matchedTokens := min(matched*blockTokens, totalTokens)
 	c.RecomputeAllUs = 1e6 * float64(totalTokens) / st.PrefillTokensPerS
 	c.RecomputeUnmatchedUs = 1e6 * float64(totalTokens-matchedTokens) / st.PrefillTokensPerS
 	c.Total = c.WaitUs + c.RecomputeAllUs
-	if len(replicas) == 0 {
+	if matched == 0 {
 		return c
 	}
-	fetch, _, ok := index.Estimate(st, replicas, blockTokens)
+	fetch, _, ok := plan.Estimate(st, blockTokens)
 	if !ok {
 		return c // no link to some source: recompute
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/client"
+	"github.com/kvsp/kvsp/controlplane/index"
 )
 
 // Index is the Index Service as the PC uses it: client.Index, or an
@@ -184,11 +185,12 @@ func (c *Controller) Place(ctx context.Context, q *kvsp.PlaceRequest) (*kvsp.Pla
 	}
 
 	var chosen *candidate
+	plan := index.NewPlan(replicas)
 	pick := func(cands []candidate) *candidate {
 		var best *candidate
 		for i := range cands {
 			cd := &cands[i]
-			cd.cost = costAt(&cd.snap.Status, c.serviceUs(cd.snap, len(q.Tokens), q.MaxTokens), replicas, bt, len(q.Tokens))
+			cd.cost = costWith(&cd.snap.Status, c.serviceUs(cd.snap, len(q.Tokens), q.MaxTokens), plan, len(replicas), bt, len(q.Tokens))
 			if best == nil || cd.cost.Total < best.cost.Total ||
 				(cd.cost.Total == best.cost.Total && cd.snap.Status.Instance < best.snap.Status.Instance) {
 				best = cd

@@ -1,6 +1,7 @@
 package placement
 
 import (
+	"container/heap"
 	"fmt"
 	"sync"
 	"time"
@@ -16,7 +17,7 @@ type instance struct {
 	// draining is set when the PC accepted the instance's request to sleep
 	// and the instance has not reported a state other than active since.
 	draining bool
-	pending  []time.Time // expiry of the directives sent to it (R-PF-13)
+	pending  expiries // of the directives sent to it (R-PF-13)
 	// serviceUs is the running estimate of a request's service time at
 	// the instance (EWMA), for wait_us.
 	serviceUs float64
@@ -35,17 +36,26 @@ func (in *instance) state(now time.Time) kvsp.InstanceState {
 }
 
 // pendingAt counts the directives not yet past their deadline, dropping
-// the others.
+// the others (O(expired)).
 func (in *instance) pendingAt(now time.Time) int {
-	k := 0
-	for _, t := range in.pending {
-		if now.Before(t) {
-			in.pending[k] = t
-			k++
-		}
+	for len(in.pending) > 0 && !now.Before(in.pending[0]) {
+		heap.Pop(&in.pending)
 	}
-	in.pending = in.pending[:k]
-	return k
+	return len(in.pending)
+}
+
+// expiries is a min-heap of times.
+type expiries []time.Time
+
+func (h expiries) Len() int           { return len(h) }
+func (h expiries) Less(i, j int) bool { return h[i].Before(h[j]) }
+func (h expiries) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *expiries) Push(x any)        { *h = append(*h, x.(time.Time)) }
+func (h *expiries) Pop() any {
+	old := *h
+	t := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return t
 }
 
 // Registry holds instance status records.
@@ -156,7 +166,7 @@ func (r *Registry) reserve(uri string, max int, deadline time.Time) bool {
 	if in == nil || in.pendingAt(time.Now()) >= max {
 		return false
 	}
-	in.pending = append(in.pending, deadline)
+	heap.Push(&in.pending, deadline)
 	return true
 }
 

@@ -95,3 +95,29 @@ func TestRequestSleep(t *testing.T) {
 		}
 	})
 }
+
+// TestPendingQuota: R-PF-13 at the PC: at most max directives pending per
+// instance; a slot frees when its directive's deadline (plus lease) passes.
+func TestPendingQuota(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := NewRegistry()
+		const ii = "https://ii1/"
+		r.Put(status(ii, 1, kvsp.StateActive, compatA))
+		if !r.reserve(ii, 2, time.Now().Add(time.Second)) || !r.reserve(ii, 2, time.Now().Add(3*time.Second)) {
+			t.Fatal("two slots")
+		}
+		if r.reserve(ii, 2, time.Now().Add(time.Second)) {
+			t.Fatal("a third directive past the quota")
+		}
+		time.Sleep(time.Second)
+		if g, _ := r.Get(ii); g.Pending != 1 {
+			t.Fatalf("pending %d after the first deadline", g.Pending)
+		}
+		if !r.reserve(ii, 2, time.Now().Add(time.Second)) {
+			t.Fatal("a freed slot was not reusable")
+		}
+		if r.reserve("https://unknown/", 2, time.Now().Add(time.Second)) {
+			t.Fatal("a slot at an unknown instance")
+		}
+	})
+}
