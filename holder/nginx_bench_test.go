@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -35,6 +36,14 @@ func TestHolderServerProcess(t *testing.T) {
 	bf.pki.WriteLeaf("client.pem", "client.key", bf.pki.Leaf(kvsptest.ClientA))
 	ref := bf.refs[0]
 	runtime.GC()
+	if prof := os.Getenv("KVSP_HOLDER_CPUPROFILE"); prof != "" { // a profile of the holder alone
+		f, err := os.Create(prof)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pprof.StartCPUProfile(f)
+		defer func() { pprof.StopCPUProfile(); f.Close() }()
+	}
 	fmt.Printf("\nSERVING %s %s\n", bf.srv.URL("/h1/blocks/"+ref.Compat.String()+"/"+ref.Scope.String()+"/"+ref.Key.String()), bf.pki.Dir)
 	io.Copy(io.Discard, os.Stdin) // until the benchmark closes it
 }
