@@ -1,0 +1,87 @@
+// Package engine is what kvsp's instance agent needs of an inference
+// engine: its model, its rates and load, its KV memory by Block Key and
+// layer, and generation with a sampler. engine/sim simulates one (tests
+// and kvsp demo run it); real engines attach through the same interface.
+package engine
+
+import (
+	"context"
+	"errors"
+
+	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/container"
+)
+
+// Engine is an inference engine as the agent drives it.
+type Engine interface {
+	// Descriptor is the engine's model, as its Compatibility ID is
+	// computed from.
+	Descriptor() kvsp.Descriptor
+	// Geometry is the shape of one KV block.
+	Geometry() container.Geometry
+	// Stats are the figures of the instance's status record.
+	Stats() Stats
+	// KV is the engine's KV memory.
+	KV() KV
+	// Generate runs a request: the prompt's blocks already resident in KV
+	// are used as they are, the rest is prefilled (and its blocks become
+	// resident), then up to MaxTokens tokens are decoded and passed to
+	// emit in order. An emit error stops generation and is returned.
+	Generate(ctx context.Context, req Request, emit func(Token) error) error
+}
+
+// Stats is an engine's load and speed.
+type Stats struct {
+	Running, Queued, BatchSize uint64
+	KVUtilization              float64 // resident KV blocks / capacity
+	PrefillTokensPerS          float64
+	DecodeTokensPerS           float64
+}
+
+// Request is one generation.
+type Request struct {
+	Tokens []uint32
+	// Keys are the Block Keys of the prompt's complete blocks (the agent
+	// computes them with the scope key; the engine stores KV under them).
+	Keys      []kvsp.BlockKey
+	MaxTokens int
+	Sampler   Sampler
+}
+
+// Sampler chooses tokens: "greedy", or "top-p" with P and a seed.
+type Sampler struct {
+	Method string
+	P      float64
+	Seed   uint64
+}
+
+// Token is one output token with its position in the output.
+type Token struct {
+	Index int
+	ID    uint32
+}
+
+// Sampler methods.
+const (
+	Greedy = "greedy"
+	TopP   = "top-p"
+)
+
+// KV is an engine's KV memory, addressed by Block Key and layer.
+type KV interface {
+	// Has reports whether all layers of the block are resident.
+	Has(key kvsp.BlockKey) bool
+	// WriteLayer stores one layer's K and V sections of a block being
+	// loaded; the block is resident once all its layers are written.
+	WriteLayer(key kvsp.BlockKey, layer uint32, k, v []byte) error
+	// ReadLayer copies layer of a resident block into k and v.
+	ReadLayer(key kvsp.BlockKey, layer uint32, k, v []byte) error
+	// Drop forgets a block, resident or partly written.
+	Drop(key kvsp.BlockKey)
+}
+
+// Errors of engines.
+var (
+	ErrKVFull      = errors.New("engine: KV memory full")
+	ErrNotResident = errors.New("engine: block not resident")
+)

@@ -1,0 +1,342 @@
+// Package sim is a simulated inference engine: it derives every KV block
+// deterministically from the tokens up to the block's end (so a block
+// fetched from a holder is byte-identical to one recomputed here, and
+// correctness is checkable), charges prefill time at its configured
+// tokens/s and decode time per token, and decodes with seeded samplers
+// (greedy and top-p) over a synthetic next-token distribution of the
+// context.
+package sim
+
+import (
+	"container/list"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/container"
+	"github.com/kvsp/kvsp/engine"
+)
+
+// Config configures a simulated engine.
+type Config struct {
+	Descriptor        kvsp.Descriptor
+	PrefillTokensPerS float64
+	DecodeTokensPerS  float64 // shared by the running batch
+	BatchSize         int     // requests running at once; default 8
+	KVBlocks          int     // KV capacity in blocks; default 1024
+	Vocab             uint32  // default 32000
+}
+
+// Engine is a simulated engine.
+type Engine struct {
+	cfg  Config
+	g    container.Geometry
+	slot chan struct{}
+
+	mu      sync.Mutex
+	blocks  map[kvsp.BlockKey]*block
+	lru     *list.List // resident blocks, front: most recently used
+	running uint64
+	queued  uint64
+}
+
+type block struct {
+	layers  [][]byte // K then V of each layer; nil until written
+	written int
+	elem    *list.Element
+}
+
+// New returns a simulated engine.
+func New(cfg Config) (*Engine, error) {
+	if err := cfg.Descriptor.Validate(); err != nil {
+		return nil, err
+	}
+	et, ok := container.ParseElemType(string(cfg.Descriptor.KVDType))
+	if !ok {
+		return nil, fmt.Errorf("sim: kv_dtype %q has no container element type", cfg.Descriptor.KVDType)
+	}
+	if cfg.PrefillTokensPerS <= 0 || cfg.DecodeTokensPerS <= 0 {
+		return nil, errors.New("sim: prefill and decode rates required")
+	}
+	if cfg.BatchSize == 0 {
+		cfg.BatchSize = 8
+	}
+	if cfg.KVBlocks == 0 {
+		cfg.KVBlocks = 1024
+	}
+	if cfg.Vocab == 0 {
+		cfg.Vocab = 32000
+	}
+	d := cfg.Descriptor
+	g := container.Geometry{Layers: uint32(d.Layers), BlockTokens: uint32(d.BlockTokens), KVHeads: uint32(d.KVHeads), HeadDim: uint32(d.HeadDim), Elem: et}
+	return &Engine{cfg: cfg, g: g, slot: make(chan struct{}, cfg.BatchSize), blocks: map[kvsp.BlockKey]*block{}, lru: list.New()}, nil
+}
+
+// Descriptor implements engine.Engine.
+func (e *Engine) Descriptor() kvsp.Descriptor { return e.cfg.Descriptor }
+
+// Geometry implements engine.Engine.
+func (e *Engine) Geometry() container.Geometry { return e.g }
+
+// KV implements engine.Engine.
+func (e *Engine) KV() engine.KV { return (*kv)(e) }
+
+// Stats implements engine.Engine.
+func (e *Engine) Stats() engine.Stats {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return engine.Stats{Running: e.running, Queued: e.queued, BatchSize: uint64(e.cfg.BatchSize),
+		KVUtilization: float64(e.lru.Len()) / float64(e.cfg.KVBlocks), PrefillTokensPerS: e.cfg.PrefillTokensPerS, DecodeTokensPerS: e.cfg.DecodeTokensPerS}
+}
+
+// BlockContent writes the KV of one block's layer, derived from the hash
+// of the tokens up to the block's end: K into k and V into v (each
+// RawSectionLen octets). Values are finite (the second-highest bit of each
+// element is clear: no exponent of all ones).
+func BlockContent(g container.Geometry, prefix [32]byte, layer uint32, k, v []byte) {
+	for i, dst := range [][]byte{k, v} {
+		var seed [32]byte
+		h := sha256.New()
+		h.Write(prefix[:])
+		binary.Write(h, binary.LittleEndian, layer)
+		h.Write([]byte{byte(i)})
+		h.Sum(seed[:0])
+		rand.NewChaCha8(seed).Read(dst)
+		s := g.Elem.Size()
+		for j := s - 1; j < len(dst); j += s {
+			dst[j] &^= 0x40
+		}
+	}
+}
+
+// PrefixHashes returns, for each complete block of tokens, the SHA-256 of
+// the tokens up to its end (little-endian 32-bit ids).
+func PrefixHashes(tokens []uint32, blockTokens int) [][32]byte {
+	h := sha256.New()
+	var out [][32]byte
+	var b [4]byte
+	for i, t := range tokens {
+		binary.LittleEndian.PutUint32(b[:], t)
+		h.Write(b[:])
+		if (i+1)%blockTokens == 0 {
+			var d [32]byte
+			h.Sum(d[:0]) // Sum does not reset: the hash goes on over the prefix
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// Generate implements engine.Engine.
+func (e *Engine) Generate(ctx context.Context, req engine.Request, emit func(engine.Token) error) error {
+	bt := int(e.g.BlockTokens)
+	if len(req.Keys) != len(req.Tokens)/bt {
+		return fmt.Errorf("sim: %d block keys for %d complete blocks", len(req.Keys), len(req.Tokens)/bt)
+	}
+	e.mu.Lock()
+	e.queued++
+	e.mu.Unlock()
+	select {
+	case e.slot <- struct{}{}:
+	case <-ctx.Done():
+		e.mu.Lock()
+		e.queued--
+		e.mu.Unlock()
+		return ctx.Err()
+	}
+	e.mu.Lock()
+	e.queued--
+	e.running++
+	e.mu.Unlock()
+	defer func() {
+		<-e.slot
+		e.mu.Lock()
+		e.running--
+		e.mu.Unlock()
+	}()
+
+	// Prefill: the leading resident blocks are reused; everything after
+	// the first missing one is computed.
+	cached := 0
+	for cached < len(req.Keys) && e.KV().Has(req.Keys[cached]) {
+		cached++
+	}
+	hashes := PrefixHashes(req.Tokens, bt)
+	k, v := make([]byte, e.g.RawSectionLen()), make([]byte, e.g.RawSectionLen())
+	for i := cached; i < len(req.Keys); i++ {
+		for l := uint32(0); l < e.g.Layers; l++ {
+			BlockContent(e.g, hashes[i], l, k, v)
+			if err := e.KV().WriteLayer(req.Keys[i], l, k, v); err != nil {
+				return err
+			}
+		}
+	}
+	if err := sleep(ctx, time.Duration(float64(len(req.Tokens)-cached*bt)/e.cfg.PrefillTokensPerS*float64(time.Second))); err != nil {
+		return err
+	}
+
+	// Decode.
+	state := sha256.Sum256(u32s(req.Tokens))
+	for i := 0; i < req.MaxTokens; i++ {
+		id := e.sample(state, i, req.Sampler)
+		if err := emit(engine.Token{Index: i, ID: id}); err != nil {
+			return err
+		}
+		state = sha256.Sum256(append(state[:], u32s([]uint32{id})...))
+		e.mu.Lock()
+		share := float64(max(1, e.running))
+		e.mu.Unlock()
+		if err := sleep(ctx, time.Duration(share/e.cfg.DecodeTokensPerS*float64(time.Second))); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// candidates is the number of tokens of the synthetic distribution.
+const candidates = 64
+
+// sample picks output token i from the distribution of the context state:
+// greedy takes the most likely; top-p draws from the smallest set of
+// candidates whose probability reaches p, with a generator seeded by the
+// sampler seed and i (deterministic).
+func (e *Engine) sample(state [32]byte, i int, s engine.Sampler) uint32 {
+	type cand struct {
+		id    uint32
+		logit float64
+	}
+	var cs [candidates]cand
+	r := rand.New(rand.NewChaCha8(state))
+	for j := range cs {
+		cs[j] = cand{id: r.Uint32N(e.cfg.Vocab), logit: 4 * r.Float64()}
+	}
+	sort.Slice(cs[:], func(a, b int) bool { return cs[a].logit > cs[b].logit })
+	if s.Method != engine.TopP {
+		return cs[0].id
+	}
+	var z float64
+	for _, c := range cs {
+		z += math.Exp(c.logit)
+	}
+	n, cum := 0, 0.0
+	for n < len(cs) && cum < s.P {
+		cum += math.Exp(cs[n].logit) / z
+		n++
+	}
+	var seed [32]byte
+	binary.LittleEndian.PutUint64(seed[:], s.Seed)
+	binary.LittleEndian.PutUint64(seed[8:], uint64(i))
+	copy(seed[16:], state[:16])
+	u := rand.New(rand.NewChaCha8(seed)).Float64() * cum
+	for j := 0; j < n; j++ {
+		if u -= math.Exp(cs[j].logit) / z; u < 0 {
+			return cs[j].id
+		}
+	}
+	return cs[n-1].id
+}
+
+func u32s(ts []uint32) []byte {
+	b := make([]byte, 4*len(ts))
+	for i, t := range ts {
+		binary.LittleEndian.PutUint32(b[4*i:], t)
+	}
+	return b
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// kv is the engine's KV memory: blocks by key, least recently used
+// resident block evicted when full.
+type kv Engine
+
+func (m *kv) Has(key kvsp.BlockKey) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	b := m.blocks[key]
+	if b == nil || b.written < len(b.layers) {
+		return false
+	}
+	m.lru.MoveToFront(b.elem)
+	return true
+}
+
+func (m *kv) WriteLayer(key kvsp.BlockKey, layer uint32, k, v []byte) error {
+	sec := int(m.g.RawSectionLen())
+	if layer >= m.g.Layers || len(k) != sec || len(v) != sec {
+		return fmt.Errorf("sim: layer %d with sections of %d and %d octets (want layer < %d, %d octets)", layer, len(k), len(v), m.g.Layers, sec)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	b := m.blocks[key]
+	if b == nil {
+		if len(m.blocks) >= m.cfg.KVBlocks && !m.evictLocked() {
+			return engine.ErrKVFull
+		}
+		b = &block{layers: make([][]byte, m.g.Layers)}
+		m.blocks[key] = b
+	}
+	if b.layers[layer] == nil {
+		b.written++
+	}
+	b.layers[layer] = append(append(b.layers[layer][:0], k...), v...)
+	if b.written == len(b.layers) && b.elem == nil {
+		b.elem = m.lru.PushFront(key)
+	}
+	return nil
+}
+
+// evictLocked drops the least recently used resident block.
+func (m *kv) evictLocked() bool {
+	el := m.lru.Back()
+	if el == nil {
+		return false
+	}
+	key := m.lru.Remove(el).(kvsp.BlockKey)
+	delete(m.blocks, key)
+	return true
+}
+
+func (m *kv) ReadLayer(key kvsp.BlockKey, layer uint32, k, v []byte) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	b := m.blocks[key]
+	if b == nil || b.written < len(b.layers) || layer >= m.g.Layers {
+		return engine.ErrNotResident
+	}
+	sec := len(b.layers[layer]) / 2
+	copy(k, b.layers[layer][:sec])
+	copy(v, b.layers[layer][sec:])
+	return nil
+}
+
+func (m *kv) Drop(key kvsp.BlockKey) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if b := m.blocks[key]; b != nil {
+		if b.elem != nil {
+			m.lru.Remove(b.elem)
+		}
+		delete(m.blocks, key)
+	}
+}

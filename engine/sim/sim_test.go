@@ -1,0 +1,165 @@
+package sim
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/engine"
+)
+
+var desc = kvsp.Descriptor{Model: "sim/tiny", ModelDigest: kvsp.Digest{1}, TokenizerDigest: kvsp.Digest{2}, Layers: 4, KVHeads: 2, HeadDim: 16,
+	KVDType: "bf16", Positional: "rope", BlockTokens: 16, Layout: "kvsp-layout-1"}
+
+func newEngine(t *testing.T, batch, blocks int) *Engine {
+	t.Helper()
+	e, err := New(Config{Descriptor: desc, PrefillTokensPerS: 42000, DecodeTokensPerS: 1000, BatchSize: batch, KVBlocks: blocks})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+func request(n int, sampler engine.Sampler) engine.Request {
+	toks := make([]uint32, n)
+	for i := range toks {
+		toks[i] = uint32(7*i + 3)
+	}
+	keys := make([]kvsp.BlockKey, n/16)
+	for i := range keys {
+		keys[i] = kvsp.BlockKey{byte(i), 0xee}
+	}
+	return engine.Request{Tokens: toks, Keys: keys, MaxTokens: 12, Sampler: sampler}
+}
+
+func run(t *testing.T, e *Engine, req engine.Request) []uint32 {
+	t.Helper()
+	var out []uint32
+	err := e.Generate(context.Background(), req, func(tok engine.Token) error {
+		if tok.Index != len(out) {
+			t.Fatalf("token %d out of order", tok.Index)
+		}
+		out = append(out, tok.ID)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestFetchedEqualsRecomputed: the KV the engine computes for a block is
+// BlockContent of its prefix; blocks copied into another engine's KV (as a
+// fetch would) are used there, cut its prefill time by exactly their
+// tokens, and give the same output (greedy and seeded top-p).
+func TestFetchedEqualsRecomputed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		for _, s := range []engine.Sampler{{Method: engine.Greedy}, {Method: engine.TopP, P: 0.9, Seed: 7}} {
+			a, b := newEngine(t, 4, 64), newEngine(t, 4, 64)
+			req := request(10*16+5, s)
+			t0 := time.Now()
+			outA := run(t, a, req)
+			full := time.Since(t0)
+			g := a.Geometry()
+			k, v := make([]byte, g.RawSectionLen()), make([]byte, g.RawSectionLen())
+			wk, wv := make([]byte, len(k)), make([]byte, len(v))
+			for i, h := range PrefixHashes(req.Tokens, 16) {
+				for l := uint32(0); l < g.Layers; l++ {
+					if err := a.KV().ReadLayer(req.Keys[i], l, k, v); err != nil {
+						t.Fatal(err)
+					}
+					BlockContent(g, h, l, wk, wv)
+					if !bytes.Equal(k, wk) || !bytes.Equal(v, wv) {
+						t.Fatalf("block %d layer %d differs from its derivation", i, l)
+					}
+					if i < 6 { // "fetch" the first six blocks into b
+						b.KV().WriteLayer(req.Keys[i], l, k, v)
+					}
+				}
+			}
+			t0 = time.Now()
+			outB := run(t, b, req)
+			saved := full - time.Since(t0)
+			want := time.Duration(6*16*int64(time.Second)) / 42000
+			if d := saved - want; d < -time.Microsecond || d > time.Microsecond {
+				t.Fatalf("%s: six cached blocks saved %v, want %v", s.Method, saved, want)
+			}
+			if !equal(outA, outB) {
+				t.Fatalf("%s: outputs differ: %v vs %v", s.Method, outA, outB)
+			}
+		}
+	})
+}
+
+func equal(a, b []uint32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// TestSamplers: greedy ignores the seed; top-p with another seed gives
+// another output; a wider p draws from more candidates.
+func TestSamplers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEngine(t, 4, 64)
+		g1 := run(t, e, request(40, engine.Sampler{Method: engine.Greedy, Seed: 1}))
+		g2 := run(t, e, request(40, engine.Sampler{Method: engine.Greedy, Seed: 2}))
+		p1 := run(t, e, request(40, engine.Sampler{Method: engine.TopP, P: 0.95, Seed: 1}))
+		p2 := run(t, e, request(40, engine.Sampler{Method: engine.TopP, P: 0.95, Seed: 2}))
+		if !equal(g1, g2) || equal(p1, p2) || equal(g1, p1) {
+			t.Fatalf("greedy %v %v, top-p %v %v", g1, g2, p1, p2)
+		}
+	})
+}
+
+// TestBatchAndStats: beyond the batch size requests queue, which Stats
+// reports; the KV memory evicts its least recently used block when full.
+func TestBatchAndStats(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newEngine(t, 1, 2)
+		done := make(chan struct{})
+		for range 2 {
+			go func() {
+				e.Generate(context.Background(), request(16, engine.Sampler{Method: engine.Greedy}), func(engine.Token) error { return nil })
+				done <- struct{}{}
+			}()
+		}
+		synctest.Wait()
+		if st := e.Stats(); st.Running != 1 || st.Queued != 1 || st.BatchSize != 1 || st.PrefillTokensPerS != 42000 {
+			t.Fatalf("stats %+v", st)
+		}
+		<-done
+		<-done
+		if st := e.Stats(); st.Running != 0 || st.Queued != 0 {
+			t.Fatalf("stats after %+v", st)
+		}
+		k := make([]byte, e.Geometry().RawSectionLen())
+		write := func(key byte) {
+			for l := uint32(0); l < 4; l++ {
+				if err := e.KV().WriteLayer(kvsp.BlockKey{key}, l, k, k); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		write(1)
+		write(2)
+		e.KV().Has(kvsp.BlockKey{1}) // 1 used: 2 is the LRU
+		write(3)
+		if !e.KV().Has(kvsp.BlockKey{1}) || e.KV().Has(kvsp.BlockKey{2}) || !e.KV().Has(kvsp.BlockKey{3}) {
+			t.Fatal("LRU eviction")
+		}
+		if err := e.KV().ReadLayer(kvsp.BlockKey{2}, 0, k, k); !errors.Is(err, engine.ErrNotResident) {
+			t.Fatalf("evicted block read: %v", err)
+		}
+	})
+}
