@@ -36,7 +36,7 @@ func (q *PlaceRequest) Validate() error {
 	case len(q.Tokens) == 0:
 		return invalidf("place: tokens: required, at least one")
 	case len(q.Tokens) > MaxPlaceTokens:
-		return fmt.Errorf("%w: place: tokens: more than %d", ErrTooLarge, MaxPlaceTokens)
+		return fmt.Errorf("%w: place: tokens: more than %d", ErrTooLarge, MaxPlaceTokens) // 413
 	case q.MaxTokens == 0 || q.MaxTokens > MaxJSONInt:
 		return invalidf("place: max_tokens: required, 1..2^53-1")
 	case q.Session != nil && q.Session.IsZero():
@@ -65,4 +65,51 @@ func (r *PlaceResponse) Validate() error {
 		return invalidf("place: epoch: required, at least 1")
 	}
 	return ValidateBaseURI("place: instance", r.Instance)
+}
+
+// GenerateRequest is the body of POST {ii}generate: a request placed by
+// the PC, run on the chosen instance. The answer streams its output tokens
+// as JSON lines (MediaTypeTokens), each labelled with its index and the
+// session's epoch, so a front end can drop what a superseded epoch sent.
+type GenerateRequest struct {
+	Session   UUID          `json:"session"`
+	Epoch     uint64        `json:"epoch"`
+	ScopeID   ScopeID       `json:"scope_id"`
+	CompatID  CompatID      `json:"compat_id"`
+	Tokens    []uint32      `json:"tokens"`
+	MaxTokens uint64        `json:"max_tokens"`
+	Sampler   *PlaceSampler `json:"sampler,omitempty"`
+}
+
+// MediaTypeTokens is the media type of a generation's token stream: one
+// GeneratedToken per line.
+const MediaTypeTokens = "application/x-ndjson"
+
+// Validate implements Validator.
+func (q *GenerateRequest) Validate() error {
+	switch {
+	case q.Session.IsZero():
+		return invalidf("generate: session: required")
+	case q.Epoch == 0:
+		return invalidf("generate: epoch: required, at least 1")
+	}
+	p := PlaceRequest{ScopeID: q.ScopeID, CompatID: q.CompatID, Tokens: q.Tokens, MaxTokens: q.MaxTokens, Sampler: q.Sampler}
+	return p.Validate()
+}
+
+// GeneratedToken is one line of a token stream; the last line has Done
+// set (and no token), so a cut stream is told from a finished one.
+type GeneratedToken struct {
+	Index uint64 `json:"index"`
+	Epoch uint64 `json:"epoch"`
+	Token uint32 `json:"token"`
+	Done  bool   `json:"done,omitempty"`
+}
+
+// Validate implements Validator.
+func (t *GeneratedToken) Validate() error {
+	if t.Epoch == 0 {
+		return invalidf("token: epoch: required, at least 1")
+	}
+	return nil
 }

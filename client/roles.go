@@ -1,6 +1,7 @@
 package client
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -126,6 +127,43 @@ func (x *Instance) PrefetchStatus(ctx context.Context, id kvsp.UUID) (*kvsp.Pref
 		return nil, err
 	}
 	return &out, nil
+}
+
+// Generate runs a placed request at the instance (kvsp's inference API,
+// POST generate) and calls fn with each output token as it arrives. It
+// returns nil once the stream's done line arrived, an error if the stream
+// ends before it (the front end then resumes elsewhere).
+func (x *Instance) Generate(ctx context.Context, q *kvsp.GenerateRequest, fn func(kvsp.GeneratedToken) error) error {
+	body, err := kvsp.Marshal(q)
+	if err != nil {
+		return err
+	}
+	resp, err := x.c.do(ctx, http.MethodPost, join(x.base, "generate"), http.Header{
+		"Content-Type": {kvsp.MediaType}, "Accept": {kvsp.MediaTypeTokens + ", " + kvsp.MediaTypeProblem}}, body)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return ProblemFrom(resp)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		var t kvsp.GeneratedToken
+		if err := kvsp.Decode(sc.Bytes(), &t); err != nil {
+			return fmt.Errorf("%w: token stream: %v", kvsp.ErrInvalid, err)
+		}
+		if t.Done {
+			return nil
+		}
+		if err := fn(t); err != nil {
+			return err
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return err
+	}
+	return fmt.Errorf("%w: the token stream ended before its end", kvsp.ErrUnavailable)
 }
 
 // Resume asks the instance to resume a session.

@@ -1,0 +1,475 @@
+// Package instance is kvsp's inference instance (II) agent: it runs beside
+// an engine (package engine), reports the instance's status to the PC
+// every ttl/3 (spec "Instance Status and Lifecycle"; R-ST-*), follows the
+// lifecycle the PC sets (PUT state, A-19), and executes prefetch
+// directives ("Prefetch Directives"; R-PF-*, A-17, A-18): for each block
+// it does not hold, a lease at one of the sources, a GET verified layer by
+// layer, each layer placed into the engine's KV memory as it arrives, the
+// block stored at the instance's holder (which publishes it), the lease
+// released. Directives run on their own bounded workers and never block
+// the requests the engine is running.
+package instance
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/client"
+	"github.com/kvsp/kvsp/container"
+	"github.com/kvsp/kvsp/engine"
+)
+
+// Config configures an agent.
+type Config struct {
+	// Base is the instance's base URI (its status records' "instance").
+	Base   string
+	Engine engine.Engine
+	// Client calls the PC, the IS and holders with the instance's
+	// identity.
+	Client *client.Client
+	// Controller and Index are the PC and IS base URIs; Holder, when set,
+	// is the holder that stores the blocks this instance loads.
+	Controller, Index, Holder string
+	// Links are the instance's links to holders, reported in its status.
+	Links []kvsp.Link
+	// Scopes are the scope keys of the requests it runs (Block Keys).
+	Scopes []kvsp.ScopeKey
+	// StatusTTL is the ttl_ms of its status records; default 3s.
+	StatusTTL time.Duration
+	// Workers bounds the blocks being transferred at once; default 2.
+	Workers int
+	// MaxPending bounds the directives pending at once (R-PF-13, 429);
+	// default 16.
+	MaxPending int
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+}
+
+// Agent is an instance agent.
+type Agent struct {
+	cfg    Config
+	compat kvsp.CompatID
+	g      container.Geometry
+	keys   map[kvsp.ScopeID]kvsp.ScopeKey
+	epoch  uint64
+	log    *slog.Logger
+	m      *metrics
+	work   chan struct{} // transfer slots
+
+	mu         sync.Mutex
+	state      kvsp.InstanceState
+	directives map[kvsp.UUID]*directive
+	running    int // generations in progress
+}
+
+// New returns an agent.
+func New(cfg Config) (*Agent, error) {
+	if cfg.Engine == nil || cfg.Client == nil {
+		return nil, errors.New("instance: engine and client required")
+	}
+	if err := kvsp.ValidateBaseURI("instance: base", cfg.Base); err != nil {
+		return nil, err
+	}
+	d := cfg.Engine.Descriptor()
+	compat, err := d.CompatID()
+	if err != nil {
+		return nil, err
+	}
+	if cfg.StatusTTL == 0 {
+		cfg.StatusTTL = 3 * time.Second
+	}
+	if cfg.Workers == 0 {
+		cfg.Workers = 2
+	}
+	if cfg.MaxPending == 0 {
+		cfg.MaxPending = 16
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	a := &Agent{cfg: cfg, compat: compat, g: cfg.Engine.Geometry(), keys: map[kvsp.ScopeID]kvsp.ScopeKey{},
+		// R-ST-5: the start time in ms increases across restarts as long
+		// as the clock does not go back.
+		epoch: uint64(time.Now().UnixMilli()), log: cfg.Logger, m: newMetrics(cfg.Registerer),
+		work: make(chan struct{}, cfg.Workers), state: kvsp.StateActive, directives: map[kvsp.UUID]*directive{}}
+	for _, k := range cfg.Scopes {
+		a.keys[k.ID()] = k
+	}
+	return a, nil
+}
+
+// CompatID is the Compatibility ID of the engine's model.
+func (a *Agent) CompatID() kvsp.CompatID { return a.compat }
+
+// State returns the instance's lifecycle state.
+func (a *Agent) State() kvsp.InstanceState {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.state
+}
+
+// Status is the instance's status record now.
+func (a *Agent) Status() *kvsp.InstanceStatus {
+	st := a.cfg.Engine.Stats()
+	a.mu.Lock()
+	state := a.state
+	a.mu.Unlock()
+	return &kvsp.InstanceStatus{Instance: a.cfg.Base, Epoch: a.epoch, State: state, Running: st.Running, Queued: st.Queued,
+		BatchSize: st.BatchSize, KVUtilization: min(1, st.KVUtilization), PrefillTokensPerS: st.PrefillTokensPerS, DecodeTokensPerS: st.DecodeTokensPerS,
+		Links: append([]kvsp.Link{}, a.cfg.Links...), TTLMs: uint64(a.cfg.StatusTTL.Milliseconds()), CompatID: a.compat}
+}
+
+// Run sends status records to the PC every ttl/3 (R-ST-1) until ctx ends,
+// applying the state the PC answers (R-ST-10), and moves a draining
+// instance with nothing left to do to sleeping (R-ST-15).
+func (a *Agent) Run(ctx context.Context) {
+	t := time.NewTicker(a.cfg.StatusTTL / 3)
+	defer t.Stop()
+	for {
+		a.settle()
+		if a.cfg.Controller != "" {
+			pctx, cancel := context.WithTimeout(ctx, a.cfg.StatusTTL/3)
+			got, err := a.cfg.Client.Controller(a.cfg.Controller).PutStatus(pctx, a.Status())
+			cancel()
+			switch {
+			case err != nil:
+				a.log.Warn("status not accepted by the PC", "err", err)
+			case got.State == kvsp.StateDraining:
+				a.setState(kvsp.StateDraining)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// settle moves draining to sleeping once no generation or directive is
+// in progress.
+func (a *Agent) settle() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.state != kvsp.StateDraining || a.running > 0 {
+		return
+	}
+	for _, d := range a.directives {
+		if d.status().State == kvsp.PrefetchPending {
+			return
+		}
+	}
+	a.state = kvsp.StateSleeping
+}
+
+// setState applies a state change: sleeping cannot go to draining;
+// failed is never set from outside.
+func (a *Agent) setState(s kvsp.InstanceState) error {
+	a.mu.Lock()
+	switch {
+	case s == kvsp.StateFailed || !s.Valid():
+		a.mu.Unlock()
+		return fmt.Errorf("%w: state %q cannot be set", kvsp.ErrInvalid, s)
+	case a.state == kvsp.StateSleeping && s == kvsp.StateDraining:
+		a.mu.Unlock()
+		return fmt.Errorf("%w: a sleeping instance cannot drain", kvsp.ErrInvalidState)
+	}
+	a.state = s
+	a.mu.Unlock()
+	a.settle()
+	return nil
+}
+
+// directive is a prefetch directive being executed or done.
+type directive struct {
+	d    kvsp.PrefetchDirective
+	body []byte // as received, for idempotent re-POSTs
+
+	mu      sync.Mutex
+	pending bool
+	loaded  []kvsp.BlockKey
+	failed  []kvsp.BlockKey
+	doneAt  time.Time
+}
+
+func (d *directive) status() kvsp.PrefetchStatus {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	st := kvsp.PrefetchStatus{Directive: d.d.Directive, Loaded: append([]kvsp.BlockKey{}, d.loaded...), Failed: append([]kvsp.BlockKey{}, d.failed...)}
+	switch {
+	case d.pending:
+		st.State = kvsp.PrefetchPending
+	case len(d.failed) == 0:
+		st.State = kvsp.PrefetchComplete
+	case len(d.loaded) > 0:
+		st.State = kvsp.PrefetchPartial // the leading prefix loaded
+	default:
+		st.State = kvsp.PrefetchFailed
+	}
+	return st
+}
+
+func (d *directive) finishedBefore(t time.Time) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return !d.pending && d.doneAt.Before(t)
+}
+
+// ErrPendingQuota: too many directives pending (R-PF-13).
+var ErrPendingQuota = fmt.Errorf("%w: too many prefetch directives pending", kvsp.ErrTooManyRequests)
+
+// Prefetch accepts a directive (R-PF-2): it starts loading at once and
+// returns; body is the request body as received. A directive with the
+// same id and body is accepted again without effect; another body with
+// that id is 409. A draining or sleeping instance refuses (409
+// kvsp-invalid-state, R-ST-14, A-36).
+func (a *Agent) Prefetch(d *kvsp.PrefetchDirective, body []byte) error {
+	if d.ScopeID.IsZero() || d.CompatID != a.compat {
+		return fmt.Errorf("%w: this instance serves compat_id %s", kvsp.ErrIncompatible, a.compat)
+	}
+	received := time.Now()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if old := a.directives[d.Directive]; old != nil {
+		if !bytes.Equal(old.body, body) {
+			return fmt.Errorf("%w: directive %s exists with another body", kvsp.ErrConflict, d.Directive)
+		}
+		return nil
+	}
+	if a.state != kvsp.StateActive {
+		return fmt.Errorf("%w: the instance is %s", kvsp.ErrInvalidState, a.state)
+	}
+	pending := 0
+	for id, x := range a.directives {
+		st := x.status()
+		if st.State == kvsp.PrefetchPending {
+			pending++
+		} else if x.finishedBefore(received.Add(-time.Duration(x.d.LeaseMs) * time.Millisecond)) {
+			delete(a.directives, id) // kept lease_ms after completion
+		}
+	}
+	if pending >= a.cfg.MaxPending {
+		return ErrPendingQuota
+	}
+	x := &directive{d: *d, body: bytes.Clone(body), pending: true}
+	a.directives[d.Directive] = x
+	// deadline_ms counts from receipt.
+	ctx, cancel := context.WithDeadline(context.Background(), received.Add(time.Duration(d.DeadlineMs)*time.Millisecond))
+	go func() {
+		defer cancel()
+		a.run(ctx, x)
+	}()
+	return nil
+}
+
+// PrefetchStatus reads a directive's state.
+func (a *Agent) PrefetchStatus(id kvsp.UUID) (kvsp.PrefetchStatus, bool) {
+	a.mu.Lock()
+	x := a.directives[id]
+	a.mu.Unlock()
+	if x == nil {
+		return kvsp.PrefetchStatus{}, false
+	}
+	return x.status(), true
+}
+
+// run loads a directive's blocks in prefix order; it stops at the first
+// block it cannot load (later blocks are of no use without it) or at the
+// deadline.
+func (a *Agent) run(ctx context.Context, x *directive) {
+	d := &x.d
+	digests := a.layerDigests(ctx, d)
+	stop := false
+	for _, b := range d.Blocks {
+		if !stop {
+			err := a.load(ctx, d, b, digests)
+			if err == nil {
+				x.mu.Lock()
+				x.loaded = append(x.loaded, b.BlockKey)
+				x.mu.Unlock()
+				continue
+			}
+			a.log.Info("prefetch stopped", "directive", d.Directive.String(), "err", err)
+			stop = true
+		}
+		x.mu.Lock()
+		x.failed = append(x.failed, b.BlockKey)
+		x.mu.Unlock()
+	}
+	x.mu.Lock()
+	x.pending, x.doneAt = false, time.Now()
+	x.mu.Unlock()
+	a.m.directives.WithLabelValues(string(x.status().State)).Inc()
+	a.settle()
+}
+
+// layerDigests looks the directive's keys up at the IS for the layer
+// digests of each (holder, key), so layers are verified as they arrive;
+// without them (IS unreachable), blocks are verified whole (Repr-Digest)
+// before any layer is placed.
+func (a *Agent) layerDigests(ctx context.Context, d *kvsp.PrefetchDirective) map[string][]container.Digest {
+	out := map[string][]container.Digest{}
+	if a.cfg.Index == "" {
+		return out
+	}
+	keys := make([]kvsp.BlockKey, len(d.Blocks))
+	for i, b := range d.Blocks {
+		keys[i] = b.BlockKey
+	}
+	resp, err := a.cfg.Client.Index(a.cfg.Index).Lookup(ctx, &kvsp.LookupRequest{ScopeID: d.ScopeID, CompatID: d.CompatID, BlockKeys: keys})
+	if err != nil {
+		a.log.Warn("lookup for layer digests failed; verifying whole blocks", "err", err)
+		return out
+	}
+	for _, reps := range resp.Replicas {
+		for _, r := range reps {
+			ds := make([]container.Digest, len(r.LayerDigests))
+			for i, l := range r.LayerDigests {
+				ds[i] = container.Digest(l)
+			}
+			out[r.Holder+"|"+r.BlockKey.String()] = ds
+		}
+	}
+	return out
+}
+
+// load makes one block resident: already there, or from the first source
+// that serves it verified.
+func (a *Agent) load(ctx context.Context, d *kvsp.PrefetchDirective, b kvsp.PrefetchBlock, digests map[string][]container.Digest) error {
+	kv := a.cfg.Engine.KV()
+	if kv.Has(b.BlockKey) {
+		return nil
+	}
+	select {
+	case a.work <- struct{}{}:
+		defer func() { <-a.work }()
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	var errs []error
+	for _, src := range b.Sources {
+		err := a.fetch(ctx, d, b.BlockKey, src, digests[src+"|"+b.BlockKey.String()])
+		if err == nil {
+			a.m.blocks.WithLabelValues("loaded").Inc()
+			return nil
+		}
+		kv.Drop(b.BlockKey) // nothing unverified stays
+		if errors.Is(err, container.ErrDigestMismatch) || errors.Is(err, kvsp.ErrDigestMismatch) {
+			a.m.digestFailures.Inc()
+			a.log.Error("a replica failed verification; trying the next source", "holder", src)
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", src, err))
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	a.m.blocks.WithLabelValues("failed").Inc()
+	return errors.Join(errs...)
+}
+
+// fetch loads one block from one source under a lease.
+func (a *Agent) fetch(ctx context.Context, d *kvsp.PrefetchDirective, key kvsp.BlockKey, src string, layerDigests []container.Digest) error {
+	h := a.cfg.Client.Holder(src)
+	ls, err := h.Lease(ctx, &kvsp.LeaseRequest{ScopeID: d.ScopeID, CompatID: d.CompatID, BlockKeys: []kvsp.BlockKey{key}, TTLMs: d.LeaseMs})
+	if err != nil {
+		return fmt.Errorf("lease: %w", err)
+	}
+	defer func() { // the lease only covers the transfer
+		rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		h.ReleaseLease(rctx, ls.Lease)
+	}()
+	ref := client.BlockRef{Compat: d.CompatID, Scope: d.ScopeID, Key: key}
+	s, err := h.GetBlock(ctx, ref, a.g, client.GetOptions{LayerDigests: layerDigests, ReplicaCodec: container.CodecRaw})
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	kv := a.cfg.Engine.KV()
+	var held []container.Layer // without layer digests: placed once the whole block verified
+	for {
+		l, err := s.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		if layerDigests != nil {
+			if err := kv.WriteLayer(key, l.Index, l.K, l.V); err != nil {
+				return err
+			}
+			continue
+		}
+		held = append(held, container.Layer{Index: l.Index, K: bytes.Clone(l.K), V: bytes.Clone(l.V)})
+	}
+	for _, l := range held {
+		if err := kv.WriteLayer(key, l.Index, l.K, l.V); err != nil {
+			return err
+		}
+	}
+	if !kv.Has(key) {
+		return fmt.Errorf("%w: the block's layers are not all resident", kvsp.ErrLayersUnavailable)
+	}
+	if a.cfg.Holder != "" {
+		go a.store(d, key)
+	}
+	return nil
+}
+
+// store puts a loaded block at the instance's holder, which publishes the
+// new replica (best effort: the engine has it either way).
+func (a *Agent) store(d *kvsp.PrefetchDirective, key kvsp.BlockKey) {
+	hdr, err := container.NewHeader(container.CodecRaw, 0, a.g.Layers, a.g)
+	if err != nil {
+		return
+	}
+	var buf bytes.Buffer
+	w := container.NewWriter(&buf, hdr)
+	k, v := make([]byte, a.g.RawSectionLen()), make([]byte, a.g.RawSectionLen())
+	for l := uint32(0); l < a.g.Layers; l++ {
+		if a.cfg.Engine.KV().ReadLayer(key, l, k, v) != nil || w.WriteLayer(k, v) != nil {
+			return
+		}
+	}
+	dg, err := w.Close()
+	if err != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ref := client.BlockRef{Compat: d.CompatID, Scope: d.ScopeID, Key: key}
+	if err := a.cfg.Client.Holder(a.cfg.Holder).PutBlock(ctx, ref, &buf, int64(buf.Len()), dg.Container); err != nil && !errors.Is(err, client.ErrExists) {
+		a.log.Warn("storing a loaded block at the instance's holder failed", "err", err)
+	}
+}
+
+type metrics struct {
+	directives     *prometheus.CounterVec
+	blocks         *prometheus.CounterVec
+	digestFailures prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		directives: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_instance_directives_total",
+			Help: "Prefetch directives finished, by final state."}, []string{"state"}),
+		blocks: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_instance_prefetch_blocks_total",
+			Help: "Blocks a prefetch loaded or failed to load."}, []string{"outcome"}),
+		digestFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvsp_instance_digest_failures_total",
+			Help: "Replicas that failed verification during a prefetch."}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.directives, m.blocks, m.digestFailures)
+	}
+	return m
+}

@@ -1,0 +1,472 @@
+package instance_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net/http"
+	"os"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/client"
+	"github.com/kvsp/kvsp/container"
+	"github.com/kvsp/kvsp/controlplane/index"
+	"github.com/kvsp/kvsp/controlplane/instance"
+	"github.com/kvsp/kvsp/controlplane/placement"
+	"github.com/kvsp/kvsp/engine"
+	"github.com/kvsp/kvsp/engine/sim"
+	"github.com/kvsp/kvsp/holder"
+	"github.com/kvsp/kvsp/internal/kvsptest"
+	"github.com/kvsp/kvsp/server"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var desc = kvsp.Descriptor{Model: "sim/tiny", ModelDigest: kvsp.Digest{1}, TokenizerDigest: kvsp.Digest{2}, Layers: 4, KVHeads: 2, HeadDim: 16,
+	KVDType: "bf16", Positional: "rope", BlockTokens: 16, Layout: "kvsp-layout-1"}
+
+const agentID = "spiffe://kvsp.test/ii"
+
+// rig is a server on loopback with an IS, a source holder (h1), the
+// instance's own holder (hi), extra handlers for misbehaving holders, and
+// the agent (ii1) on a simulated engine.
+type rig struct {
+	srv      *kvsptest.Server
+	mem      *index.Memory
+	ctl      *placement.Controller
+	agent    *instance.Agent
+	eng      *sim.Engine
+	g        container.Geometry
+	compat   kvsp.CompatID
+	scopeKey kvsp.ScopeKey
+	pc       *client.Instance // the PC's identity, to the agent
+	front    *client.Client   // a front end
+	src      *client.Holder   // h1, as a client that fills it
+	hi       *client.Holder
+	url      func(string) string
+}
+
+func newRig(t *testing.T, extra func(r *server.Router)) *rig {
+	w := &rig{}
+	p := kvsptest.NewPKI(t)
+	w.mem = index.NewMemory(time.Second)
+	t.Cleanup(func() { w.mem.Close() })
+	svc, _ := index.New(index.Config{MaxTTL: time.Hour, MaxLookupKeys: 4096}, w.mem)
+	w.srv = kvsptest.StartServer(t, p, kvsptest.Options{}, func(s *server.Server) {
+		svc.Mount(s.Mount("/is/"))
+		if extra != nil {
+			extra(s.Mount("/bad/"))
+		}
+	})
+	w.url = w.srv.URL
+	// Identities whose speaks_for carry the server's port.
+	pol := `principals:
+  - {id: "` + kvsptest.PC + `", roles: [controller], scopes: [` + kvsptest.Scope + `]}
+  - {id: "` + kvsptest.Holder1 + `", roles: [holder], speaks_for: ["` + w.url("/h1/") + `", "` + w.url("/hi/") + `", "` + w.url("/bad/") + `"], scopes: [` + kvsptest.Scope + `]}
+  - {id: "` + kvsptest.ClientA + `", roles: [client], scopes: [` + kvsptest.Scope + `]}
+  - {id: "` + agentID + `", roles: [instance, client], speaks_for: ["` + w.url("/ii1/") + `"], scopes: [` + kvsptest.Scope + `]}
+`
+	os.WriteFile(p.Path("policy.yaml"), []byte(pol), 0o644)
+	if err := w.srv.Policy.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	mk := func(id string) *client.Client {
+		c, _ := client.New(client.Config{TLS: p.ClientTLS(p.Leaf(id)), Attempts: 1})
+		t.Cleanup(c.Close)
+		return c
+	}
+	hc := mk(kvsptest.Holder1)
+	var err error
+	w.compat, _ = desc.CompatID()
+	w.eng, err = sim.New(sim.Config{Descriptor: desc, PrefillTokensPerS: 42000, DecodeTokensPerS: 5000, BatchSize: 4, KVBlocks: 256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.g = w.eng.Geometry()
+	for _, base := range []string{"/h1/", "/hi/"} {
+		h, err := holder.New(holder.Config{Base: w.url(base), Geometries: map[kvsp.CompatID]container.Geometry{w.compat: w.g}, Capacity: 64 << 20,
+			ReadMbitPerS: 100000, Index: hc.Index(w.url("/is/")), RecordTTL: time.Minute,
+			LeaseQuota: holder.LeaseQuota{Octets: 64 << 20, MaxTTL: time.Minute, MaxLeases: 64}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { h.Close(context.Background()) })
+		h.Mount(w.srv.Server.Mount(base))
+	}
+	key := make([]byte, 32)
+	for i := range key {
+		key[i] = byte(i)
+	}
+	w.scopeKey, _ = kvsp.NewScopeKey(key)
+	w.ctl, _ = placement.New(placement.Config{Scopes: []kvsp.ScopeKey{w.scopeKey}, BlockTokens: map[kvsp.CompatID]int{w.compat: 16},
+		Index: mk(kvsptest.PC).Index(w.url("/is/")), Instances: placement.ClientInstances{C: mk(kvsptest.PC)}})
+	w.ctl.Mount(w.srv.Server.Mount("/pc/"))
+	w.agent, err = instance.New(instance.Config{Base: w.url("/ii1/"), Engine: w.eng, Client: mk(agentID), Index: w.url("/is/"), Holder: w.url("/hi/"),
+		Controller: w.url("/pc/"), StatusTTL: 300 * time.Millisecond, Scopes: []kvsp.ScopeKey{w.scopeKey}, Workers: 2, MaxPending: 4,
+		Links: []kvsp.Link{{Holder: w.url("/h1/"), MbitPerS: 100000, RTTUs: 20}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.agent.Mount(w.srv.Server.Mount("/ii1/"))
+	w.pc = mk(kvsptest.PC).Instance(w.url("/ii1/"))
+	w.front = mk(kvsptest.ClientA)
+	w.src = w.front.Holder(w.url("/h1/"))
+	w.hi = w.front.Holder(w.url("/hi/"))
+	return w
+}
+
+func prompt(blocks int) []uint32 {
+	out := make([]uint32, blocks*16+3)
+	for i := range out {
+		out[i] = uint32(11*i + 5)
+	}
+	return out
+}
+
+// container of block i of tokens, as the engine computes it.
+func (w *rig) blockBytes(t *testing.T, tokens []uint32, i int) ([]byte, container.Digests) {
+	hdr, _ := container.NewHeader(container.CodecRaw, 0, w.g.Layers, w.g)
+	var buf bytes.Buffer
+	cw := container.NewWriter(&buf, hdr)
+	k, v := make([]byte, w.g.RawSectionLen()), make([]byte, w.g.RawSectionLen())
+	h := sim.PrefixHashes(tokens, 16)[i]
+	for l := uint32(0); l < w.g.Layers; l++ {
+		sim.BlockContent(w.g, h, l, k, v)
+		cw.WriteLayer(k, v)
+	}
+	d, err := cw.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes(), d
+}
+
+// fill stores the first n blocks of tokens at h1 (which publishes them).
+func (w *rig) fill(t *testing.T, tokens []uint32, n int) []kvsp.BlockKey {
+	keys, _ := kvsp.BlockKeys(w.scopeKey, w.compat, 16, tokens)
+	for i := 0; i < n; i++ {
+		b, d := w.blockBytes(t, tokens, i)
+		ref := client.BlockRef{Compat: w.compat, Scope: w.scopeKey.ID(), Key: keys[i]}
+		if err := w.src.PutBlock(context.Background(), ref, bytes.NewReader(b), int64(len(b)), d.Container); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.waitPublished(t, keys[:n], w.url("/h1/"))
+	return keys
+}
+
+func (w *rig) waitPublished(t *testing.T, keys []kvsp.BlockKey, holderBase string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		resp, err := w.front.Index(w.url("/is/")).Lookup(context.Background(), &kvsp.LookupRequest{ScopeID: w.scopeKey.ID(), CompatID: w.compat, BlockKeys: keys})
+		if err == nil && resp.Matched == len(keys) {
+			ok := true
+			for _, reps := range resp.Replicas {
+				found := false
+				for _, r := range reps {
+					found = found || r.Holder == holderBase
+				}
+				ok = ok && found
+			}
+			if ok {
+				return
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("%d keys not published by %s", len(keys), holderBase)
+}
+
+func (w *rig) directive(keys []kvsp.BlockKey, sources func(i int) []string, deadlineMs uint64) *kvsp.PrefetchDirective {
+	d := &kvsp.PrefetchDirective{Directive: kvsp.NewUUID(), RequestRef: "r1", ScopeID: w.scopeKey.ID(), CompatID: w.compat,
+		LayerOrder: "ascending", DeadlineMs: deadlineMs, LeaseMs: 5000}
+	for i, k := range keys {
+		d.Blocks = append(d.Blocks, kvsp.PrefetchBlock{BlockKey: k, Sources: sources(i)})
+	}
+	return d
+}
+
+func (w *rig) wait(t *testing.T, id kvsp.UUID) *kvsp.PrefetchStatus {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		st, err := w.pc.PrefetchStatus(context.Background(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.State != kvsp.PrefetchPending {
+			return st
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatal("directive still pending")
+	return nil
+}
+
+func tokensOf(t *testing.T, e engine.Engine, req engine.Request) []uint32 {
+	var out []uint32
+	if err := e.Generate(context.Background(), req, func(tok engine.Token) error { out = append(out, tok.ID); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestPrefetchLoadsVerified: R-PF-2/4..9, A-17, A-18: a directive is
+// accepted with 202 and Location, loads every block under a lease with
+// layer digests verified, places the exact bytes the engine would have
+// computed (a generation gives the same tokens as a cold engine), stores
+// them at the instance's holder, which publishes them, and reports
+// complete; a re-POST with the same body is accepted again, another body
+// with the same id is 409.
+func TestPrefetchLoadsVerified(t *testing.T) {
+	w := newRig(t, nil)
+	tokens := prompt(6)
+	keys := w.fill(t, tokens, 6)
+	d := w.directive(keys[:6], func(int) []string { return []string{w.url("/h1/")} }, 5000)
+	loc, err := w.pc.Prefetch(context.Background(), d)
+	if err != nil || loc != "prefetch/"+d.Directive.String() {
+		t.Fatalf("POST prefetch: %q %v", loc, err)
+	}
+	st := w.wait(t, d.Directive)
+	if st.State != kvsp.PrefetchComplete || len(st.Loaded) != 6 || st.Loaded[5] != keys[5] || len(st.Failed) != 0 {
+		t.Fatalf("status %+v", st)
+	}
+	k, v := make([]byte, w.g.RawSectionLen()), make([]byte, w.g.RawSectionLen())
+	wk, wv := make([]byte, len(k)), make([]byte, len(v))
+	for i, h := range sim.PrefixHashes(tokens, 16)[:6] {
+		for l := uint32(0); l < w.g.Layers; l++ {
+			if err := w.eng.KV().ReadLayer(keys[i], l, k, v); err != nil {
+				t.Fatal(err)
+			}
+			sim.BlockContent(w.g, h, l, wk, wv)
+			if !bytes.Equal(k, wk) || !bytes.Equal(v, wv) {
+				t.Fatalf("block %d layer %d: loaded bytes differ from the engine's own", i, l)
+			}
+		}
+	}
+	cold, _ := sim.New(sim.Config{Descriptor: desc, PrefillTokensPerS: 42000, DecodeTokensPerS: 5000})
+	req := engine.Request{Tokens: tokens, Keys: keys, MaxTokens: 8, Sampler: engine.Sampler{Method: engine.Greedy}}
+	if a, b := tokensOf(t, w.eng, req), tokensOf(t, cold, req); !equal(a, b) {
+		t.Fatalf("prefetched %v, cold %v", a, b)
+	}
+	w.waitPublished(t, keys[:6], w.url("/hi/")) // stored at its holder, published
+	body, _ := kvsp.Marshal(d)
+	if _, err := w.pc.Prefetch(context.Background(), d); err != nil {
+		t.Fatalf("identical re-POST: %v (body %d octets)", err, len(body))
+	}
+	d.DeadlineMs++
+	if _, err := w.pc.Prefetch(context.Background(), d); !errors.Is(err, kvsp.ErrConflict) {
+		t.Fatalf("same id, another body: %v", err)
+	}
+}
+
+func equal(a, b []uint32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// badHolder answers leases, and serves for every block a well-formed
+// container of other content with its own Repr-Digest, or hangs (for keys
+// in hang) until the client gives up.
+type badHolder struct {
+	w    *rig
+	hang map[string]bool
+	gets chan string
+}
+
+func (b *badHolder) mount(r *server.Router) {
+	callers := server.Route{Roles: []server.Role{server.RoleClient, server.RoleInstance}}
+	r.Handle("POST", "leases", callers, func(rw http.ResponseWriter, req *http.Request) error {
+		var q kvsp.LeaseRequest
+		if err := server.DecodeJSON(req, &q); err != nil {
+			return err
+		}
+		rw.Header().Set("Location", "leases/x")
+		return server.WriteJSON(rw, http.StatusCreated, &kvsp.LeaseResponse{Lease: "x", TTLMs: q.TTLMs, BlockKeys: q.BlockKeys})
+	})
+	r.Handle("DELETE", "leases/{id}", callers, func(rw http.ResponseWriter, req *http.Request) error { return server.NoContent(rw) })
+	r.Handle("GET", "blocks/{compat}/{scope}/{key}", server.Route{Roles: callers.Roles, MaxBody: -1}, func(rw http.ResponseWriter, req *http.Request) error {
+		key := req.PathValue("key")
+		select {
+		case b.gets <- key:
+		default:
+		}
+		if b.hang[key] {
+			<-req.Context().Done()
+			return req.Context().Err()
+		}
+		body, d := b.w.blockBytes(nil, prompt(2), 0) // another prefix's block
+		rw.Header().Set("Content-Type", client.MediaTypeBlock)
+		rw.Header().Set("Repr-Digest", container.ReprDigest(d.Container))
+		rw.Write(body)
+		return nil
+	})
+}
+
+// claim publishes records for the bad holder with the true layer digests
+// of tokens' blocks (a holder claiming replicas it does not have).
+func (w *rig) claim(t *testing.T, tokens []uint32, keys []kvsp.BlockKey, blocks ...int) {
+	for _, i := range blocks {
+		_, d := w.blockBytes(t, tokens, i)
+		r := &kvsp.ReplicaRecord{BlockKey: keys[i], CompatID: w.compat, ScopeID: w.scopeKey.ID(), Holder: w.url("/bad/"), Codec: 1,
+			Size: 1, Digest: kvsp.Digest{1}, TTLMs: 60000, Residency: []kvsp.Residency{{Tier: kvsp.TierHost, Layers: kvsp.LayerRange{0, w.g.Layers - 1}}}}
+		for _, l := range d.Layers {
+			r.LayerDigests = append(r.LayerDigests, kvsp.LayerDigest(l))
+		}
+		if _, err := w.mem.Put(context.Background(), r, time.Minute, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestPrefetchFallbackPartialDeadline: a source whose bytes fail the layer
+// digests is counted and the next source used (never unverified bytes in
+// the engine); a block no source can serve ends the directive partial with
+// the leading prefix loaded; the deadline stops a transfer that hangs
+// (A-18); a draining instance refuses new directives (R-ST-14, A-36).
+func TestPrefetchFallbackPartialDeadline(t *testing.T) {
+	bad := &badHolder{hang: map[string]bool{}, gets: make(chan string, 64)}
+	w := newRig(t, bad.mount)
+	bad.w = w
+	tokens := prompt(5)
+	keys := w.fill(t, tokens, 3) // h1 has blocks 0-2 only
+	w.claim(t, tokens, keys, 0, 1, 2, 3, 4)
+	bad.hang[keys[4].String()] = true
+
+	// Blocks 0-2: bad first, then h1. Block 3: bad only (wrong bytes).
+	d := w.directive(keys[:4], func(i int) []string {
+		if i < 3 {
+			return []string{w.url("/bad/"), w.url("/h1/")}
+		}
+		return []string{w.url("/bad/")}
+	}, 5000)
+	if _, err := w.pc.Prefetch(context.Background(), d); err != nil {
+		t.Fatal(err)
+	}
+	st := w.wait(t, d.Directive)
+	if st.State != kvsp.PrefetchPartial || len(st.Loaded) != 3 || len(st.Failed) != 1 || st.Failed[0] != keys[3] {
+		t.Fatalf("status %+v", st)
+	}
+	tried := map[string]bool{}
+	for len(bad.gets) > 0 {
+		tried[<-bad.gets] = true
+	}
+	for i := 0; i < 4; i++ {
+		if !tried[keys[i].String()] {
+			t.Fatalf("block %d was not tried at the bad source first", i)
+		}
+	}
+	if w.eng.KV().Has(keys[3]) {
+		t.Fatal("a block that failed verification is in the engine")
+	}
+	k, v := make([]byte, w.g.RawSectionLen()), make([]byte, w.g.RawSectionLen())
+	wk, wv := make([]byte, len(k)), make([]byte, len(v))
+	w.eng.KV().ReadLayer(keys[2], 3, k, v)
+	sim.BlockContent(w.g, sim.PrefixHashes(tokens, 16)[2], 3, wk, wv)
+	if !bytes.Equal(k, wk) || !bytes.Equal(v, wv) {
+		t.Fatal("the fallback source's bytes are not the right ones")
+	}
+
+	// Block 4's only source hangs: the deadline ends the directive.
+	t0 := time.Now()
+	d2 := w.directive(keys[4:5], func(int) []string { return []string{w.url("/bad/")} }, 300)
+	if _, err := w.pc.Prefetch(context.Background(), d2); err != nil {
+		t.Fatal(err)
+	}
+	st = w.wait(t, d2.Directive)
+	if st.State != kvsp.PrefetchFailed || len(st.Failed) != 1 || time.Since(t0) < 300*time.Millisecond || time.Since(t0) > 3*time.Second {
+		t.Fatalf("deadline: %+v after %v", st, time.Since(t0))
+	}
+
+	// Draining with nothing in progress settles to sleeping at once
+	// (R-ST-15); no new directives then; sleeping cannot drain (A-19);
+	// the PC can make it active again.
+	if st, err := w.pc.SetState(context.Background(), kvsp.StateDraining); err != nil || st.State != kvsp.StateSleeping {
+		t.Fatalf("draining with nothing to do: %v %v", st, err)
+	}
+	if _, err := w.pc.Prefetch(context.Background(), w.directive(keys[:1], func(int) []string { return []string{w.url("/h1/")} }, 100)); !errors.Is(err, kvsp.ErrInvalidState) {
+		t.Fatalf("prefetch while sleeping: %v", err)
+	}
+	if _, err := w.pc.SetState(context.Background(), kvsp.StateDraining); !errors.Is(err, kvsp.ErrInvalidState) {
+		t.Fatalf("sleeping to draining: %v", err)
+	}
+	if st, err := w.pc.SetState(context.Background(), kvsp.StateActive); err != nil || st.State != kvsp.StateActive {
+		t.Fatalf("wake: %v %v", st, err)
+	}
+}
+
+// TestStatusPlaceGenerate: the agent reports status every ttl/3 (R-ST-1)
+// and the PC knows it (epoch from its start time, its model, active); a
+// request placed by the PC is run by POST generate, tokens streamed with
+// their index and the session's epoch; draining lets the running
+// generation deliver every token (R-ST-13), refuses new ones (R-ST-14),
+// then sleeps (R-ST-15).
+func TestStatusPlaceGenerate(t *testing.T) {
+	w := newRig(t, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { w.agent.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		s, ok := w.ctl.Registry().Get(w.url("/ii1/"))
+		if ok && s.State == kvsp.StateActive && s.Status.CompatID == w.compat && s.Status.Epoch > 1e12 && len(s.Status.Links) == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the PC does not know the instance: %+v %v", s, ok)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	tokens := prompt(3)
+	w.fill(t, tokens, 3)
+	pl, err := w.front.Controller(w.url("/pc/")).Place(context.Background(), &kvsp.PlaceRequest{ScopeID: w.scopeKey.ID(), CompatID: w.compat, Tokens: tokens, MaxTokens: 2000})
+	if err != nil || pl.Instance != w.url("/ii1/") || pl.Matched != 3 || pl.Directive == nil {
+		t.Fatalf("place: %+v %v", pl, err)
+	}
+	ii := w.front.Instance(pl.Instance)
+	var got []kvsp.GeneratedToken
+	gen := make(chan error, 1)
+	go func() {
+		gen <- ii.Generate(context.Background(), &kvsp.GenerateRequest{Session: pl.Session, Epoch: pl.Epoch, ScopeID: w.scopeKey.ID(),
+			CompatID: w.compat, Tokens: tokens, MaxTokens: 2000}, func(tok kvsp.GeneratedToken) error { got = append(got, tok); return nil })
+	}()
+	time.Sleep(20 * time.Millisecond) // the generation is running
+	if st, err := w.pc.SetState(context.Background(), kvsp.StateDraining); err != nil || st.State != kvsp.StateDraining {
+		t.Fatalf("drain while generating: %v %v", st, err)
+	}
+	err = ii.Generate(context.Background(), &kvsp.GenerateRequest{Session: kvsp.NewUUID(), Epoch: 1, ScopeID: w.scopeKey.ID(),
+		CompatID: w.compat, Tokens: tokens, MaxTokens: 1}, func(kvsp.GeneratedToken) error { return nil })
+	if !errors.Is(err, kvsp.ErrInvalidState) {
+		t.Fatalf("a new generation while draining: %v", err)
+	}
+	if err := <-gen; err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2000 || got[1999].Index != 1999 || got[0].Epoch != pl.Epoch {
+		t.Fatalf("%d tokens, last %+v", len(got), got[len(got)-1])
+	}
+	keys, _ := kvsp.BlockKeys(w.scopeKey, w.compat, 16, tokens)
+	cold, _ := sim.New(sim.Config{Descriptor: desc, PrefillTokensPerS: 42000, DecodeTokensPerS: 5000})
+	want := tokensOf(t, cold, engine.Request{Tokens: tokens, Keys: keys, MaxTokens: 2000, Sampler: engine.Sampler{Method: engine.Greedy}})
+	for i := range want {
+		if got[i].Token != want[i] {
+			t.Fatalf("token %d: %d, want %d", i, got[i].Token, want[i])
+		}
+	}
+	if s := w.agent.State(); s != kvsp.StateSleeping {
+		t.Fatalf("after draining: %s, want sleeping", s)
+	}
+}

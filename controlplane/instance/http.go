@@ -1,0 +1,150 @@
+package instance
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+
+	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/engine"
+	"github.com/kvsp/kvsp/server"
+)
+
+// Mount adds the instance's routes under r: prefetch (POST, GET) and PUT
+// state of the resource table (callers: the controller), and POST
+// generate for front ends (the client role and the request's scope).
+// Resume and reshard come with the session and resharding issue.
+func (a *Agent) Mount(r *server.Router) error {
+	handlers := map[string]server.HandlerFunc{
+		"POST prefetch":     a.postPrefetch,
+		"GET prefetch/{id}": a.getPrefetch,
+		"PUT state":         a.putState,
+	}
+	for _, rt := range server.RoutesOf(server.RoleInstance) {
+		if h := handlers[rt.Method+" "+rt.Path]; h != nil {
+			r.Handle(rt.Method, rt.Path, rt.Route(), h)
+		}
+	}
+	r.Handle("POST", "generate", server.Route{Roles: []server.Role{server.RoleClient}, MaxBody: 8 << 20}, a.generate)
+	return nil
+}
+
+func (a *Agent) postPrefetch(w http.ResponseWriter, r *http.Request) error {
+	if err := server.RequireMediaType(r, kvsp.MediaType); err != nil {
+		return err
+	}
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return err
+		}
+		return fmt.Errorf("%w: reading body: %v", kvsp.ErrInvalid, err)
+	}
+	var d kvsp.PrefetchDirective
+	if err := kvsp.Decode(body, &d); err != nil {
+		return err
+	}
+	if err := a.Prefetch(&d, body); err != nil {
+		return err
+	}
+	w.Header().Set("Location", "prefetch/"+d.Directive.String())
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusAccepted)
+	return nil
+}
+
+func (a *Agent) getPrefetch(w http.ResponseWriter, r *http.Request) error {
+	id, err := kvsp.ParseUUID(r.PathValue("id"))
+	if err != nil {
+		return fmt.Errorf("%w: directive id", kvsp.ErrInvalid)
+	}
+	st, ok := a.PrefetchStatus(id)
+	if !ok {
+		return fmt.Errorf("%w: directive", kvsp.ErrNotFound)
+	}
+	return server.WriteJSON(w, http.StatusOK, &st)
+}
+
+func (a *Agent) putState(w http.ResponseWriter, r *http.Request) error {
+	var b kvsp.StateBody
+	if err := server.DecodeJSON(r, &b); err != nil {
+		return err
+	}
+	if err := a.setState(b.State); err != nil {
+		return err
+	}
+	return server.WriteJSON(w, http.StatusOK, &kvsp.StateBody{State: a.State()})
+}
+
+// generate runs a placed request and streams its tokens (kvsp's inference
+// API; the spec leaves it out of scope): one GeneratedToken per line,
+// flushed as produced, then a line with done.
+func (a *Agent) generate(w http.ResponseWriter, r *http.Request) error {
+	var q kvsp.GenerateRequest
+	if err := server.DecodeJSON(r, &q); err != nil {
+		return err
+	}
+	if !server.PrincipalFrom(r.Context()).MayUseScope(q.ScopeID) {
+		return fmt.Errorf("%w: generate", kvsp.ErrScopeDenied)
+	}
+	key, ok := a.keys[q.ScopeID]
+	if !ok {
+		return fmt.Errorf("%w: this instance holds no key for the scope", kvsp.ErrScopeDenied)
+	}
+	if q.CompatID != a.compat {
+		return fmt.Errorf("%w: this instance serves compat_id %s", kvsp.ErrIncompatible, a.compat)
+	}
+	a.mu.Lock()
+	if a.state != kvsp.StateActive { // R-ST-14: no new sessions
+		st := a.state
+		a.mu.Unlock()
+		return fmt.Errorf("%w: the instance is %s", kvsp.ErrInvalidState, st)
+	}
+	a.running++
+	a.mu.Unlock()
+	defer func() {
+		a.mu.Lock()
+		a.running--
+		a.mu.Unlock()
+		a.settle()
+	}()
+	keys, err := kvsp.BlockKeys(key, q.CompatID, int(a.g.BlockTokens), q.Tokens)
+	if err != nil {
+		return err
+	}
+	req := engine.Request{Tokens: q.Tokens, Keys: keys, MaxTokens: int(q.MaxTokens), Sampler: engine.Sampler{Method: engine.Greedy}}
+	if s := q.Sampler; s != nil {
+		req.Sampler = engine.Sampler{Method: s.Method, Seed: s.Seed}
+		if p, ok := s.Params["p"].(float64); ok {
+			req.Sampler.P = p
+		}
+	}
+	w.Header().Set("Content-Type", kvsp.MediaTypeTokens)
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	bw := bufio.NewWriter(w)
+	flusher, _ := w.(http.Flusher)
+	line := func(t kvsp.GeneratedToken) error {
+		b, _ := kvsp.Marshal(&t)
+		bw.Write(append(b, '\n'))
+		if err := bw.Flush(); err != nil {
+			return err
+		}
+		if flusher != nil {
+			flusher.Flush()
+		}
+		return nil
+	}
+	err = a.cfg.Engine.Generate(r.Context(), req, func(t engine.Token) error {
+		return line(kvsp.GeneratedToken{Index: uint64(t.Index), Epoch: q.Epoch, Token: t.ID})
+	})
+	if err != nil {
+		// The status is sent: the stream ends without its done line.
+		a.log.Warn("generation failed", "session", q.Session.String(), "err", err)
+		return nil
+	}
+	return line(kvsp.GeneratedToken{Index: q.MaxTokens, Epoch: q.Epoch, Done: true})
+}
