@@ -432,7 +432,7 @@ func TestStatusPlaceGenerate(t *testing.T) {
 	}
 	tokens := prompt(3)
 	w.fill(t, tokens, 3)
-	pl, err := w.front.Controller(w.url("/pc/")).Place(context.Background(), &kvsp.PlaceRequest{ScopeID: w.scopeKey.ID(), CompatID: w.compat, Tokens: tokens, MaxTokens: 2000})
+	pl, err := w.front.Controller(w.url("/pc/")).Place(context.Background(), &kvsp.PlaceRequest{ScopeID: w.scopeKey.ID(), CompatID: w.compat, Tokens: tokens, MaxTokens: 600})
 	if err != nil || pl.Instance != w.url("/ii1/") || pl.Matched != 3 || pl.Directive == nil {
 		t.Fatalf("place: %+v %v", pl, err)
 	}
@@ -441,7 +441,7 @@ func TestStatusPlaceGenerate(t *testing.T) {
 	gen := make(chan error, 1)
 	go func() {
 		gen <- ii.Generate(context.Background(), &kvsp.GenerateRequest{Session: pl.Session, Epoch: pl.Epoch, ScopeID: w.scopeKey.ID(),
-			CompatID: w.compat, Tokens: tokens, MaxTokens: 2000}, func(tok kvsp.GeneratedToken) error { got = append(got, tok); return nil })
+			CompatID: w.compat, Tokens: tokens, MaxTokens: 600}, func(tok kvsp.GeneratedToken) error { got = append(got, tok); return nil })
 	}()
 	time.Sleep(20 * time.Millisecond) // the generation is running
 	if st, err := w.pc.SetState(context.Background(), kvsp.StateDraining); err != nil || st.State != kvsp.StateDraining {
@@ -455,12 +455,12 @@ func TestStatusPlaceGenerate(t *testing.T) {
 	if err := <-gen; err != nil {
 		t.Fatal(err)
 	}
-	if len(got) != 2000 || got[1999].Index != 1999 || got[0].Epoch != pl.Epoch {
+	if len(got) != 600 || got[599].Index != 599 || got[0].Epoch != pl.Epoch {
 		t.Fatalf("%d tokens, last %+v", len(got), got[len(got)-1])
 	}
 	keys, _ := kvsp.BlockKeys(w.scopeKey, w.compat, 16, tokens)
 	cold, _ := sim.New(sim.Config{Descriptor: desc, PrefillTokensPerS: 42000, DecodeTokensPerS: 5000})
-	want := tokensOf(t, cold, engine.Request{Tokens: tokens, Keys: keys, MaxTokens: 2000, Sampler: engine.Sampler{Method: engine.Greedy}})
+	want := tokensOf(t, cold, engine.Request{Tokens: tokens, Keys: keys, MaxTokens: 600, Sampler: engine.Sampler{Method: engine.Greedy}})
 	for i := range want {
 		if got[i].Token != want[i] {
 			t.Fatalf("token %d: %d, want %d", i, got[i].Token, want[i])
