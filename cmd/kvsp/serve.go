@@ -25,7 +25,9 @@ import (
 	"github.com/kvsp/kvsp/client"
 	"github.com/kvsp/kvsp/container"
 	"github.com/kvsp/kvsp/controlplane/index"
+	"github.com/kvsp/kvsp/controlplane/instance"
 	"github.com/kvsp/kvsp/controlplane/placement"
+	"github.com/kvsp/kvsp/engine/sim"
 	"github.com/kvsp/kvsp/holder"
 	"github.com/kvsp/kvsp/holder/tier"
 	"github.com/kvsp/kvsp/internal/config"
@@ -246,15 +248,55 @@ func mountRoles(srv *server.Server, cfg *config.Config, log *slog.Logger, reg pr
 		}
 		log.Info("role mounted", "role", "controller", "base", x.Base)
 	}
-	var pending []string
-	for _, x := range cfg.Instances {
-		pending = append(pending, x.Base)
-	}
-	for _, b := range pending {
-		srv.Mount(basePath(b))
-		log.Info("role base mounted; its handlers land with their issue", "base", b)
+	if len(cfg.Instances) > 0 {
+		ic, err := processClient(cfg, log)
+		if err != nil {
+			closeAll()
+			return nil, err
+		}
+		closers = append(closers, ic.Close)
+		var keys []kvsp.ScopeKey
+		for _, e := range cfg.ScopeKeys {
+			keys = append(keys, e.Key)
+		}
+		for i := range cfg.Instances {
+			x := &cfg.Instances[i]
+			a, err := newInstance(x, ic, keys, log, prometheus.WrapRegistererWith(prometheus.Labels{"ii": x.Base}, reg))
+			if err != nil {
+				closeAll()
+				return nil, fmt.Errorf("instances[%d]: %w", i, err)
+			}
+			if err := a.Mount(srv.Mount(basePath(x.Base))); err != nil {
+				closeAll()
+				return nil, err
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() { a.Run(ctx); close(done) }()
+			closers = append([]func(){func() { cancel(); <-done }}, closers...)
+			log.Info("role mounted", "role", "instance", "base", x.Base, "engine", x.Engine.Kind)
+		}
 	}
 	return closeAll, nil
+}
+
+// newInstance builds an instance agent over its engine (the simulated
+// engine: real engines attach through package engine).
+func newInstance(x *config.Instance, c *client.Client, keys []kvsp.ScopeKey, log *slog.Logger, reg prometheus.Registerer) (*instance.Agent, error) {
+	d, err := loadDescriptor(x.Engine.Descriptor)
+	if err != nil {
+		return nil, fmt.Errorf("descriptor %s: %w", x.Engine.Descriptor, err)
+	}
+	eng, err := sim.New(sim.Config{Descriptor: d, PrefillTokensPerS: x.Engine.PrefillTokensPerS, DecodeTokensPerS: x.Engine.DecodeTokensPerS})
+	if err != nil {
+		return nil, err
+	}
+	var links []kvsp.Link
+	for _, l := range x.Links {
+		links = append(links, kvsp.Link{Holder: l.Holder, MbitPerS: l.MbitPerS, RTTUs: l.RTTUs})
+	}
+	return instance.New(instance.Config{Base: x.Base, Engine: eng, Client: c, Controller: x.Controller, Index: x.Index, Holder: x.Holder,
+		Links: links, Scopes: keys, Logger: log, Registerer: reg})
 }
 
 // processClient is the client this process calls other roles with, under

@@ -139,6 +139,16 @@ type Instance struct {
 	Index      string `yaml:"index"`
 	Holder     string `yaml:"holder"`
 	Engine     Engine `yaml:"engine"`
+	// Links are the instance's links to holders, reported in its status
+	// so placement can estimate fetch times (R-ST-17).
+	Links []Link `yaml:"links"`
+}
+
+// Link is an instance's link to a holder.
+type Link struct {
+	Holder   string `yaml:"holder"`
+	MbitPerS uint64 `yaml:"mbit_per_s"`
+	RTTUs    uint64 `yaml:"rtt_us"`
 }
 
 // Engine configures an instance's engine.
@@ -468,6 +478,15 @@ func (c *Config) validate() error {
 		}
 		if x.Engine.PrefillTokensPerS <= 0 || x.Engine.DecodeTokensPerS <= 0 {
 			return fieldErr(f+".engine", "prefill_tokens_per_s and decode_tokens_per_s must be positive")
+		}
+		for j, l := range x.Links {
+			lf := fmt.Sprintf("%s.links[%d]", f, j)
+			if err := checkBase(lf+".holder", l.Holder, true); err != nil {
+				return err
+			}
+			if l.MbitPerS == 0 {
+				return fieldErr(lf+".mbit_per_s", "required, at least 1")
+			}
 		}
 	}
 	return nil
