@@ -45,7 +45,8 @@ type Config struct {
 	Scopes []kvsp.ScopeKey
 	// StatusTTL is the ttl_ms of its status records; default 3s.
 	StatusTTL time.Duration
-	// Workers bounds the blocks being transferred at once; default 2.
+	// Workers bounds the blocks being transferred at once (the transfer
+	// budget shared by all directives); default 4.
 	Workers int
 	// MaxPending bounds the directives pending at once (R-PF-13, 429);
 	// default 16.
@@ -88,7 +89,7 @@ func New(cfg Config) (*Agent, error) {
 		cfg.StatusTTL = 3 * time.Second
 	}
 	if cfg.Workers == 0 {
-		cfg.Workers = 2
+		cfg.Workers = 4
 	}
 	if cfg.MaxPending == 0 {
 		cfg.MaxPending = 16
@@ -194,11 +195,12 @@ type directive struct {
 	d    kvsp.PrefetchDirective
 	body []byte // as received, for idempotent re-POSTs
 
-	mu      sync.Mutex
-	pending bool
-	loaded  []kvsp.BlockKey
-	failed  []kvsp.BlockKey
-	doneAt  time.Time
+	mu        sync.Mutex
+	pending   bool
+	anyFailed bool
+	loaded    []kvsp.BlockKey
+	failed    []kvsp.BlockKey
+	doneAt    time.Time
 }
 
 func (d *directive) status() kvsp.PrefetchStatus {
@@ -282,34 +284,120 @@ func (a *Agent) PrefetchStatus(id kvsp.UUID) (kvsp.PrefetchStatus, bool) {
 	return x.status(), true
 }
 
-// run loads a directive's blocks in prefix order; it stops at the first
-// block it cannot load (later blocks are of no use without it) or at the
-// deadline.
+// run loads a directive's blocks, up to Workers at once, started in
+// prefix order. Only the leading run of loaded blocks counts (keys chain):
+// loaded lists it as it grows, and everything after the first block that
+// could not be loaded (or the deadline) is failed. Blocks whose first
+// source is the same holder are leased together, one request per holder
+// (per-block leases when that fails).
 func (a *Agent) run(ctx context.Context, x *directive) {
 	d := &x.d
 	digests := a.layerDigests(ctx, d)
-	stop := false
-	for _, b := range d.Blocks {
-		if !stop {
-			err := a.load(ctx, d, b, digests)
-			if err == nil {
-				x.mu.Lock()
-				x.loaded = append(x.loaded, b.BlockKey)
-				x.mu.Unlock()
-				continue
-			}
-			a.log.Info("prefetch stopped", "directive", d.Directive.String(), "err", err)
-			stop = true
+	covered, release := a.leaseGroups(ctx, d)
+	defer release()
+	n := len(d.Blocks)
+	ok := make([]bool, n)
+	var (
+		mu   sync.Mutex
+		next int // first block not yet known loaded
+		wg   sync.WaitGroup
+	)
+	for i, b := range d.Blocks {
+		select { // a transfer slot, taken in prefix order
+		case a.work <- struct{}{}:
+		case <-ctx.Done():
 		}
-		x.mu.Lock()
-		x.failed = append(x.failed, b.BlockKey)
-		x.mu.Unlock()
+		if ctx.Err() != nil {
+			break
+		}
+		mu.Lock()
+		stop := next < i && !ok[next] && x.hasFailed()
+		mu.Unlock()
+		if stop {
+			<-a.work
+			break
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := a.load(ctx, d, b, digests, covered[b.BlockKey])
+			<-a.work
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				a.log.Info("prefetch block not loaded", "directive", d.Directive.String(), "block", i, "err", err)
+				x.markFailed()
+				return
+			}
+			ok[i] = true
+			for next < n && ok[next] {
+				x.mu.Lock()
+				x.loaded = append(x.loaded, d.Blocks[next].BlockKey)
+				x.mu.Unlock()
+				next++
+			}
+		}()
 	}
+	wg.Wait()
 	x.mu.Lock()
+	for _, b := range d.Blocks[len(x.loaded):] {
+		x.failed = append(x.failed, b.BlockKey)
+	}
 	x.pending, x.doneAt = false, time.Now()
 	x.mu.Unlock()
 	a.m.directives.WithLabelValues(string(x.status().State)).Inc()
 	a.settle()
+}
+
+func (d *directive) markFailed() {
+	d.mu.Lock()
+	d.anyFailed = true
+	d.mu.Unlock()
+}
+
+func (d *directive) hasFailed() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.anyFailed
+}
+
+// leaseGroups leases, at each holder that is some blocks' first source,
+// all those blocks in one request. It returns the keys so covered and a
+// function that releases the leases (A-18: they only cover the transfer).
+func (a *Agent) leaseGroups(ctx context.Context, d *kvsp.PrefetchDirective) (map[kvsp.BlockKey]bool, func()) {
+	groups := map[string][]kvsp.BlockKey{}
+	var order []string
+	kv := a.cfg.Engine.KV()
+	for _, b := range d.Blocks {
+		if len(b.Sources) == 0 || kv.Has(b.BlockKey) {
+			continue
+		}
+		s := b.Sources[0]
+		if groups[s] == nil {
+			order = append(order, s)
+		}
+		groups[s] = append(groups[s], b.BlockKey)
+	}
+	covered := map[kvsp.BlockKey]bool{}
+	type held struct{ src, id string }
+	var leases []held
+	for _, s := range order {
+		ls, err := a.cfg.Client.Holder(s).Lease(ctx, &kvsp.LeaseRequest{ScopeID: d.ScopeID, CompatID: d.CompatID, BlockKeys: groups[s], TTLMs: d.LeaseMs})
+		if err != nil {
+			continue // per-block leases then
+		}
+		leases = append(leases, held{s, ls.Lease})
+		for _, k := range groups[s] {
+			covered[k] = true
+		}
+	}
+	return covered, func() {
+		rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		for _, l := range leases {
+			a.cfg.Client.Holder(l.src).ReleaseLease(rctx, l.id)
+		}
+	}
 }
 
 // layerDigests looks the directive's keys up at the IS for the layer
@@ -344,20 +432,14 @@ func (a *Agent) layerDigests(ctx context.Context, d *kvsp.PrefetchDirective) map
 
 // load makes one block resident: already there, or from the first source
 // that serves it verified.
-func (a *Agent) load(ctx context.Context, d *kvsp.PrefetchDirective, b kvsp.PrefetchBlock, digests map[string][]container.Digest) error {
+func (a *Agent) load(ctx context.Context, d *kvsp.PrefetchDirective, b kvsp.PrefetchBlock, digests map[string][]container.Digest, leased bool) error {
 	kv := a.cfg.Engine.KV()
 	if kv.Has(b.BlockKey) {
 		return nil
 	}
-	select {
-	case a.work <- struct{}{}:
-		defer func() { <-a.work }()
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 	var errs []error
-	for _, src := range b.Sources {
-		err := a.fetch(ctx, d, b.BlockKey, src, digests[src+"|"+b.BlockKey.String()])
+	for i, src := range b.Sources {
+		err := a.fetch(ctx, d, b.BlockKey, src, digests[src+"|"+b.BlockKey.String()], leased && i == 0)
 		if err == nil {
 			a.m.blocks.WithLabelValues("loaded").Inc()
 			return nil
@@ -376,18 +458,21 @@ func (a *Agent) load(ctx context.Context, d *kvsp.PrefetchDirective, b kvsp.Pref
 	return errors.Join(errs...)
 }
 
-// fetch loads one block from one source under a lease.
-func (a *Agent) fetch(ctx context.Context, d *kvsp.PrefetchDirective, key kvsp.BlockKey, src string, layerDigests []container.Digest) error {
+// fetch loads one block from one source under a lease (its own, unless
+// the block is covered by its group's).
+func (a *Agent) fetch(ctx context.Context, d *kvsp.PrefetchDirective, key kvsp.BlockKey, src string, layerDigests []container.Digest, leased bool) error {
 	h := a.cfg.Client.Holder(src)
-	ls, err := h.Lease(ctx, &kvsp.LeaseRequest{ScopeID: d.ScopeID, CompatID: d.CompatID, BlockKeys: []kvsp.BlockKey{key}, TTLMs: d.LeaseMs})
-	if err != nil {
-		return fmt.Errorf("lease: %w", err)
+	if !leased {
+		ls, err := h.Lease(ctx, &kvsp.LeaseRequest{ScopeID: d.ScopeID, CompatID: d.CompatID, BlockKeys: []kvsp.BlockKey{key}, TTLMs: d.LeaseMs})
+		if err != nil {
+			return fmt.Errorf("lease: %w", err)
+		}
+		defer func() { // the lease only covers the transfer
+			rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			h.ReleaseLease(rctx, ls.Lease)
+		}()
 	}
-	defer func() { // the lease only covers the transfer
-		rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		h.ReleaseLease(rctx, ls.Lease)
-	}()
 	ref := client.BlockRef{Compat: d.CompatID, Scope: d.ScopeID, Key: key}
 	s, err := h.GetBlock(ctx, ref, a.g, client.GetOptions{LayerDigests: layerDigests, ReplicaCodec: container.CodecRaw})
 	if err != nil {

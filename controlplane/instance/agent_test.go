@@ -50,8 +50,22 @@ type rig struct {
 	url      func(string) string
 }
 
-func newRig(t *testing.T, extra func(r *server.Router)) *rig {
+// rigOptions vary the rig: extra mounts handlers at /bad/; d is the
+// engine's descriptor (default desc); noStore leaves the agent without a
+// holder of its own.
+type rigOptions struct {
+	extra   func(r *server.Router)
+	d       *kvsp.Descriptor
+	noStore bool
+}
+
+func newRig(t testing.TB, o rigOptions) *rig {
 	w := &rig{}
+	extra := o.extra
+	d := desc
+	if o.d != nil {
+		d = *o.d
+	}
 	p := kvsptest.NewPKI(t)
 	w.mem = index.NewMemory(time.Second)
 	t.Cleanup(func() { w.mem.Close() })
@@ -81,16 +95,16 @@ func newRig(t *testing.T, extra func(r *server.Router)) *rig {
 	}
 	hc := mk(kvsptest.Holder1)
 	var err error
-	w.compat, _ = desc.CompatID()
-	w.eng, err = sim.New(sim.Config{Descriptor: desc, PrefillTokensPerS: 42000, DecodeTokensPerS: 5000, BatchSize: 4, KVBlocks: 256})
+	w.compat, _ = d.CompatID()
+	w.eng, err = sim.New(sim.Config{Descriptor: d, PrefillTokensPerS: 42000, DecodeTokensPerS: 5000, BatchSize: 4, KVBlocks: 256})
 	if err != nil {
 		t.Fatal(err)
 	}
 	w.g = w.eng.Geometry()
 	for _, base := range []string{"/h1/", "/hi/"} {
-		h, err := holder.New(holder.Config{Base: w.url(base), Geometries: map[kvsp.CompatID]container.Geometry{w.compat: w.g}, Capacity: 64 << 20,
+		h, err := holder.New(holder.Config{Base: w.url(base), Geometries: map[kvsp.CompatID]container.Geometry{w.compat: w.g}, Capacity: 512 << 20,
 			ReadMbitPerS: 100000, Index: hc.Index(w.url("/is/")), RecordTTL: time.Minute,
-			LeaseQuota: holder.LeaseQuota{Octets: 64 << 20, MaxTTL: time.Minute, MaxLeases: 64}})
+			LeaseQuota: holder.LeaseQuota{Octets: 512 << 20, MaxTTL: time.Minute, MaxLeases: 256}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -105,8 +119,12 @@ func newRig(t *testing.T, extra func(r *server.Router)) *rig {
 	w.ctl, _ = placement.New(placement.Config{Scopes: []kvsp.ScopeKey{w.scopeKey}, BlockTokens: map[kvsp.CompatID]int{w.compat: 16},
 		Index: mk(kvsptest.PC).Index(w.url("/is/")), Instances: placement.ClientInstances{C: mk(kvsptest.PC)}})
 	w.ctl.Mount(w.srv.Server.Mount("/pc/"))
-	w.agent, err = instance.New(instance.Config{Base: w.url("/ii1/"), Engine: w.eng, Client: mk(agentID), Index: w.url("/is/"), Holder: w.url("/hi/"),
-		Controller: w.url("/pc/"), StatusTTL: 300 * time.Millisecond, Scopes: []kvsp.ScopeKey{w.scopeKey}, Workers: 2, MaxPending: 4,
+	own := w.url("/hi/")
+	if o.noStore {
+		own = ""
+	}
+	w.agent, err = instance.New(instance.Config{Base: w.url("/ii1/"), Engine: w.eng, Client: mk(agentID), Index: w.url("/is/"), Holder: own,
+		Controller: w.url("/pc/"), StatusTTL: 300 * time.Millisecond, Scopes: []kvsp.ScopeKey{w.scopeKey}, Workers: 4, MaxPending: 4,
 		Links: []kvsp.Link{{Holder: w.url("/h1/"), MbitPerS: 100000, RTTUs: 20}}})
 	if err != nil {
 		t.Fatal(err)
@@ -128,7 +146,7 @@ func prompt(blocks int) []uint32 {
 }
 
 // container of block i of tokens, as the engine computes it.
-func (w *rig) blockBytes(t *testing.T, tokens []uint32, i int) ([]byte, container.Digests) {
+func (w *rig) blockBytes(t testing.TB, tokens []uint32, i int) ([]byte, container.Digests) {
 	hdr, _ := container.NewHeader(container.CodecRaw, 0, w.g.Layers, w.g)
 	var buf bytes.Buffer
 	cw := container.NewWriter(&buf, hdr)
@@ -146,7 +164,7 @@ func (w *rig) blockBytes(t *testing.T, tokens []uint32, i int) ([]byte, containe
 }
 
 // fill stores the first n blocks of tokens at h1 (which publishes them).
-func (w *rig) fill(t *testing.T, tokens []uint32, n int) []kvsp.BlockKey {
+func (w *rig) fill(t testing.TB, tokens []uint32, n int) []kvsp.BlockKey {
 	keys, _ := kvsp.BlockKeys(w.scopeKey, w.compat, 16, tokens)
 	for i := 0; i < n; i++ {
 		b, d := w.blockBytes(t, tokens, i)
@@ -159,7 +177,7 @@ func (w *rig) fill(t *testing.T, tokens []uint32, n int) []kvsp.BlockKey {
 	return keys
 }
 
-func (w *rig) waitPublished(t *testing.T, keys []kvsp.BlockKey, holderBase string) {
+func (w *rig) waitPublished(t testing.TB, keys []kvsp.BlockKey, holderBase string) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for time.Now().Before(deadline) {
@@ -191,7 +209,7 @@ func (w *rig) directive(keys []kvsp.BlockKey, sources func(i int) []string, dead
 	return d
 }
 
-func (w *rig) wait(t *testing.T, id kvsp.UUID) *kvsp.PrefetchStatus {
+func (w *rig) wait(t testing.TB, id kvsp.UUID) *kvsp.PrefetchStatus {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
@@ -224,7 +242,7 @@ func tokensOf(t *testing.T, e engine.Engine, req engine.Request) []uint32 {
 // complete; a re-POST with the same body is accepted again, another body
 // with the same id is 409.
 func TestPrefetchLoadsVerified(t *testing.T) {
-	w := newRig(t, nil)
+	w := newRig(t, rigOptions{})
 	tokens := prompt(6)
 	keys := w.fill(t, tokens, 6)
 	d := w.directive(keys[:6], func(int) []string { return []string{w.url("/h1/")} }, 5000)
@@ -338,7 +356,7 @@ func (w *rig) claim(t *testing.T, tokens []uint32, keys []kvsp.BlockKey, blocks 
 // a draining instance refuses new directives (R-ST-14, A-36).
 func TestPrefetchFallbackPartialDeadline(t *testing.T) {
 	bad := &badHolder{hang: map[string]bool{}, gets: make(chan string, 64)}
-	w := newRig(t, bad.mount)
+	w := newRig(t, rigOptions{extra: bad.mount})
 	bad.w = w
 	tokens := prompt(5)
 	keys := w.fill(t, tokens, 3) // h1 has blocks 0-2 only
@@ -414,7 +432,7 @@ func TestPrefetchFallbackPartialDeadline(t *testing.T) {
 // generation deliver every token (R-ST-13), refuses new ones (R-ST-14),
 // then sleeps (R-ST-15).
 func TestStatusPlaceGenerate(t *testing.T) {
-	w := newRig(t, nil)
+	w := newRig(t, rigOptions{})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { w.agent.Run(ctx); close(done) }()
