@@ -3,9 +3,11 @@ package instance_test
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"net/http"
 	"os"
+	"strconv"
 	"testing"
 	"time"
 
@@ -301,6 +303,7 @@ func equal(a, b []uint32) bool {
 type badHolder struct {
 	w    *rig
 	hang map[string]bool
+	cut  map[string][]byte // keys served truthfully up to half, then the connection is cut
 	gets chan string
 }
 
@@ -324,6 +327,14 @@ func (b *badHolder) mount(r *server.Router) {
 		if b.hang[key] {
 			<-req.Context().Done()
 			return req.Context().Err()
+		}
+		if body := b.cut[key]; body != nil { // a holder killed mid-transfer
+			rw.Header().Set("Content-Type", client.MediaTypeBlock)
+			rw.Header().Set("Repr-Digest", container.ReprDigest(container.Digest(sha256.Sum256(body))))
+			rw.Header().Set("Content-Length", strconv.Itoa(len(body)))
+			rw.Write(body[:len(body)/2])
+			rw.(http.Flusher).Flush()
+			panic(http.ErrAbortHandler)
 		}
 		body, d := b.w.blockBytes(nil, prompt(2), 0) // another prefix's block
 		rw.Header().Set("Content-Type", client.MediaTypeBlock)
@@ -486,5 +497,48 @@ func TestStatusPlaceGenerate(t *testing.T) {
 	}
 	if s := w.agent.State(); s != kvsp.StateSleeping {
 		t.Fatalf("after draining: %s, want sleeping", s)
+	}
+}
+
+// TestPrefetchSourceCutMidTransfer: a source whose stream is cut half-way
+// through a block (a holder killed mid-GET) leaves nothing of that block
+// in the engine; the next source serves it, verified.
+func TestPrefetchSourceCutMidTransfer(t *testing.T) {
+	bad := &badHolder{hang: map[string]bool{}, cut: map[string][]byte{}, gets: make(chan string, 64)}
+	w := newRig(t, rigOptions{extra: bad.mount})
+	bad.w = w
+	tokens := prompt(2)
+	keys := w.fill(t, tokens, 2)
+	w.claim(t, tokens, keys, 0, 1)
+	for i := 0; i < 2; i++ {
+		body, _ := w.blockBytes(t, tokens, i)
+		bad.cut[keys[i].String()] = body
+	}
+	d := w.directive(keys[:2], func(int) []string { return []string{w.url("/bad/"), w.url("/h1/")} }, 5000)
+	if _, err := w.pc.Prefetch(context.Background(), d); err != nil {
+		t.Fatal(err)
+	}
+	if st := w.wait(t, d.Directive); st.State != kvsp.PrefetchComplete || len(bad.gets) != 2 {
+		t.Fatalf("status %+v, %d GETs at the cut source", st, len(bad.gets))
+	}
+	k, v := make([]byte, w.g.RawSectionLen()), make([]byte, w.g.RawSectionLen())
+	wk, wv := make([]byte, len(k)), make([]byte, len(v))
+	for i, h := range sim.PrefixHashes(tokens, 16)[:2] {
+		for l := uint32(0); l < w.g.Layers; l++ {
+			w.eng.KV().ReadLayer(keys[i], l, k, v)
+			sim.BlockContent(w.g, h, l, wk, wv)
+			if !bytes.Equal(k, wk) || !bytes.Equal(v, wv) {
+				t.Fatalf("block %d layer %d", i, l)
+			}
+		}
+	}
+	// With the cut source alone the block fails and is not resident.
+	w.eng.KV().Drop(keys[0])
+	d = w.directive(keys[:1], func(int) []string { return []string{w.url("/bad/")} }, 5000)
+	if _, err := w.pc.Prefetch(context.Background(), d); err != nil {
+		t.Fatal(err)
+	}
+	if st := w.wait(t, d.Directive); st.State != kvsp.PrefetchFailed || w.eng.KV().Has(keys[0]) {
+		t.Fatalf("cut source alone: %+v, resident %v", st, w.eng.KV().Has(keys[0]))
 	}
 }
