@@ -219,6 +219,9 @@ func (h *Holder) getBlock(w http.ResponseWriter, r *http.Request) error {
 		}
 		codec = uint16(c)
 	}
+	if _, ok := h.cfg.Geometries[id.compat]; !ok {
+		return fmt.Errorf("%w: this holder does not store compat_id %s", kvsp.ErrIncompatible, id.compat)
+	}
 	e := h.store.get(id)
 	if e == nil {
 		h.m.getMisses.Inc()

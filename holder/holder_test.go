@@ -267,6 +267,9 @@ func TestPutRules(t *testing.T) {
 	if st, _, _ := f.raw(t, "spiffe://kvsp.test/client/nosc", "GET", path(ref(1)), nil, nil); st != 403 {
 		t.Fatalf("R-BLK-19: %d", st)
 	}
+	if st, _, _ := f.raw(t, kvsptest.ClientA, "GET", path(client.BlockRef{Compat: kvsp.CompatID{9}, Scope: scope, Key: ref(1).Key}), nil, nil); st != 409 {
+		t.Fatalf("GET of a compat_id the holder does not store: %d, want 409", st)
+	}
 	for name, want := range map[string]float64{"kvsp_holder_puts_total": 1, "kvsp_holder_puts_rejected_total": 8, "kvsp_holder_gets_total": 1} {
 		if got := gather(t, f.reg, name); got != want {
 			t.Errorf("%s = %v, want %v", name, got, want)
