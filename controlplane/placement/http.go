@@ -8,14 +8,15 @@ import (
 	"github.com/kvsp/kvsp/server"
 )
 
-// Mount adds the PC's routes under r: the status PUT of the resource
-// table, and POST place for front ends (the client role, and the scope).
-// Session checkpoints come with the session-migration issue.
+// Mount adds the PC's routes under r: the status and checkpoint PUTs of
+// the resource table, and POST place for front ends (the client role, and
+// the scope).
 func (c *Controller) Mount(r *server.Router) error {
-	for _, rt := range server.RoutesOf(server.RoleController) {
-		if rt.Method == "PUT" && rt.Path == "instances/{instance}/status" {
-			r.Handle(rt.Method, rt.Path, rt.Route(), c.putStatus)
-		}
+	if err := server.MountRole(r, server.RoleController, map[string]server.HandlerFunc{
+		"PUT instances/{instance}/status":   c.putStatus,
+		"PUT sessions/{session}/checkpoint": c.putCheckpoint,
+	}); err != nil {
+		return err
 	}
 	r.Handle("POST", "place", server.Route{Roles: []server.Role{server.RoleClient}, MaxBody: 8 << 20}, c.place)
 	return nil

@@ -90,6 +90,9 @@ type Session struct {
 	CompatID kvsp.CompatID
 	Instance string
 	Created  time.Time
+	// Checkpoint is the one with the highest output_offset of the
+	// current epoch (nil until the first).
+	Checkpoint *kvsp.Checkpoint
 }
 
 // New returns a Controller.
@@ -319,14 +322,17 @@ func (c *Controller) prefetch(ctx context.Context, uri string, q *kvsp.PlaceRequ
 }
 
 type metrics struct {
-	placements *prometheus.CounterVec
-	directives *prometheus.CounterVec
-	wakeups    prometheus.Counter
-	matched    prometheus.Histogram
+	checkpoints *prometheus.CounterVec
+	placements  *prometheus.CounterVec
+	directives  *prometheus.CounterVec
+	wakeups     prometheus.Counter
+	matched     prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
+		checkpoints: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_pc_checkpoints_total",
+			Help: "Session checkpoints accepted: recorded (a higher offset) or ignored (not newer)."}, []string{"outcome"}),
 		placements: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_pc_placements_total",
 			Help: "Placement requests by outcome (placed, incompatible, no_capacity)."}, []string{"outcome"}),
 		directives: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_pc_directives_total",
@@ -336,7 +342,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Cached prefix length of placed requests, in blocks.", Buckets: prometheus.ExponentialBuckets(1, 2, 12)}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.placements, m.directives, m.wakeups, m.matched)
+		reg.MustRegister(m.checkpoints, m.placements, m.directives, m.wakeups, m.matched)
 	}
 	return m
 }

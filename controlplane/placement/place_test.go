@@ -282,3 +282,26 @@ func TestStatusOverHTTP(t *testing.T) {
 		t.Fatalf("a record for a base it does not speak for: %v", err)
 	}
 }
+
+// TestCheckpointOverHTTP: the instance serving a placed session PUTs its
+// checkpoints and gets the recorded offset back (R-SES-3, A-24); an
+// unknown session is 404 (R-SES-17).
+func TestCheckpointOverHTTP(t *testing.T) {
+	w := newWorld(t, 4)
+	w.status(t, "ii1", 1, 0, kvsp.StateActive)
+	out, err := w.place(t, prompt(40, 7))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp := &kvsp.Checkpoint{Session: out.Session, Epoch: out.Epoch, CompatID: compat, ScopeID: w.scopeKey.ID(), PromptBlocks: []kvsp.BlockKey{{1}, {2}},
+		PromptTail: make([]uint32, 8), Generated: make([]uint32, 16), OutputOffset: 16,
+		Sampler: kvsp.Sampler{Method: "greedy", Params: map[string]any{}, Step: 16, Deterministic: true}}
+	ack, err := w.ctl.PutCheckpoint(context.Background(), cp)
+	if err != nil || ack.OutputOffset != 16 {
+		t.Fatalf("checkpoint: %+v %v", ack, err)
+	}
+	cp.Session = kvsp.NewUUID()
+	if _, err := w.ctl.PutCheckpoint(context.Background(), cp); !errors.Is(err, kvsp.ErrNotFound) {
+		t.Fatalf("unknown session: %v", err)
+	}
+}

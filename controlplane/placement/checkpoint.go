@@ -1,0 +1,63 @@
+package placement
+
+import (
+	"fmt"
+	"net/http"
+
+	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/server"
+)
+
+// PutCheckpoint records a session checkpoint sent by the instance that
+// serves the session (spec "Session Checkpoints and Migration", A-24):
+// a lower epoch than the session's is 409 kvsp-stale-epoch (R-SES-4,
+// R-SES-15: the messages of a failed instance); a higher one, or a sender
+// that does not speak for the session's instance, 403; the checkpoint with
+// the highest output_offset of the current epoch is kept (R-SES-3), and
+// the answer carries the recorded offset (the acknowledgement that
+// releases tokens of non-deterministic samplers).
+func (c *Controller) PutCheckpoint(cp *kvsp.Checkpoint, speaksFor func(string) bool) (uint64, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.sessions[cp.Session]
+	switch {
+	case s == nil:
+		return 0, fmt.Errorf("%w: session", kvsp.ErrNotFound)
+	case cp.Epoch < s.Epoch:
+		return 0, kvsp.NewProblem(kvsp.ErrStaleEpoch, fmt.Sprintf("checkpoint epoch %d is below the session's %d", cp.Epoch, s.Epoch)).With("epoch", s.Epoch)
+	case cp.Epoch > s.Epoch:
+		return 0, fmt.Errorf("%w: checkpoint epoch %d is above the session's", kvsp.ErrForbidden, cp.Epoch)
+	case !speaksFor(s.Instance):
+		return 0, fmt.Errorf("%w: the session is served by another instance", kvsp.ErrForbidden)
+	case cp.CompatID != s.CompatID || cp.ScopeID != s.ScopeID:
+		return 0, fmt.Errorf("%w: checkpoint: compat_id and scope_id are the session's", kvsp.ErrInvalid)
+	}
+	if bt := c.cfg.BlockTokens[s.CompatID]; bt > 0 {
+		if err := cp.ValidateFor(bt); err != nil {
+			return 0, err
+		}
+	}
+	if s.Checkpoint == nil || cp.OutputOffset > s.Checkpoint.OutputOffset {
+		keep := *cp
+		s.Checkpoint = &keep
+		c.m.checkpoints.WithLabelValues("recorded").Inc()
+	} else {
+		c.m.checkpoints.WithLabelValues("ignored").Inc() // same epoch, not newer: idempotent
+	}
+	return s.Checkpoint.OutputOffset, nil
+}
+
+func (c *Controller) putCheckpoint(w http.ResponseWriter, r *http.Request) error {
+	var cp kvsp.Checkpoint
+	if err := server.DecodeJSON(r, &cp); err != nil {
+		return err
+	}
+	if r.PathValue("session") != cp.Session.String() {
+		return fmt.Errorf("%w: the path's session is not the checkpoint's (R-SES-18)", kvsp.ErrInvalid)
+	}
+	off, err := c.PutCheckpoint(&cp, server.PrincipalFrom(r.Context()).SpeaksFor)
+	if err != nil {
+		return err
+	}
+	return server.WriteJSON(w, http.StatusOK, &kvsp.CheckpointAck{OutputOffset: off})
+}
