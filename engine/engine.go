@@ -38,14 +38,32 @@ type Stats struct {
 	DecodeTokensPerS           float64
 }
 
-// Request is one generation.
+// Request is one generation, new or resumed.
 type Request struct {
+	// Tokens is the prompt. A resumed session may not know it: then Tail
+	// holds the prompt tokens after its last complete block, and the
+	// blocks must be resident (loaded), since KV cannot be recomputed
+	// without its tokens.
 	Tokens []uint32
+	Tail   []uint32
 	// Keys are the Block Keys of the prompt's complete blocks (the agent
 	// computes them with the scope key; the engine stores KV under them).
-	Keys      []kvsp.BlockKey
+	Keys []kvsp.BlockKey
+	// Generated are output tokens already produced (a resumed session):
+	// generation continues at index len(Generated), the sampler at that
+	// step.
+	Generated []uint32
+	// MaxTokens counts all output tokens, Generated included.
 	MaxTokens int
 	Sampler   Sampler
+}
+
+// PromptTail returns the prompt tokens after the last complete block.
+func (r *Request) PromptTail(blockTokens int) []uint32 {
+	if r.Tokens == nil {
+		return r.Tail
+	}
+	return r.Tokens[len(r.Keys)*blockTokens:]
 }
 
 // Sampler chooses tokens: "greedy", or "top-p" with P and a seed.

@@ -153,7 +153,8 @@ func (w *rig) blockBytes(t testing.TB, tokens []uint32, i int) ([]byte, containe
 	var buf bytes.Buffer
 	cw := container.NewWriter(&buf, hdr)
 	k, v := make([]byte, w.g.RawSectionLen()), make([]byte, w.g.RawSectionLen())
-	h := sim.PrefixHashes(tokens, 16)[i]
+	keys, _ := kvsp.BlockKeys(w.scopeKey, w.compat, 16, tokens)
+	h := keys[i]
 	for l := uint32(0); l < w.g.Layers; l++ {
 		sim.BlockContent(w.g, h, l, k, v)
 		cw.WriteLayer(k, v)
@@ -258,7 +259,7 @@ func TestPrefetchLoadsVerified(t *testing.T) {
 	}
 	k, v := make([]byte, w.g.RawSectionLen()), make([]byte, w.g.RawSectionLen())
 	wk, wv := make([]byte, len(k)), make([]byte, len(v))
-	for i, h := range sim.PrefixHashes(tokens, 16)[:6] {
+	for i, h := range keys[:6] {
 		for l := uint32(0); l < w.g.Layers; l++ {
 			if err := w.eng.KV().ReadLayer(keys[i], l, k, v); err != nil {
 				t.Fatal(err)
@@ -403,7 +404,7 @@ func TestPrefetchFallbackPartialDeadline(t *testing.T) {
 	k, v := make([]byte, w.g.RawSectionLen()), make([]byte, w.g.RawSectionLen())
 	wk, wv := make([]byte, len(k)), make([]byte, len(v))
 	w.eng.KV().ReadLayer(keys[2], 3, k, v)
-	sim.BlockContent(w.g, sim.PrefixHashes(tokens, 16)[2], 3, wk, wv)
+	sim.BlockContent(w.g, keys[2], 3, wk, wv)
 	if !bytes.Equal(k, wk) || !bytes.Equal(v, wv) {
 		t.Fatal("the fallback source's bytes are not the right ones")
 	}
@@ -523,7 +524,7 @@ func TestPrefetchSourceCutMidTransfer(t *testing.T) {
 	}
 	k, v := make([]byte, w.g.RawSectionLen()), make([]byte, w.g.RawSectionLen())
 	wk, wv := make([]byte, len(k)), make([]byte, len(v))
-	for i, h := range sim.PrefixHashes(tokens, 16)[:2] {
+	for i, h := range keys[:2] {
 		for l := uint32(0); l < w.g.Layers; l++ {
 			w.eng.KV().ReadLayer(keys[i], l, k, v)
 			sim.BlockContent(w.g, h, l, wk, wv)

@@ -1,10 +1,13 @@
 // Package sim is a simulated inference engine: it derives every KV block
-// deterministically from the tokens up to the block's end (so a block
-// fetched from a holder is byte-identical to one recomputed here, and
-// correctness is checkable), charges prefill time at its configured
-// tokens/s and decode time per token, and decodes with seeded samplers
-// (greedy and top-p) over a synthetic next-token distribution of the
-// context.
+// deterministically from its Block Key, a function of the tokens up to the
+// block's end (so a block fetched from a holder is byte-identical to one
+// recomputed here, and correctness is checkable), charges prefill time at
+// its configured tokens/s and decode time per token, and decodes with
+// seeded samplers (greedy and top-p) over a synthetic next-token
+// distribution of the context: the prompt's block keys and tail, then each
+// token output. A session resumed from a checkpoint (block keys, tail,
+// tokens generated, sampler step) continues with exactly the tokens an
+// uninterrupted run would have produced.
 package sim
 
 import (
@@ -97,15 +100,15 @@ func (e *Engine) Stats() engine.Stats {
 		KVUtilization: float64(e.lru.Len()) / float64(e.cfg.KVBlocks), PrefillTokensPerS: e.cfg.PrefillTokensPerS, DecodeTokensPerS: e.cfg.DecodeTokensPerS}
 }
 
-// BlockContent writes the KV of one block's layer, derived from the hash
-// of the tokens up to the block's end: K into k and V into v (each
-// RawSectionLen octets). Values are finite (the second-highest bit of each
-// element is clear: no exponent of all ones).
-func BlockContent(g container.Geometry, prefix [32]byte, layer uint32, k, v []byte) {
+// BlockContent writes the KV of one block's layer, derived from its Block
+// Key: K into k and V into v (each RawSectionLen octets). Values are
+// finite (the second-highest bit of each element is clear: no exponent of
+// all ones).
+func BlockContent(g container.Geometry, key kvsp.BlockKey, layer uint32, k, v []byte) {
 	for i, dst := range [][]byte{k, v} {
 		var seed [32]byte
 		h := sha256.New()
-		h.Write(prefix[:])
+		h.Write(key[:])
 		binary.Write(h, binary.LittleEndian, layer)
 		h.Write([]byte{byte(i)})
 		h.Sum(seed[:0])
@@ -117,28 +120,10 @@ func BlockContent(g container.Geometry, prefix [32]byte, layer uint32, k, v []by
 	}
 }
 
-// PrefixHashes returns, for each complete block of tokens, the SHA-256 of
-// the tokens up to its end (little-endian 32-bit ids).
-func PrefixHashes(tokens []uint32, blockTokens int) [][32]byte {
-	h := sha256.New()
-	var out [][32]byte
-	var b [4]byte
-	for i, t := range tokens {
-		binary.LittleEndian.PutUint32(b[:], t)
-		h.Write(b[:])
-		if (i+1)%blockTokens == 0 {
-			var d [32]byte
-			h.Sum(d[:0]) // Sum does not reset: the hash goes on over the prefix
-			out = append(out, d)
-		}
-	}
-	return out
-}
-
 // Generate implements engine.Engine.
 func (e *Engine) Generate(ctx context.Context, req engine.Request, emit func(engine.Token) error) error {
 	bt := int(e.g.BlockTokens)
-	if len(req.Keys) != len(req.Tokens)/bt {
+	if req.Tokens != nil && len(req.Keys) != len(req.Tokens)/bt {
 		return fmt.Errorf("sim: %d block keys for %d complete blocks", len(req.Keys), len(req.Tokens)/bt)
 	}
 	e.mu.Lock()
@@ -164,28 +149,41 @@ func (e *Engine) Generate(ctx context.Context, req engine.Request, emit func(eng
 	}()
 
 	// Prefill: the leading resident blocks are reused; everything after
-	// the first missing one is computed.
+	// the first missing one is computed (which needs the prompt).
 	cached := 0
 	for cached < len(req.Keys) && e.KV().Has(req.Keys[cached]) {
 		cached++
 	}
-	hashes := PrefixHashes(req.Tokens, bt)
+	if cached < len(req.Keys) && req.Tokens == nil {
+		return fmt.Errorf("%w: block %d of a resumed prompt (its tokens are not known)", engine.ErrNotResident, cached)
+	}
 	k, v := make([]byte, e.g.RawSectionLen()), make([]byte, e.g.RawSectionLen())
 	for i := cached; i < len(req.Keys); i++ {
 		for l := uint32(0); l < e.g.Layers; l++ {
-			BlockContent(e.g, hashes[i], l, k, v)
+			BlockContent(e.g, req.Keys[i], l, k, v)
 			if err := e.KV().WriteLayer(req.Keys[i], l, k, v); err != nil {
 				return err
 			}
 		}
 	}
-	if err := sleep(ctx, time.Duration(float64(len(req.Tokens)-cached*bt)/e.cfg.PrefillTokensPerS*float64(time.Second))); err != nil {
+	tail := req.PromptTail(bt)
+	recompute := len(tail) + len(req.Generated) + (len(req.Keys)-cached)*bt
+	if err := sleep(ctx, time.Duration(float64(recompute)/e.cfg.PrefillTokensPerS*float64(time.Second))); err != nil {
 		return err
 	}
 
-	// Decode.
-	state := sha256.Sum256(u32s(req.Tokens))
-	for i := 0; i < req.MaxTokens; i++ {
+	// Decode, from the context: block keys, tail, tokens so far.
+	h := sha256.New()
+	for _, key := range req.Keys {
+		h.Write(key[:])
+	}
+	h.Write(u32s(tail))
+	var state [32]byte
+	h.Sum(state[:0])
+	for _, id := range req.Generated {
+		state = sha256.Sum256(append(state[:], u32s([]uint32{id})...))
+	}
+	for i := len(req.Generated); i < req.MaxTokens; i++ {
 		id := e.sample(state, i, req.Sampler)
 		if err := emit(engine.Token{Index: i, ID: id}); err != nil {
 			return err

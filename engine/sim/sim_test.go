@@ -67,12 +67,12 @@ func TestFetchedEqualsRecomputed(t *testing.T) {
 			g := a.Geometry()
 			k, v := make([]byte, g.RawSectionLen()), make([]byte, g.RawSectionLen())
 			wk, wv := make([]byte, len(k)), make([]byte, len(v))
-			for i, h := range PrefixHashes(req.Tokens, 16) {
+			for i, key := range req.Keys {
 				for l := uint32(0); l < g.Layers; l++ {
-					if err := a.KV().ReadLayer(req.Keys[i], l, k, v); err != nil {
+					if err := a.KV().ReadLayer(key, l, k, v); err != nil {
 						t.Fatal(err)
 					}
-					BlockContent(g, h, l, wk, wv)
+					BlockContent(g, key, l, wk, wv)
 					if !bytes.Equal(k, wk) || !bytes.Equal(v, wv) {
 						t.Fatalf("block %d layer %d differs from its derivation", i, l)
 					}
@@ -90,6 +90,46 @@ func TestFetchedEqualsRecomputed(t *testing.T) {
 			}
 			if !equal(outA, outB) {
 				t.Fatalf("%s: outputs differ: %v vs %v", s.Method, outA, outB)
+			}
+		}
+	})
+}
+
+// TestResume: R-SES-12..14 on the engine side: a session resumed on
+// another engine from a checkpoint (its prompt's block keys, resident
+// there, its tail, the tokens generated so far) continues at that index
+// with exactly the tokens of an uninterrupted run, for greedy and seeded
+// top-p; without the prompt's blocks it cannot (their tokens are unknown).
+func TestResume(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		for _, s := range []engine.Sampler{{Method: engine.Greedy}, {Method: engine.TopP, P: 0.9, Seed: 11}} {
+			a, b := newEngine(t, 4, 64), newEngine(t, 4, 64)
+			req := request(3*16+7, s)
+			req.MaxTokens = 20
+			full := run(t, a, req)
+			g := a.Geometry()
+			k, v := make([]byte, g.RawSectionLen()), make([]byte, g.RawSectionLen())
+			for _, key := range req.Keys {
+				for l := uint32(0); l < g.Layers; l++ {
+					a.KV().ReadLayer(key, l, k, v)
+					b.KV().WriteLayer(key, l, k, v)
+				}
+			}
+			res := engine.Request{Tail: req.Tokens[3*16:], Keys: req.Keys, Generated: full[:8], MaxTokens: 20, Sampler: s}
+			var got []uint32
+			err := b.Generate(context.Background(), res, func(tok engine.Token) error {
+				if tok.Index != 8+len(got) {
+					t.Fatalf("resumed index %d", tok.Index)
+				}
+				got = append(got, tok.ID)
+				return nil
+			})
+			if err != nil || !equal(got, full[8:]) {
+				t.Fatalf("%s: resumed %v, uninterrupted %v (%v)", s.Method, got, full[8:], err)
+			}
+			c := newEngine(t, 4, 64)
+			if err := c.Generate(context.Background(), res, func(engine.Token) error { return nil }); !errors.Is(err, engine.ErrNotResident) {
+				t.Fatalf("resume without the prompt's blocks: %v", err)
 			}
 		}
 	})
