@@ -539,6 +539,7 @@ func (a *Agent) store(d *kvsp.PrefetchDirective, key kvsp.BlockKey) {
 }
 
 type metrics struct {
+	checkpoints    *prometheus.CounterVec
 	directives     *prometheus.CounterVec
 	blocks         *prometheus.CounterVec
 	digestFailures prometheus.Counter
@@ -546,6 +547,8 @@ type metrics struct {
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
+		checkpoints: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_instance_checkpoints_total",
+			Help: "Session checkpoints sent, by outcome (acknowledged, failed, superseded)."}, []string{"outcome"}),
 		directives: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_instance_directives_total",
 			Help: "Prefetch directives finished, by final state."}, []string{"state"}),
 		blocks: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_instance_prefetch_blocks_total",
@@ -554,7 +557,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Replicas that failed verification during a prefetch."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.directives, m.blocks, m.digestFailures)
+		reg.MustRegister(m.checkpoints, m.directives, m.blocks, m.digestFailures)
 	}
 	return m
 }

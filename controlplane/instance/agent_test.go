@@ -499,6 +499,58 @@ func TestStatusPlaceGenerate(t *testing.T) {
 	if s := w.agent.State(); s != kvsp.StateSleeping {
 		t.Fatalf("after draining: %s, want sleeping", s)
 	}
+	// R-SES-1/3: the PC holds the final checkpoint of the session.
+	s, _ := w.ctl.Session(pl.Session)
+	if cp := s.Checkpoint; cp == nil || cp.OutputOffset != 600 || len(cp.Generated) != 600 || cp.Generated[599] != want[599] ||
+		len(cp.PromptBlocks) != 3 || len(cp.PromptTail) != 3 || !cp.Sampler.Deterministic || cp.Sampler.Step != 600 {
+		t.Fatalf("checkpoint at the PC: %+v", cp)
+	}
+}
+
+// TestGenerateTopPReleasesAfterAck: R-SES-6: with a non-deterministic
+// sampler no token reaches the front end before the PC acknowledged a
+// checkpoint covering it; every index arrives once, in order.
+func TestGenerateTopPReleasesAfterAck(t *testing.T) {
+	w := newRig(t, rigOptions{})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { w.agent.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if s, ok := w.ctl.Registry().Get(w.url("/ii1/")); ok && s.State == kvsp.StateActive {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the PC does not know the instance")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	tokens := prompt(2)
+	sampler := &kvsp.PlaceSampler{Method: "top-p", Params: map[string]any{"p": 0.9}, Seed: 3}
+	pl, err := w.front.Controller(w.url("/pc/")).Place(context.Background(), &kvsp.PlaceRequest{ScopeID: w.scopeKey.ID(), CompatID: w.compat, Tokens: tokens, MaxTokens: 100, Sampler: sampler})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	err = w.front.Instance(pl.Instance).Generate(context.Background(), &kvsp.GenerateRequest{Session: pl.Session, Epoch: pl.Epoch, ScopeID: w.scopeKey.ID(),
+		CompatID: w.compat, Tokens: tokens, MaxTokens: 100, Sampler: sampler}, func(tok kvsp.GeneratedToken) error {
+		s, _ := w.ctl.Session(pl.Session)
+		if s.Checkpoint == nil || tok.Index >= s.Checkpoint.OutputOffset {
+			t.Errorf("token %d released before a checkpoint covered it", tok.Index)
+		}
+		if tok.Index != uint64(n) {
+			t.Errorf("index %d, want %d", tok.Index, n)
+		}
+		n++
+		return nil
+	})
+	if err != nil || n != 100 {
+		t.Fatalf("%d tokens, %v", n, err)
+	}
+	if s, _ := w.ctl.Session(pl.Session); s.Checkpoint.Sampler.Deterministic || s.Checkpoint.Sampler.Seed != 3 || s.Checkpoint.Sampler.Method != "top-p" {
+		t.Fatalf("sampler in the checkpoint: %+v", s.Checkpoint.Sampler)
+	}
 }
 
 // TestPrefetchSourceCutMidTransfer: a source whose stream is cut half-way

@@ -138,12 +138,14 @@ func (a *Agent) generate(w http.ResponseWriter, r *http.Request) error {
 		}
 		return nil
 	}
-	err = a.cfg.Engine.Generate(r.Context(), req, func(t engine.Token) error {
-		return line(kvsp.GeneratedToken{Index: uint64(t.Index), Epoch: q.Epoch, Token: t.ID})
-	})
+	cp := a.newCheckpointer(&q, keys, req.PromptTail(int(a.g.BlockTokens)), line)
+	err = a.cfg.Engine.Generate(r.Context(), req, cp.token)
+	if err == nil {
+		err = cp.finish()
+	}
 	if err != nil {
 		// The status is sent: the stream ends without its done line.
-		a.log.Warn("generation failed", "session", q.Session.String(), "err", err)
+		a.log.Warn("generation stopped", "session", q.Session.String(), "err", err)
 		return nil
 	}
 	return line(kvsp.GeneratedToken{Index: q.MaxTokens, Epoch: q.Epoch, Done: true})

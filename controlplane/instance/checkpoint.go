@@ -1,0 +1,114 @@
+package instance
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/engine"
+)
+
+// checkpointer sends a session's checkpoints to the PC while it generates
+// (spec "Session Checkpoints and Migration"): whenever a block of
+// generated tokens completes and at least every 64 output tokens (R-SES-1),
+// and at the end. With a deterministic sampler tokens go to the front end
+// at once (a resumed instance regenerates the same ones, R-SES-5); with
+// any other, a token is released only once the PC has acknowledged a
+// checkpoint that covers it (R-SES-6), a block at a time (R-SES-7). A
+// checkpoint refused for its epoch means the session moved: generation
+// stops (R-SES-15).
+type checkpointer struct {
+	a         *Agent
+	q         *kvsp.GenerateRequest
+	keys      []kvsp.BlockKey
+	tail      []uint32
+	emit      func(kvsp.GeneratedToken) error
+	det       bool
+	generated []uint32
+	sent      int // offset of the last checkpoint sent
+	released  int // tokens released to the front end
+}
+
+// maxCheckpointGap is R-SES-1's bound on output tokens between checkpoints.
+const maxCheckpointGap = 64
+
+func (a *Agent) newCheckpointer(q *kvsp.GenerateRequest, keys []kvsp.BlockKey, tail []uint32, emit func(kvsp.GeneratedToken) error) *checkpointer {
+	det := q.Sampler == nil || q.Sampler.Method == engine.Greedy
+	return &checkpointer{a: a, q: q, keys: keys, tail: tail, emit: emit, det: det}
+}
+
+// token is the engine's emit: it records the token, checkpoints at the
+// boundaries and releases what may be released.
+func (c *checkpointer) token(t engine.Token) error {
+	c.generated = append(c.generated, t.ID)
+	off := len(c.generated)
+	bt := int(c.a.g.BlockTokens)
+	boundary := (len(c.tail)+off)%bt == 0 || off-c.sent >= maxCheckpointGap
+	if c.det {
+		if err := c.release(off); err != nil {
+			return err
+		}
+	}
+	if !boundary {
+		return nil
+	}
+	return c.checkpoint()
+}
+
+// finish sends the last checkpoint and releases every token.
+func (c *checkpointer) finish() error {
+	if len(c.generated) > c.sent {
+		if err := c.checkpoint(); err != nil {
+			return err
+		}
+	}
+	return c.release(len(c.generated))
+}
+
+// checkpoint sends the state at the current offset; without a PC, tokens
+// are released at once (there is no migration to protect).
+func (c *checkpointer) checkpoint() error {
+	off := len(c.generated)
+	c.sent = off
+	if c.a.cfg.Controller == "" {
+		return c.release(off)
+	}
+	cp := &kvsp.Checkpoint{Session: c.q.Session, Epoch: c.q.Epoch, CompatID: c.q.CompatID, ScopeID: c.q.ScopeID,
+		PromptBlocks: append([]kvsp.BlockKey{}, c.keys...), PromptTail: append([]uint32{}, c.tail...),
+		Generated: append([]uint32{}, c.generated...), OutputOffset: uint64(off),
+		Sampler: kvsp.Sampler{Method: engine.Greedy, Params: map[string]any{}, Step: uint64(off), Deterministic: c.det}}
+	if s := c.q.Sampler; s != nil {
+		cp.Sampler.Method, cp.Sampler.Seed = s.Method, s.Seed
+		if s.Params != nil {
+			cp.Sampler.Params = s.Params
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ack, err := c.a.cfg.Client.Controller(c.a.cfg.Controller).PutCheckpoint(ctx, cp)
+	switch {
+	case errors.Is(err, kvsp.ErrStaleEpoch) || errors.Is(err, kvsp.ErrForbidden):
+		c.a.m.checkpoints.WithLabelValues("superseded").Inc()
+		return fmt.Errorf("session %s moved to a newer epoch: %w", c.q.Session, err)
+	case err != nil:
+		c.a.m.checkpoints.WithLabelValues("failed").Inc()
+		if c.det {
+			return nil // resumable from an older checkpoint: regenerated identically
+		}
+		return fmt.Errorf("checkpoint not acknowledged: %w", err)
+	}
+	c.a.m.checkpoints.WithLabelValues("acknowledged").Inc()
+	return c.release(int(min(ack.OutputOffset, uint64(off))))
+}
+
+// release sends the tokens up to offset off to the front end.
+func (c *checkpointer) release(off int) error {
+	for ; c.released < off; c.released++ {
+		if err := c.emit(kvsp.GeneratedToken{Index: uint64(c.released), Epoch: c.q.Epoch, Token: c.generated[c.released]}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
