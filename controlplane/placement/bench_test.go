@@ -16,6 +16,7 @@ type discard struct{}
 
 func (discard) Prefetch(context.Context, string, *kvsp.PrefetchDirective) error { return nil }
 func (discard) SetState(context.Context, string, kvsp.InstanceState) error      { return nil }
+func (discard) Resume(context.Context, string, *kvsp.ResumeRequest) error       { return nil }
 
 // BenchmarkPlace: placement decisions with 64 instances (links to 16
 // holders) and 128-block prompts of which 64 blocks are cached, the IS

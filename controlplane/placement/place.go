@@ -27,6 +27,7 @@ type Index interface {
 type Instances interface {
 	Prefetch(ctx context.Context, base string, d *kvsp.PrefetchDirective) error
 	SetState(ctx context.Context, base string, s kvsp.InstanceState) error
+	Resume(ctx context.Context, base string, r *kvsp.ResumeRequest) error
 }
 
 // ClientInstances is Instances over a kvsp client (mutual TLS with the
@@ -43,6 +44,11 @@ func (c ClientInstances) Prefetch(ctx context.Context, base string, d *kvsp.Pref
 func (c ClientInstances) SetState(ctx context.Context, base string, s kvsp.InstanceState) error {
 	_, err := c.C.Instance(base).SetState(ctx, s)
 	return err
+}
+
+// Resume implements Instances.
+func (c ClientInstances) Resume(ctx context.Context, base string, r *kvsp.ResumeRequest) error {
+	return c.C.Instance(base).Resume(ctx, r)
 }
 
 // Config configures a Controller.
@@ -84,12 +90,13 @@ type Controller struct {
 // Session is a session the PC placed (the session-migration issue adds its
 // checkpoints).
 type Session struct {
-	ID       kvsp.UUID
-	Epoch    uint64
-	ScopeID  kvsp.ScopeID
-	CompatID kvsp.CompatID
-	Instance string
-	Created  time.Time
+	ID        kvsp.UUID
+	Epoch     uint64
+	ScopeID   kvsp.ScopeID
+	CompatID  kvsp.CompatID
+	Instance  string
+	Created   time.Time
+	MaxTokens uint64
 	// Checkpoint is the one with the highest output_offset of the
 	// current epoch (nil until the first).
 	Checkpoint *kvsp.Checkpoint
@@ -148,6 +155,110 @@ type candidate struct {
 // for the cached prefix it lacks (spec "Placement Inputs", "Prefetch
 // Directives").
 func (c *Controller) Place(ctx context.Context, q *kvsp.PlaceRequest) (*kvsp.PlaceResponse, error) {
+	if q.Session != nil {
+		c.mu.Lock()
+		s := c.sessions[*q.Session]
+		c.mu.Unlock()
+		if s != nil {
+			return c.continueSession(ctx, s, q)
+		}
+	}
+	return c.placeOn(ctx, q, nil)
+}
+
+// continueSession answers a place for a known session: where it continues
+// now (its instance and epoch), after migrating it if its instance failed
+// (R-SES-10). The front end that lost its token stream asks this.
+func (c *Controller) continueSession(ctx context.Context, s *Session, q *kvsp.PlaceRequest) (*kvsp.PlaceResponse, error) {
+	if s.ScopeID != q.ScopeID || s.CompatID != q.CompatID {
+		return nil, fmt.Errorf("%w: the session has another scope or model", kvsp.ErrConflict)
+	}
+	if st, ok := c.reg.Get(c.sessionInstance(s)); !ok || st.State == kvsp.StateFailed {
+		if err := c.migrate(ctx, s.ID, q); err != nil {
+			return nil, err
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return &kvsp.PlaceResponse{Session: s.ID, Epoch: s.Epoch, Instance: s.Instance}, nil
+}
+
+func (c *Controller) sessionInstance(s *Session) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return s.Instance
+}
+
+// migrate moves a session whose instance failed (spec "Session Checkpoints
+// and Migration", R-SES-10): the epoch goes up first (so the failed
+// instance's messages are refused from now on, R-SES-15), the cheapest
+// active instance is chosen, and it is sent POST resume with the latest
+// checkpoint and the new epoch (A-23). A session without a checkpoint
+// starts over there (the front end keeps what it delivered: nothing was
+// released for a non-deterministic sampler, and a deterministic one
+// regenerates the same tokens).
+func (c *Controller) migrate(ctx context.Context, id kvsp.UUID, q *kvsp.PlaceRequest) error {
+	c.mu.Lock()
+	s := c.sessions[id]
+	failed := s.Instance
+	cp := s.Checkpoint
+	c.mu.Unlock()
+	var pq kvsp.PlaceRequest
+	switch {
+	case q != nil:
+		pq = *q
+	case cp != nil: // the background sweep: the request is the checkpoint's
+		pq = kvsp.PlaceRequest{ScopeID: s.ScopeID, CompatID: s.CompatID, Tokens: make([]uint32, 0), MaxTokens: max(1, s.MaxTokens)}
+	default:
+		return fmt.Errorf("%w: session %s has no checkpoint to resume from", kvsp.ErrUnavailable, id)
+	}
+	out, err := c.placeOn(ctx, &pq, &migration{session: s, exclude: failed, cp: cp})
+	if err != nil {
+		return err
+	}
+	c.m.migrations.Inc()
+	c.log.Info("session migrated", "session", id.String(), "from", failed, "to", out.Instance, "epoch", out.Epoch)
+	return nil
+}
+
+// migration is what place does differently for a migrating session.
+type migration struct {
+	session *Session
+	exclude string
+	cp      *kvsp.Checkpoint
+}
+
+// Run migrates the sessions of failed instances as their failure is
+// detected (status TTL), until ctx ends.
+func (c *Controller) Run(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		c.mu.Lock()
+		var todo []kvsp.UUID
+		for id, s := range c.sessions {
+			if s.Checkpoint != nil && s.Checkpoint.OutputOffset >= s.MaxTokens {
+				continue // finished
+			}
+			if st, ok := c.reg.Get(s.Instance); s.Checkpoint != nil && (!ok || st.State == kvsp.StateFailed) {
+				todo = append(todo, id)
+			}
+		}
+		c.mu.Unlock()
+		for _, id := range todo {
+			if err := c.migrate(ctx, id, nil); err != nil {
+				c.log.Warn("session not migrated", "session", id.String(), "err", err)
+			}
+		}
+	}
+}
+
+func (c *Controller) placeOn(ctx context.Context, q *kvsp.PlaceRequest, mig *migration) (*kvsp.PlaceResponse, error) {
 	key, ok := c.keys[q.ScopeID]
 	if !ok {
 		return nil, fmt.Errorf("%w: the PC holds no key for this scope", kvsp.ErrScopeDenied)
@@ -155,7 +266,7 @@ func (c *Controller) Place(ctx context.Context, q *kvsp.PlaceRequest) (*kvsp.Pla
 	bt := c.cfg.BlockTokens[q.CompatID]
 	var active, sleeping []candidate
 	for _, s := range c.reg.All() {
-		if s.Status.CompatID != q.CompatID {
+		if s.Status.CompatID != q.CompatID || (mig != nil && s.Status.Instance == mig.exclude) {
 			continue
 		}
 		switch s.State {
@@ -178,6 +289,11 @@ func (c *Controller) Place(ctx context.Context, q *kvsp.PlaceRequest) (*kvsp.Pla
 	if err != nil {
 		return nil, err
 	}
+	total := len(q.Tokens)
+	if mig != nil && mig.cp != nil { // the checkpoint's prompt blocks, then its tail and output
+		keys = mig.cp.PromptBlocks
+		total = len(keys)*bt + len(mig.cp.PromptTail) + len(mig.cp.Generated)
+	}
 	if len(keys) > 0 {
 		resp, err := c.cfg.Index.Lookup(ctx, &kvsp.LookupRequest{ScopeID: q.ScopeID, CompatID: q.CompatID, BlockKeys: keys})
 		if err != nil {
@@ -193,7 +309,7 @@ func (c *Controller) Place(ctx context.Context, q *kvsp.PlaceRequest) (*kvsp.Pla
 		var best *candidate
 		for i := range cands {
 			cd := &cands[i]
-			cd.cost = costWith(&cd.snap.Status, c.serviceUs(cd.snap, len(q.Tokens), q.MaxTokens), plan, len(replicas), bt, len(q.Tokens))
+			cd.cost = costWith(&cd.snap.Status, c.serviceUs(cd.snap, total, q.MaxTokens), plan, len(replicas), bt, total)
 			if best == nil || cd.cost.Total < best.cost.Total ||
 				(cd.cost.Total == best.cost.Total && cd.snap.Status.Instance < best.snap.Status.Instance) {
 				best = cd
@@ -224,18 +340,29 @@ func (c *Controller) Place(ctx context.Context, q *kvsp.PlaceRequest) (*kvsp.Pla
 	uri := chosen.snap.Status.Instance
 
 	out := &kvsp.PlaceResponse{Epoch: 1, Instance: uri, Matched: len(replicas)}
+	if mig != nil {
+		// The epoch goes up before the resume is sent (R-SES-15).
+		c.mu.Lock()
+		s := mig.session
+		s.Epoch++
+		s.Instance = uri
+		out.Session, out.Epoch = s.ID, s.Epoch
+		c.mu.Unlock()
+		if mig.cp != nil {
+			if err := c.cfg.Instances.Resume(ctx, uri, &kvsp.ResumeRequest{Epoch: out.Epoch, Checkpoint: *mig.cp}); err != nil {
+				c.log.Warn("resume not accepted; the session starts over there", "instance", uri, "err", err)
+			}
+		}
+		c.m.placements.WithLabelValues("migrated").Inc()
+		return out, nil
+	}
 	if q.Session != nil {
 		out.Session = *q.Session
 	} else {
 		out.Session = kvsp.NewUUID()
 	}
 	c.mu.Lock()
-	if s := c.sessions[out.Session]; s != nil {
-		out.Epoch = s.Epoch // a session continues where it is
-		s.Instance = uri
-	} else {
-		c.sessions[out.Session] = &Session{ID: out.Session, Epoch: 1, ScopeID: q.ScopeID, CompatID: q.CompatID, Instance: uri, Created: time.Now()}
-	}
+	c.sessions[out.Session] = &Session{ID: out.Session, Epoch: 1, ScopeID: q.ScopeID, CompatID: q.CompatID, Instance: uri, Created: time.Now(), MaxTokens: q.MaxTokens}
 	c.mu.Unlock()
 	c.reg.observe(uri, c.estimateServiceUs(&chosen.snap.Status, len(q.Tokens), q.MaxTokens))
 
@@ -322,6 +449,7 @@ func (c *Controller) prefetch(ctx context.Context, uri string, q *kvsp.PlaceRequ
 }
 
 type metrics struct {
+	migrations  prometheus.Counter
 	checkpoints *prometheus.CounterVec
 	placements  *prometheus.CounterVec
 	directives  *prometheus.CounterVec
@@ -331,10 +459,11 @@ type metrics struct {
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
+		migrations: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvsp_pc_migrations_total", Help: "Sessions moved off a failed instance."}),
 		checkpoints: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_pc_checkpoints_total",
 			Help: "Session checkpoints accepted: recorded (a higher offset) or ignored (not newer)."}, []string{"outcome"}),
 		placements: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_pc_placements_total",
-			Help: "Placement requests by outcome (placed, incompatible, no_capacity)."}, []string{"outcome"}),
+			Help: "Placement requests by outcome (placed, migrated, incompatible, no_capacity)."}, []string{"outcome"}),
 		directives: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_pc_directives_total",
 			Help: "Prefetch directives by outcome (sent, failed, quota)."}, []string{"outcome"}),
 		wakeups: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvsp_pc_wakeups_total", Help: "Sleeping instances woken for a request."}),
@@ -342,7 +471,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Cached prefix length of placed requests, in blocks.", Buckets: prometheus.ExponentialBuckets(1, 2, 12)}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.checkpoints, m.placements, m.directives, m.wakeups, m.matched)
+		reg.MustRegister(m.migrations, m.checkpoints, m.placements, m.directives, m.wakeups, m.matched)
 	}
 	return m
 }

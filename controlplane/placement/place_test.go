@@ -36,6 +36,13 @@ type mockII struct {
 	mu         sync.Mutex
 	directives []kvsp.PrefetchDirective
 	states     []kvsp.InstanceState
+	resumes    []kvsp.ResumeRequest
+}
+
+func (m *mockII) resumed() []kvsp.ResumeRequest {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]kvsp.ResumeRequest(nil), m.resumes...)
 }
 
 func (m *mockII) mount(r *server.Router) {
@@ -48,6 +55,17 @@ func (m *mockII) mount(r *server.Router) {
 		m.directives = append(m.directives, d)
 		m.mu.Unlock()
 		w.Header().Set("Location", "prefetch/"+d.Directive.String())
+		w.WriteHeader(http.StatusAccepted)
+		return nil
+	})
+	r.Handle("POST", "sessions/{session}/resume", server.Route{Roles: []server.Role{server.RoleController}}, func(w http.ResponseWriter, r *http.Request) error {
+		var q kvsp.ResumeRequest
+		if err := server.DecodeJSON(r, &q); err != nil {
+			return err
+		}
+		m.mu.Lock()
+		m.resumes = append(m.resumes, q)
+		m.mu.Unlock()
 		w.WriteHeader(http.StatusAccepted)
 		return nil
 	})
@@ -126,9 +144,13 @@ func newWorld(t *testing.T, maxPending int) *world {
 }
 
 func (w *world) status(t *testing.T, name string, epoch, queued uint64, state kvsp.InstanceState, links ...kvsp.Link) kvsp.InstanceState {
+	return w.statusTTL(t, name, epoch, queued, state, 60000, links...)
+}
+
+func (w *world) statusTTL(t *testing.T, name string, epoch, queued uint64, state kvsp.InstanceState, ttlMs uint64, links ...kvsp.Link) kvsp.InstanceState {
 	t.Helper()
 	st := &kvsp.InstanceStatus{Instance: w.base[name], Epoch: epoch, State: state, Queued: queued, BatchSize: 8,
-		PrefillTokensPerS: 42000, DecodeTokensPerS: 3100, Links: append([]kvsp.Link{}, links...), TTLMs: 60000, CompatID: compat}
+		PrefillTokensPerS: 42000, DecodeTokensPerS: 3100, Links: append([]kvsp.Link{}, links...), TTLMs: ttlMs, CompatID: compat}
 	got, err := w.ctl.PutStatus(context.Background(), st)
 	if err != nil {
 		t.Fatalf("status of %s: %v", name, err)
@@ -303,5 +325,63 @@ func TestCheckpointOverHTTP(t *testing.T) {
 	cp.Session = kvsp.NewUUID()
 	if _, err := w.ctl.PutCheckpoint(context.Background(), cp); !errors.Is(err, kvsp.ErrNotFound) {
 		t.Fatalf("unknown session: %v", err)
+	}
+}
+
+// TestMigration: R-SES-10/15, A-23: when a session's instance fails (its
+// status expires), the PC raises the session's epoch, picks another
+// instance and sends it POST resume with the latest checkpoint and the new
+// epoch, either when the front end asks where the session continues or
+// by itself (Run); the failed instance's checkpoints are refused.
+func TestMigration(t *testing.T) {
+	w := newWorld(t, 4)
+	w.statusTTL(t, "ii1", 1, 0, kvsp.StateActive, 300)
+	w.status(t, "ii2", 1, 3, kvsp.StateActive) // busier: ii1 is chosen first
+	tokens := prompt(3*bt+5, 9)
+	var sessions []*kvsp.PlaceResponse
+	for i := 0; i < 2; i++ {
+		out, err := w.place(t, tokens)
+		if err != nil || out.Instance != w.base["ii1"] {
+			t.Fatalf("place: %+v %v", out, err)
+		}
+		sessions = append(sessions, out)
+		cp := &kvsp.Checkpoint{Session: out.Session, Epoch: 1, CompatID: compat, ScopeID: w.scopeKey.ID(), PromptBlocks: []kvsp.BlockKey{{1}, {2}, {3}},
+			PromptTail: make([]uint32, 5), Generated: make([]uint32, 8), OutputOffset: 8,
+			Sampler: kvsp.Sampler{Method: "greedy", Params: map[string]any{}, Step: 8, Deterministic: true}}
+		if _, err := w.ctl.PutCheckpoint(context.Background(), cp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(350 * time.Millisecond) // ii1's status expires: failed
+	// The front end asks where session 0 continues.
+	q := &kvsp.PlaceRequest{ScopeID: w.scopeKey.ID(), CompatID: compat, Tokens: tokens, MaxTokens: 16, Session: &sessions[0].Session}
+	out, err := w.front.Controller(w.srv.URL("/pc/")).Place(context.Background(), q)
+	if err != nil || out.Instance != w.base["ii2"] || out.Epoch != 2 || out.Session != sessions[0].Session {
+		t.Fatalf("continue: %+v %v", out, err)
+	}
+	rs := w.ii[w.base["ii2"]].resumed()
+	if len(rs) != 1 || rs[0].Epoch != 2 || rs[0].Checkpoint.OutputOffset != 8 || rs[0].Checkpoint.Session != sessions[0].Session {
+		t.Fatalf("resumes at ii2: %+v", rs)
+	}
+	// The failed instance's late checkpoint carries the old epoch.
+	late := rs[0].Checkpoint
+	late.Generated, late.OutputOffset, late.Sampler.Step = make([]uint32, 9), 9, 9
+	if _, err := w.ctl.PutCheckpoint(context.Background(), &late); !errors.Is(err, kvsp.ErrStaleEpoch) {
+		t.Fatalf("the old epoch's checkpoint: %v", err)
+	}
+	// Session 1 is migrated by the PC itself.
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { w.pc.Run(ctx, 20*time.Millisecond); close(done) }()
+	defer func() { cancel(); <-done }()
+	deadline := time.Now().Add(5 * time.Second)
+	for len(w.ii[w.base["ii2"]].resumed()) < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("session 1 was not migrated")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if s, _ := w.pc.Session(sessions[1].Session); s.Epoch != 2 || s.Instance != w.base["ii2"] {
+		t.Fatalf("session 1: %+v", s)
 	}
 }
