@@ -79,6 +79,10 @@ type GenerateRequest struct {
 	Tokens    []uint32      `json:"tokens"`
 	MaxTokens uint64        `json:"max_tokens"`
 	Sampler   *PlaceSampler `json:"sampler,omitempty"`
+	// From, for a resumed session, is the first output index the front
+	// end lacks: tokens the checkpoint holds from there are sent again
+	// before generation continues (a stream cut in flight leaves no gap).
+	From *uint64 `json:"from,omitempty"`
 }
 
 // MediaTypeTokens is the media type of a generation's token stream: one

@@ -69,7 +69,11 @@ type Agent struct {
 	mu         sync.Mutex
 	state      kvsp.InstanceState
 	directives map[kvsp.UUID]*directive
-	running    int // generations in progress
+	resumes    map[kvsp.UUID]*resumed
+	running    int  // generations in progress
+	closed     bool // Close was called: it serves nothing more
+	stop       context.CancelFunc
+	stopCtx    context.Context
 }
 
 // New returns an agent.
@@ -101,7 +105,8 @@ func New(cfg Config) (*Agent, error) {
 		// R-ST-5: the start time in ms increases across restarts as long
 		// as the clock does not go back.
 		epoch: uint64(time.Now().UnixMilli()), log: cfg.Logger, m: newMetrics(cfg.Registerer),
-		work: make(chan struct{}, cfg.Workers), state: kvsp.StateActive, directives: map[kvsp.UUID]*directive{}}
+		work: make(chan struct{}, cfg.Workers), state: kvsp.StateActive, directives: map[kvsp.UUID]*directive{}, resumes: map[kvsp.UUID]*resumed{}}
+	a.stopCtx, a.stop = context.WithCancel(context.Background())
 	for _, k := range cfg.Scopes {
 		a.keys[k.ID()] = k
 	}
@@ -129,6 +134,16 @@ func (a *Agent) Status() *kvsp.InstanceStatus {
 		Links: append([]kvsp.Link{}, a.cfg.Links...), TTLMs: uint64(a.cfg.StatusTTL.Milliseconds()), CompatID: a.compat}
 }
 
+// Close stops the agent as a crash would, for tests and shutdown: running
+// generations are cut (their streams end without a done line), no status
+// is sent any more, and new requests are refused with 503.
+func (a *Agent) Close() {
+	a.mu.Lock()
+	a.closed = true
+	a.mu.Unlock()
+	a.stop()
+}
+
 // Run sends status records to the PC every ttl/3 (R-ST-1) until ctx ends,
 // applying the state the PC answers (R-ST-10), and moves a draining
 // instance with nothing left to do to sleeping (R-ST-15).
@@ -137,6 +152,9 @@ func (a *Agent) Run(ctx context.Context) {
 	defer t.Stop()
 	for {
 		a.settle()
+		if a.stopCtx.Err() != nil {
+			return
+		}
 		if a.cfg.Controller != "" {
 			pctx, cancel := context.WithTimeout(ctx, a.cfg.StatusTTL/3)
 			got, err := a.cfg.Client.Controller(a.cfg.Controller).PutStatus(pctx, a.Status())
@@ -150,6 +168,8 @@ func (a *Agent) Run(ctx context.Context) {
 		}
 		select {
 		case <-ctx.Done():
+			return
+		case <-a.stopCtx.Done():
 			return
 		case <-t.C:
 		}

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -42,6 +43,7 @@ type rig struct {
 	ctl      *placement.Controller
 	agent    *instance.Agent
 	eng      *sim.Engine
+	agent2   *instance.Agent
 	g        container.Geometry
 	compat   kvsp.CompatID
 	scopeKey kvsp.ScopeKey
@@ -59,6 +61,7 @@ type rigOptions struct {
 	extra   func(r *server.Router)
 	d       *kvsp.Descriptor
 	noStore bool
+	second  bool // a second instance, ii2, on its own engine
 }
 
 func newRig(t testing.TB, o rigOptions) *rig {
@@ -84,7 +87,7 @@ func newRig(t testing.TB, o rigOptions) *rig {
   - {id: "` + kvsptest.PC + `", roles: [controller], scopes: [` + kvsptest.Scope + `]}
   - {id: "` + kvsptest.Holder1 + `", roles: [holder], speaks_for: ["` + w.url("/h1/") + `", "` + w.url("/hi/") + `", "` + w.url("/bad/") + `"], scopes: [` + kvsptest.Scope + `]}
   - {id: "` + kvsptest.ClientA + `", roles: [client], scopes: [` + kvsptest.Scope + `]}
-  - {id: "` + agentID + `", roles: [instance, client], speaks_for: ["` + w.url("/ii1/") + `"], scopes: [` + kvsptest.Scope + `]}
+  - {id: "` + agentID + `", roles: [instance, client], speaks_for: ["` + w.url("/ii1/") + `", "` + w.url("/ii2/") + `"], scopes: [` + kvsptest.Scope + `]}
 `
 	os.WriteFile(p.Path("policy.yaml"), []byte(pol), 0o644)
 	if err := w.srv.Policy.Reload(); err != nil {
@@ -132,6 +135,16 @@ func newRig(t testing.TB, o rigOptions) *rig {
 		t.Fatal(err)
 	}
 	w.agent.Mount(w.srv.Server.Mount("/ii1/"))
+	if o.second {
+		eng2, _ := sim.New(sim.Config{Descriptor: d, PrefillTokensPerS: 42000, DecodeTokensPerS: 5000, BatchSize: 4, KVBlocks: 256})
+		w.agent2, err = instance.New(instance.Config{Base: w.url("/ii2/"), Engine: eng2, Client: mk(agentID), Index: w.url("/is/"),
+			Controller: w.url("/pc/"), StatusTTL: 300 * time.Millisecond, Scopes: []kvsp.ScopeKey{w.scopeKey},
+			Links: []kvsp.Link{{Holder: w.url("/h1/"), MbitPerS: 100000, RTTUs: 20}, {Holder: w.url("/hi/"), MbitPerS: 100000, RTTUs: 20}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.agent2.Mount(w.srv.Server.Mount("/ii2/"))
+	}
 	w.pc = mk(kvsptest.PC).Instance(w.url("/ii1/"))
 	w.front = mk(kvsptest.ClientA)
 	w.src = w.front.Holder(w.url("/h1/"))
@@ -593,5 +606,66 @@ func TestPrefetchSourceCutMidTransfer(t *testing.T) {
 	}
 	if st := w.wait(t, d.Directive); st.State != kvsp.PrefetchFailed || w.eng.KV().Has(keys[0]) {
 		t.Fatalf("cut source alone: %+v, resident %v", st, w.eng.KV().Has(keys[0]))
+	}
+}
+
+// TestSessionSurvivesItsInstance: R-SES-1..16 end to end: a session runs
+// on ii1, which dies mid-generation (its stream cut, its status gone);
+// the PC detects it, raises the epoch and resumes the session on ii2 from
+// its last checkpoint (prompt blocks loaded from the holders); the front
+// end's library delivers every index exactly once, and the output equals
+// an uninterrupted run.
+func TestSessionSurvivesItsInstance(t *testing.T) {
+	w := newRig(t, rigOptions{second: true})
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for _, a := range []*instance.Agent{w.agent, w.agent2} {
+		wg.Add(1)
+		go func() { defer wg.Done(); a.Run(ctx) }()
+	}
+	wg.Add(1)
+	go func() { defer wg.Done(); w.ctl.Run(ctx, 20*time.Millisecond) }()
+	defer func() { cancel(); wg.Wait() }()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		s1, ok1 := w.ctl.Registry().Get(w.url("/ii1/"))
+		s2, ok2 := w.ctl.Registry().Get(w.url("/ii2/"))
+		if ok1 && ok2 && s1.State == kvsp.StateActive && s2.State == kvsp.StateActive {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the PC does not know both instances")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	tokens := prompt(3)
+	w.fill(t, tokens, 3) // cached at h1: ii1 and ii2 both have links, ii1 wins the tie by name
+	const n = 1500
+	var got []uint32
+	killed := false
+	session, err := w.front.RunSession(context.Background(), w.url("/pc/"), &kvsp.PlaceRequest{ScopeID: w.scopeKey.ID(), CompatID: w.compat,
+		Tokens: tokens, MaxTokens: n}, 50*time.Millisecond, func(i uint64, tok uint32) error {
+		if i != uint64(len(got)) {
+			t.Fatalf("index %d delivered after %d tokens", i, len(got))
+		}
+		got = append(got, tok)
+		if i == 300 && !killed {
+			killed = true
+			go w.agent.Close() // ii1 dies
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, _ := kvsp.BlockKeys(w.scopeKey, w.compat, 16, tokens)
+	cold, _ := sim.New(sim.Config{Descriptor: desc, PrefillTokensPerS: 42000, DecodeTokensPerS: 5000})
+	want := tokensOf(t, cold, engine.Request{Tokens: tokens, Keys: keys, MaxTokens: n, Sampler: engine.Sampler{Method: engine.Greedy}})
+	if !equal(got, want) {
+		t.Fatalf("delivered %d tokens; differs from the uninterrupted run", len(got))
+	}
+	s, _ := w.ctl.Session(session)
+	if s.Epoch != 2 || s.Instance != w.url("/ii2/") || s.Checkpoint == nil || s.Checkpoint.OutputOffset != n || s.Checkpoint.Epoch != 2 {
+		t.Fatalf("session at the PC: epoch %d on %s, checkpoint %+v", s.Epoch, s.Instance, s.Checkpoint)
 	}
 }

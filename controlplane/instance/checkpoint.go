@@ -57,6 +57,20 @@ func (c *checkpointer) token(t engine.Token) error {
 	return c.checkpoint()
 }
 
+// resumeAt starts from a checkpoint's output: those tokens are the
+// session's already; the ones from `from` on (default: none) are sent
+// again, labelled with the new epoch, before generation continues.
+func (c *checkpointer) resumeAt(generated []uint32, from *uint64) error {
+	c.generated = append(c.generated, generated...)
+	c.sent = len(generated)
+	c.released = len(generated)
+	if from != nil && *from < uint64(len(generated)) {
+		c.released = int(*from)
+		return c.release(len(generated))
+	}
+	return nil
+}
+
 // finish sends the last checkpoint and releases every token.
 func (c *checkpointer) finish() error {
 	if len(c.generated) > c.sent {

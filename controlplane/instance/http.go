@@ -2,6 +2,7 @@ package instance
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -15,12 +16,13 @@ import (
 // Mount adds the instance's routes under r: prefetch (POST, GET) and PUT
 // state of the resource table (callers: the controller), and POST
 // generate for front ends (the client role and the request's scope).
-// Resume and reshard come with the session and resharding issue.
+// Reshard comes with the resharding step of its issue.
 func (a *Agent) Mount(r *server.Router) error {
 	handlers := map[string]server.HandlerFunc{
-		"POST prefetch":     a.postPrefetch,
-		"GET prefetch/{id}": a.getPrefetch,
-		"PUT state":         a.putState,
+		"POST prefetch":                  a.postPrefetch,
+		"GET prefetch/{id}":              a.getPrefetch,
+		"PUT state":                      a.putState,
+		"POST sessions/{session}/resume": a.postResume,
 	}
 	for _, rt := range server.RoutesOf(server.RoleInstance) {
 		if h := handlers[rt.Method+" "+rt.Path]; h != nil {
@@ -97,8 +99,16 @@ func (a *Agent) generate(w http.ResponseWriter, r *http.Request) error {
 	if q.CompatID != a.compat {
 		return fmt.Errorf("%w: this instance serves compat_id %s", kvsp.ErrIncompatible, a.compat)
 	}
+	x, err := a.resumeOf(r.Context(), &q)
+	if err != nil {
+		return err
+	}
 	a.mu.Lock()
-	if a.state != kvsp.StateActive { // R-ST-14: no new sessions
+	switch {
+	case a.closed:
+		a.mu.Unlock()
+		return fmt.Errorf("%w: the instance is stopping", kvsp.ErrUnavailable)
+	case a.state != kvsp.StateActive && x == nil: // R-ST-14: no new sessions
 		st := a.state
 		a.mu.Unlock()
 		return fmt.Errorf("%w: the instance is %s", kvsp.ErrInvalidState, st)
@@ -116,6 +126,12 @@ func (a *Agent) generate(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	req := engine.Request{Tokens: q.Tokens, Keys: keys, MaxTokens: int(q.MaxTokens), Sampler: engine.Sampler{Method: engine.Greedy}}
+	if x != nil { // a resumed session continues from its checkpoint (R-SES-12..14)
+		if len(x.cp.PromptBlocks) != len(keys) || (len(keys) > 0 && x.cp.PromptBlocks[len(keys)-1] != keys[len(keys)-1]) {
+			return fmt.Errorf("%w: the prompt is not the checkpoint's", kvsp.ErrConflict)
+		}
+		req.Generated = x.cp.Generated
+	}
 	if s := q.Sampler; s != nil {
 		req.Sampler = engine.Sampler{Method: s.Method, Seed: s.Seed}
 		if p, ok := s.Params["p"].(float64); ok {
@@ -139,7 +155,16 @@ func (a *Agent) generate(w http.ResponseWriter, r *http.Request) error {
 		return nil
 	}
 	cp := a.newCheckpointer(&q, keys, req.PromptTail(int(a.g.BlockTokens)), line)
-	err = a.cfg.Engine.Generate(r.Context(), req, cp.token)
+	if x != nil {
+		if err := cp.resumeAt(x.cp.Generated, q.From); err != nil {
+			return nil
+		}
+	}
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	stop := context.AfterFunc(a.stopCtx, cancel) // Close cuts the stream
+	defer stop()
+	err = a.cfg.Engine.Generate(ctx, req, cp.token)
 	if err == nil {
 		err = cp.finish()
 	}

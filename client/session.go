@@ -1,0 +1,75 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/kvsp/kvsp"
+)
+
+// RunSession places a request with the PC at pc and runs it, delivering
+// each output index exactly once, in order, to deliver (spec "Session
+// Checkpoints and Migration", R-SES-5, R-SES-8, R-SES-9, R-SES-14, R-SES-16):
+// tokens of an epoch lower than one already seen are discarded, and so are
+// indices already delivered. When the token stream ends before its end
+// (the instance failed), it asks the PC where the session continues
+// (POST place with the session: the PC migrates it once the failure is
+// detected) and resumes the stream from the first index it lacks.
+// retry bounds the wait between attempts. It returns the session id.
+func (c *Client) RunSession(ctx context.Context, pc string, q *kvsp.PlaceRequest, retry time.Duration, deliver func(index uint64, token uint32) error) (kvsp.UUID, error) {
+	ctl := c.Controller(pc)
+	at, err := ctl.Place(ctx, q)
+	if err != nil {
+		return kvsp.UUID{}, err
+	}
+	session := at.Session
+	cont := *q
+	cont.Session = &session
+	var next, maxEpoch uint64
+	for {
+		from := next
+		err := c.Instance(at.Instance).Generate(ctx, &kvsp.GenerateRequest{Session: session, Epoch: at.Epoch, ScopeID: q.ScopeID, CompatID: q.CompatID,
+			Tokens: q.Tokens, MaxTokens: q.MaxTokens, Sampler: q.Sampler, From: &from}, func(t kvsp.GeneratedToken) error {
+			switch {
+			case t.Epoch < maxEpoch: // R-SES-9
+				return nil
+			case t.Index < next: // a duplicate (R-SES-5)
+				maxEpoch = max(maxEpoch, t.Epoch)
+				return nil
+			case t.Index > next:
+				return fmt.Errorf("%w: token %d arrived before %d", kvsp.ErrInvalid, t.Index, next)
+			}
+			maxEpoch = max(maxEpoch, t.Epoch)
+			if err := deliver(t.Index, t.Token); err != nil {
+				return err
+			}
+			next++
+			return nil
+		})
+		if err == nil {
+			return session, nil
+		}
+		if ctx.Err() != nil {
+			return session, ctx.Err()
+		}
+		if errors.Is(err, kvsp.ErrInvalid) {
+			return session, err
+		}
+		// Where does the session continue? The PC answers the same
+		// instance until it has detected the failure.
+		for {
+			select {
+			case <-ctx.Done():
+				return session, ctx.Err()
+			case <-time.After(retry):
+			}
+			moved, err := ctl.Place(ctx, &cont)
+			if err == nil && (moved.Epoch > at.Epoch || moved.Instance != at.Instance) {
+				at = moved
+				break
+			}
+		}
+	}
+}
