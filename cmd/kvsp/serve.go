@@ -236,12 +236,26 @@ func mountRoles(srv *server.Server, cfg *config.Config, log *slog.Logger, reg pr
 		for _, e := range cfg.ScopeKeys {
 			keys = append(keys, e.Key)
 		}
+		var state placement.Store
+		if x.State == "bolt" {
+			st, err := placement.OpenBoltStore(x.StatePath)
+			if err != nil {
+				closeAll()
+				return nil, err
+			}
+			state = st
+			closers = append(closers, func() { st.Close() })
+		}
 		pc, err := placement.New(placement.Config{Scopes: keys, BlockTokens: blockTokens, Index: pcc.Index(x.Index),
-			Instances: placement.ClientInstances{C: pcc}, OnStatus: statuses.Update, Logger: log, Registerer: reg})
+			Instances: placement.ClientInstances{C: pcc}, OnStatus: statuses.Update, State: state, Logger: log, Registerer: reg})
 		if err != nil {
 			closeAll()
 			return nil, err
 		}
+		pcCtx, pcCancel := context.WithCancel(context.Background())
+		pcDone := make(chan struct{})
+		go func() { pc.Run(pcCtx, 250*time.Millisecond); close(pcDone) }()
+		closers = append([]func(){func() { pcCancel(); <-pcDone }}, closers...)
 		if err := pc.Mount(srv.Mount(basePath(x.Base))); err != nil {
 			closeAll()
 			return nil, err

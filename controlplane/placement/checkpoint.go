@@ -39,7 +39,12 @@ func (c *Controller) PutCheckpoint(cp *kvsp.Checkpoint, speaksFor func(string) b
 	}
 	if s.Checkpoint == nil || cp.OutputOffset > s.Checkpoint.OutputOffset {
 		keep := *cp
+		prev := s.Checkpoint
 		s.Checkpoint = &keep
+		if err := c.persist(s); err != nil { // durable before the acknowledgement
+			s.Checkpoint = prev
+			return 0, err
+		}
 		c.m.checkpoints.WithLabelValues("recorded").Inc()
 	} else {
 		c.m.checkpoints.WithLabelValues("ignored").Inc() // same epoch, not newer: idempotent

@@ -68,6 +68,13 @@ type Config struct {
 	// MaxDeadline caps a directive's deadline_ms (twice the estimated
 	// fetch time, at least 10 ms); default 2s.
 	MaxDeadline time.Duration
+	// State, when set, keeps instance epochs and sessions across restarts
+	// (OpenBoltStore); nil keeps them in memory only.
+	State Store
+	// RestartGrace is how long after a start with saved state the PC waits
+	// for instances to report before it migrates their sessions; default
+	// 10s.
+	RestartGrace time.Duration
 	// OnStatus, when set, receives every accepted status record: a
 	// co-located IS's status table, so lookups with targets get
 	// estimates.
@@ -78,6 +85,7 @@ type Config struct {
 
 // Controller is a Placement Controller.
 type Controller struct {
+	started  time.Time
 	cfg      Config
 	keys     map[kvsp.ScopeID]kvsp.ScopeKey
 	reg      *Registry
@@ -119,12 +127,41 @@ func New(cfg Config) (*Controller, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	c := &Controller{cfg: cfg, keys: map[kvsp.ScopeID]kvsp.ScopeKey{}, reg: &Registry{m: map[string]*instance{}, onStatus: cfg.OnStatus}, log: cfg.Logger,
+	if cfg.RestartGrace == 0 {
+		cfg.RestartGrace = 10 * time.Second
+	}
+	c := &Controller{started: time.Now(), cfg: cfg, keys: map[kvsp.ScopeID]kvsp.ScopeKey{}, reg: &Registry{m: map[string]*instance{}, onStatus: cfg.OnStatus}, log: cfg.Logger,
 		m: newMetrics(cfg.Registerer), sessions: map[kvsp.UUID]*Session{}}
 	for _, k := range cfg.Scopes {
 		c.keys[k.ID()] = k
 	}
+	if cfg.State != nil {
+		epochs, sessions, err := cfg.State.Load()
+		if err != nil {
+			return nil, err
+		}
+		for uri, e := range epochs {
+			c.reg.m[uri] = &instance{maxEpoch: e} // failed until it reports again
+		}
+		for _, s := range sessions {
+			c.sessions[s.ID] = s
+		}
+		c.reg.persist = cfg.State.PutInstanceEpoch
+		c.log.Info("controller state loaded", "instances", len(epochs), "sessions", len(sessions))
+	}
 	return c, nil
+}
+
+// persist writes a session (with c.mu held) before the PC answers.
+func (c *Controller) persist(s *Session) error {
+	if c.cfg.State == nil {
+		return nil
+	}
+	if err := c.cfg.State.PutSession(s); err != nil {
+		c.log.Error("controller state not written", "err", err)
+		return fmt.Errorf("%w: the controller's state could not be written", kvsp.ErrUnavailable)
+	}
+	return nil
 }
 
 // Registry returns the instance registry.
@@ -245,7 +282,11 @@ func (c *Controller) Run(ctx context.Context, every time.Duration) {
 			if s.Checkpoint != nil && s.Checkpoint.OutputOffset >= s.MaxTokens {
 				continue // finished
 			}
-			if st, ok := c.reg.Get(s.Instance); s.Checkpoint != nil && (!ok || st.State == kvsp.StateFailed) {
+			st, ok := c.reg.Get(s.Instance)
+			if ok && st.Status.Instance == "" && time.Since(c.started) < c.cfg.RestartGrace {
+				continue // known from saved state only: it has not had the time to report
+			}
+			if s.Checkpoint != nil && (!ok || st.State == kvsp.StateFailed) {
 				todo = append(todo, id)
 			}
 		}
@@ -341,13 +382,17 @@ func (c *Controller) placeOn(ctx context.Context, q *kvsp.PlaceRequest, mig *mig
 
 	out := &kvsp.PlaceResponse{Epoch: 1, Instance: uri, Matched: len(replicas)}
 	if mig != nil {
-		// The epoch goes up before the resume is sent (R-SES-15).
+		// The epoch goes up, durably, before the resume is sent (R-SES-15).
 		c.mu.Lock()
 		s := mig.session
 		s.Epoch++
 		s.Instance = uri
 		out.Session, out.Epoch = s.ID, s.Epoch
+		err := c.persist(s)
 		c.mu.Unlock()
+		if err != nil {
+			return nil, err
+		}
 		if mig.cp != nil {
 			if err := c.cfg.Instances.Resume(ctx, uri, &kvsp.ResumeRequest{Epoch: out.Epoch, Checkpoint: *mig.cp}); err != nil {
 				c.log.Warn("resume not accepted; the session starts over there", "instance", uri, "err", err)
@@ -362,7 +407,12 @@ func (c *Controller) placeOn(ctx context.Context, q *kvsp.PlaceRequest, mig *mig
 		out.Session = kvsp.NewUUID()
 	}
 	c.mu.Lock()
-	c.sessions[out.Session] = &Session{ID: out.Session, Epoch: 1, ScopeID: q.ScopeID, CompatID: q.CompatID, Instance: uri, Created: time.Now(), MaxTokens: q.MaxTokens}
+	s := &Session{ID: out.Session, Epoch: 1, ScopeID: q.ScopeID, CompatID: q.CompatID, Instance: uri, Created: time.Now(), MaxTokens: q.MaxTokens}
+	if err := c.persist(s); err != nil {
+		c.mu.Unlock()
+		return nil, err
+	}
+	c.sessions[out.Session] = s
 	c.mu.Unlock()
 	c.reg.observe(uri, c.estimateServiceUs(&chosen.snap.Status, len(q.Tokens), q.MaxTokens))
 

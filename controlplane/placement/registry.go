@@ -63,6 +63,7 @@ type Registry struct {
 	mu       sync.Mutex
 	m        map[string]*instance
 	onStatus func(kvsp.InstanceStatus)
+	persist  func(instance string, epoch uint64) error // a higher epoch, before it is accepted
 }
 
 // NewRegistry returns an empty registry.
@@ -88,6 +89,11 @@ func (r *Registry) Put(st *kvsp.InstanceStatus) (kvsp.InstanceState, error) {
 		return "", kvsp.NewProblem(kvsp.ErrStaleEpoch, fmt.Sprintf("status epoch %d is below %d", st.Epoch, in.maxEpoch)).With("epoch", in.maxEpoch)
 	}
 	if st.Epoch > in.maxEpoch { // a restart: what it was doing is gone
+		if r.persist != nil {
+			if err := r.persist(st.Instance, st.Epoch); err != nil {
+				return "", fmt.Errorf("%w: the controller's state could not be written", kvsp.ErrUnavailable)
+			}
+		}
 		in.maxEpoch, in.draining, in.pending = st.Epoch, false, nil
 	}
 	in.st = *st

@@ -97,7 +97,10 @@ type Index struct {
 type Controller struct {
 	Base  string `yaml:"base"`
 	Index string `yaml:"index"`
-	State string `yaml:"state"`
+	// State is where instance epochs and sessions are kept: memory (lost
+	// on restart), bolt (a file at state_path, created 0600) or etcd.
+	State     string `yaml:"state"`
+	StatePath string `yaml:"state_path"`
 }
 
 // Holder configures one holder role.
@@ -272,6 +275,9 @@ func (c *Config) resolve() {
 	for i := range c.Instances {
 		c.Instances[i].Engine.Descriptor = c.Path(c.Instances[i].Engine.Descriptor)
 	}
+	if c.Controller != nil && c.Controller.StatePath != "" {
+		c.Controller.StatePath = c.Path(c.Controller.StatePath)
+	}
 }
 
 func fieldErr(field string, format string, args ...any) error {
@@ -400,9 +406,14 @@ func (c *Config) validate() error {
 		switch x.State {
 		case "", "memory":
 			x.State = "memory"
+		case "bolt":
+			if x.StatePath == "" {
+				return fieldErr("controller.state_path", "required with state: bolt")
+			}
 		case "etcd":
+			return fieldErr("controller.state", "etcd is not built yet: use memory or bolt")
 		default:
-			return fieldErr("controller.state", "%q: want memory or etcd", x.State)
+			return fieldErr("controller.state", "%q: want memory or bolt", x.State)
 		}
 	}
 	for i := range c.Holders {

@@ -1,0 +1,66 @@
+package placement
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/kvsp/kvsp"
+)
+
+// TestStateSurvivesRestart: with a bbolt state file (created 0600), a
+// restarted PC still refuses an instance's lower epoch (R-ST-6) and knows
+// its sessions with their epochs and latest checkpoints (R-SES-3, R-SES-15:
+// the old epoch's checkpoints stay refused).
+func TestStateSurvivesRestart(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "pc.db")
+	open := func() *Controller {
+		st, err := OpenBoltStore(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := New(Config{Index: BackendIndex{}, Instances: discard{}, BlockTokens: map[kvsp.CompatID]int{compatA: 16}, State: st})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close() })
+		return c
+	}
+	c := open()
+	if _, err := c.Registry().Put(status("https://ii1/", 12, kvsp.StateActive, compatA)); err != nil {
+		t.Fatal(err)
+	}
+	id := kvsp.NewUUID()
+	c.mu.Lock()
+	s := &Session{ID: id, Epoch: 1, ScopeID: kvsp.ScopeID{1}, CompatID: compatA, Instance: "https://ii1/", MaxTokens: 100}
+	c.sessions[id] = s
+	c.persist(s)
+	c.mu.Unlock()
+	if _, err := c.PutCheckpoint(checkpoint(id, 1, 32), func(string) bool { return true }); err != nil {
+		t.Fatal(err)
+	}
+	c.mu.Lock()
+	s.Epoch = 2 // migrated
+	c.persist(s)
+	c.mu.Unlock()
+	c.cfg.State.Close()
+	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("state file mode: %v %v", fi.Mode(), err)
+	}
+
+	c = open() // the restarted PC
+	if _, err := c.Registry().Put(status("https://ii1/", 11, kvsp.StateActive, compatA)); !errors.Is(err, kvsp.ErrStaleEpoch) {
+		t.Fatalf("a lower instance epoch after the restart: %v", err)
+	}
+	got, ok := c.Session(id)
+	if !ok || got.Epoch != 2 || got.Checkpoint == nil || got.Checkpoint.OutputOffset != 32 || got.MaxTokens != 100 {
+		t.Fatalf("session after the restart: %+v", got)
+	}
+	if _, err := c.PutCheckpoint(checkpoint(id, 1, 40), func(string) bool { return true }); !errors.Is(err, kvsp.ErrStaleEpoch) {
+		t.Fatalf("the old epoch after the restart: %v", err)
+	}
+	if g, _ := c.Registry().Get("https://ii1/"); g.State != kvsp.StateFailed {
+		t.Fatalf("an instance known only from saved state: %s", g.State)
+	}
+}
