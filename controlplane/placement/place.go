@@ -210,14 +210,20 @@ func (c *Controller) continueSession(ctx context.Context, s *Session, q *kvsp.Pl
 	if s.ScopeID != q.ScopeID || s.CompatID != q.CompatID {
 		return nil, fmt.Errorf("%w: the session has another scope or model", kvsp.ErrConflict)
 	}
-	if st, ok := c.reg.Get(c.sessionInstance(s)); !ok || st.State == kvsp.StateFailed {
-		if err := c.migrate(ctx, s.ID, q); err != nil {
+	if from := c.sessionInstance(s); !c.alive(from) {
+		if err := c.migrate(ctx, s.ID, q, from); err != nil {
 			return nil, err
 		}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return &kvsp.PlaceResponse{Session: s.ID, Epoch: s.Epoch, Instance: s.Instance}, nil
+}
+
+// alive reports an instance the PC has a live record of.
+func (c *Controller) alive(uri string) bool {
+	st, ok := c.reg.Get(uri)
+	return ok && st.State != kvsp.StateFailed
 }
 
 func (c *Controller) sessionInstance(s *Session) string {
@@ -234,10 +240,13 @@ func (c *Controller) sessionInstance(s *Session) string {
 // starts over there (the front end keeps what it delivered: nothing was
 // released for a non-deterministic sampler, and a deterministic one
 // regenerates the same tokens).
-func (c *Controller) migrate(ctx context.Context, id kvsp.UUID, q *kvsp.PlaceRequest) error {
+func (c *Controller) migrate(ctx context.Context, id kvsp.UUID, q *kvsp.PlaceRequest, failed string) error {
 	c.mu.Lock()
 	s := c.sessions[id]
-	failed := s.Instance
+	if s.Instance != failed {
+		c.mu.Unlock()
+		return nil // moved already (the sweep and a front end both noticed)
+	}
 	cp := s.Checkpoint
 	c.mu.Unlock()
 	var pq kvsp.PlaceRequest
@@ -277,7 +286,11 @@ func (c *Controller) Run(ctx context.Context, every time.Duration) {
 		case <-t.C:
 		}
 		c.mu.Lock()
-		var todo []kvsp.UUID
+		type move struct {
+			id   kvsp.UUID
+			from string
+		}
+		var todo []move
 		for id, s := range c.sessions {
 			if s.Checkpoint != nil && s.Checkpoint.OutputOffset >= s.MaxTokens {
 				continue // finished
@@ -287,13 +300,13 @@ func (c *Controller) Run(ctx context.Context, every time.Duration) {
 				continue // known from saved state only: it has not had the time to report
 			}
 			if s.Checkpoint != nil && (!ok || st.State == kvsp.StateFailed) {
-				todo = append(todo, id)
+				todo = append(todo, move{id, s.Instance})
 			}
 		}
 		c.mu.Unlock()
-		for _, id := range todo {
-			if err := c.migrate(ctx, id, nil); err != nil {
-				c.log.Warn("session not migrated", "session", id.String(), "err", err)
+		for _, m := range todo {
+			if err := c.migrate(ctx, m.id, nil, m.from); err != nil {
+				c.log.Warn("session not migrated", "session", m.id.String(), "err", err)
 			}
 		}
 	}
@@ -385,6 +398,11 @@ func (c *Controller) placeOn(ctx context.Context, q *kvsp.PlaceRequest, mig *mig
 		// The epoch goes up, durably, before the resume is sent (R-SES-15).
 		c.mu.Lock()
 		s := mig.session
+		if s.Instance != mig.exclude { // moved meanwhile
+			out.Session, out.Epoch, out.Instance = s.ID, s.Epoch, s.Instance
+			c.mu.Unlock()
+			return out, nil
+		}
 		s.Epoch++
 		s.Instance = uri
 		out.Session, out.Epoch = s.ID, s.Epoch
