@@ -616,6 +616,19 @@ func TestPrefetchSourceCutMidTransfer(t *testing.T) {
 // end's library delivers every index exactly once, and the output equals
 // an uninterrupted run.
 func TestSessionSurvivesItsInstance(t *testing.T) {
+	for _, sampler := range []*kvsp.PlaceSampler{nil, {Method: "top-p", Params: map[string]any{"p": 0.9}, Seed: 5}} {
+		name := "greedy"
+		if sampler != nil {
+			name = "top-p"
+		}
+		t.Run(name, func(t *testing.T) { sessionSurvives(t, sampler) })
+	}
+}
+
+// sessionSurvives runs the scenario with a sampler: greedy is
+// deterministic (tokens released at once, regenerated identically); top-p
+// is not (tokens released only once checkpointed).
+func sessionSurvives(t *testing.T, sampler *kvsp.PlaceSampler) {
 	w := newRig(t, rigOptions{second: true})
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -644,7 +657,7 @@ func TestSessionSurvivesItsInstance(t *testing.T) {
 	var got []uint32
 	killed := false
 	session, err := w.front.RunSession(context.Background(), w.url("/pc/"), &kvsp.PlaceRequest{ScopeID: w.scopeKey.ID(), CompatID: w.compat,
-		Tokens: tokens, MaxTokens: n}, 50*time.Millisecond, func(i uint64, tok uint32) error {
+		Tokens: tokens, MaxTokens: n, Sampler: sampler}, 50*time.Millisecond, func(i uint64, tok uint32) error {
 		if i != uint64(len(got)) {
 			t.Fatalf("index %d delivered after %d tokens", i, len(got))
 		}
@@ -660,12 +673,17 @@ func TestSessionSurvivesItsInstance(t *testing.T) {
 	}
 	keys, _ := kvsp.BlockKeys(w.scopeKey, w.compat, 16, tokens)
 	cold, _ := sim.New(sim.Config{Descriptor: desc, PrefillTokensPerS: 42000, DecodeTokensPerS: 5000})
-	want := tokensOf(t, cold, engine.Request{Tokens: tokens, Keys: keys, MaxTokens: n, Sampler: engine.Sampler{Method: engine.Greedy}})
+	es := engine.Sampler{Method: engine.Greedy}
+	if sampler != nil {
+		es = engine.Sampler{Method: engine.TopP, P: 0.9, Seed: sampler.Seed}
+	}
+	want := tokensOf(t, cold, engine.Request{Tokens: tokens, Keys: keys, MaxTokens: n, Sampler: es})
 	if !equal(got, want) {
 		t.Fatalf("delivered %d tokens; differs from the uninterrupted run", len(got))
 	}
 	s, _ := w.ctl.Session(session)
-	if s.Epoch != 2 || s.Instance != w.url("/ii2/") || s.Checkpoint == nil || s.Checkpoint.OutputOffset != n || s.Checkpoint.Epoch != 2 {
+	if s.Epoch != 2 || s.Instance != w.url("/ii2/") || s.Checkpoint == nil || s.Checkpoint.OutputOffset != n || s.Checkpoint.Epoch != 2 ||
+		s.Checkpoint.Sampler.Deterministic != (sampler == nil) {
 		t.Fatalf("session at the PC: epoch %d on %s, checkpoint %+v", s.Epoch, s.Instance, s.Checkpoint)
 	}
 }
