@@ -56,6 +56,12 @@ type Request struct {
 	// MaxTokens counts all output tokens, Generated included.
 	MaxTokens int
 	Sampler   Sampler
+	// Chain, when set, continues the Block Key chain past the prompt and
+	// Generated: the engine pushes each new output token, and when a block
+	// of generated tokens completes it keeps that block's KV under the
+	// chain's key and calls OnBlock, so the agent can publish it (R-SES-2).
+	Chain   *kvsp.Chain
+	OnBlock func(key kvsp.BlockKey)
 }
 
 // PromptTail returns the prompt tokens after the last complete block.

@@ -526,14 +526,14 @@ func (a *Agent) fetch(ctx context.Context, d *kvsp.PrefetchDirective, key kvsp.B
 		return fmt.Errorf("%w: the block's layers are not all resident", kvsp.ErrLayersUnavailable)
 	}
 	if a.cfg.Holder != "" {
-		go a.store(d, key)
+		go a.store(d.ScopeID, d.CompatID, key)
 	}
 	return nil
 }
 
-// store puts a loaded block at the instance's holder, which publishes the
-// new replica (best effort: the engine has it either way).
-func (a *Agent) store(d *kvsp.PrefetchDirective, key kvsp.BlockKey) {
+// store puts a block of the engine's KV at the instance's holder, which
+// publishes the new replica (best effort: the engine has it either way).
+func (a *Agent) store(scope kvsp.ScopeID, compat kvsp.CompatID, key kvsp.BlockKey) {
 	hdr, err := container.NewHeader(container.CodecRaw, 0, a.g.Layers, a.g)
 	if err != nil {
 		return
@@ -552,7 +552,7 @@ func (a *Agent) store(d *kvsp.PrefetchDirective, key kvsp.BlockKey) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	ref := client.BlockRef{Compat: d.CompatID, Scope: d.ScopeID, Key: key}
+	ref := client.BlockRef{Compat: compat, Scope: scope, Key: key}
 	if err := a.cfg.Client.Holder(a.cfg.Holder).PutBlock(ctx, ref, &buf, int64(buf.Len()), dg.Container); err != nil && !errors.Is(err, client.ErrExists) {
 		a.log.Warn("storing a loaded block at the instance's holder failed", "err", err)
 	}

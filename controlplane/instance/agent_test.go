@@ -512,6 +512,14 @@ func TestStatusPlaceGenerate(t *testing.T) {
 	if s := w.agent.State(); s != kvsp.StateSleeping {
 		t.Fatalf("after draining: %s, want sleeping", s)
 	}
+	// R-SES-2: the blocks of generated tokens are published by the
+	// instance's holder.
+	all := append(append([]uint32{}, tokens...), want...)
+	allKeys, _ := kvsp.BlockKeys(w.scopeKey, w.compat, 16, all)
+	if len(allKeys) != 37+3 {
+		t.Fatalf("%d blocks over prompt and output", len(allKeys))
+	}
+	w.waitPublished(t, allKeys[3:], w.url("/hi/"))
 	// R-SES-1/3: the PC holds the final checkpoint of the session.
 	s, _ := w.ctl.Session(pl.Session)
 	if cp := s.Checkpoint; cp == nil || cp.OutputOffset != 600 || len(cp.Generated) != 600 || cp.Generated[599] != want[599] ||

@@ -132,6 +132,20 @@ func (a *Agent) generate(w http.ResponseWriter, r *http.Request) error {
 		}
 		req.Generated = x.cp.Generated
 	}
+	// The chain past the prompt: blocks of generated tokens get keys, and
+	// the instance's holder publishes them (R-SES-2).
+	var prev kvsp.BlockKey
+	if len(keys) > 0 {
+		prev = keys[len(keys)-1]
+	}
+	if chain, err := kvsp.ResumeChain(key, q.CompatID, int(a.g.BlockTokens), prev, len(keys)); err == nil {
+		chain.Append(nil, req.PromptTail(int(a.g.BlockTokens))...)
+		chain.Append(nil, req.Generated...)
+		req.Chain = chain
+		if a.cfg.Holder != "" {
+			req.OnBlock = func(k kvsp.BlockKey) { go a.store(q.ScopeID, q.CompatID, k) }
+		}
+	}
 	if s := q.Sampler; s != nil {
 		req.Sampler = engine.Sampler{Method: s.Method, Seed: s.Seed}
 		if p, ok := s.Params["p"].(float64); ok {

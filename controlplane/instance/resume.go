@@ -51,11 +51,22 @@ func (a *Agent) Resume(r *kvsp.ResumeRequest) error {
 	return nil
 }
 
-// loadPrompt loads the checkpoint's prompt blocks that are not resident,
-// from the replicas the IS knows (what cannot be loaded is recomputed by
-// generate when the front end sends the prompt).
+// loadPrompt loads the checkpoint's prompt blocks and the blocks of its
+// generated tokens that are not resident, from the replicas the IS knows
+// (R-SES-11; what cannot be loaded is recomputed by generate when the
+// front end sends the prompt).
 func (a *Agent) loadPrompt(x *resumed) {
-	keys := x.cp.PromptBlocks
+	keys := append([]kvsp.BlockKey{}, x.cp.PromptBlocks...)
+	if sk, ok := a.keys[x.cp.ScopeID]; ok { // the generated blocks' keys continue the chain
+		var prev kvsp.BlockKey
+		if len(keys) > 0 {
+			prev = keys[len(keys)-1]
+		}
+		if chain, err := kvsp.ResumeChain(sk, x.cp.CompatID, int(a.g.BlockTokens), prev, len(keys)); err == nil {
+			keys = chain.Append(keys, x.cp.PromptTail...)
+			keys = chain.Append(keys, x.cp.Generated...)
+		}
+	}
 	if len(keys) == 0 || a.cfg.Index == "" {
 		return
 	}

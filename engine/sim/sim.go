@@ -185,6 +185,18 @@ func (e *Engine) Generate(ctx context.Context, req engine.Request, emit func(eng
 	}
 	for i := len(req.Generated); i < req.MaxTokens; i++ {
 		id := e.sample(state, i, req.Sampler)
+		if req.Chain != nil && req.Chain.Push(id) { // a block of generated tokens
+			key, _ := req.Chain.Last()
+			for l := uint32(0); l < e.g.Layers; l++ {
+				BlockContent(e.g, key, l, k, v)
+				if err := e.KV().WriteLayer(key, l, k, v); err != nil {
+					return err
+				}
+			}
+			if req.OnBlock != nil {
+				req.OnBlock(key)
+			}
+		}
 		if err := emit(engine.Token{Index: i, ID: id}); err != nil {
 			return err
 		}
