@@ -156,17 +156,14 @@ func (a *Agent) generate(w http.ResponseWriter, r *http.Request) error {
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusOK)
 	bw := bufio.NewWriter(w)
-	flusher, _ := w.(http.Flusher)
+	rc := http.NewResponseController(w) // reaches the connection through the server's wrappers
 	line := func(t kvsp.GeneratedToken) error {
 		b, _ := kvsp.Marshal(&t)
 		bw.Write(append(b, '\n'))
 		if err := bw.Flush(); err != nil {
 			return err
 		}
-		if flusher != nil {
-			flusher.Flush()
-		}
-		return nil
+		return rc.Flush() // each token leaves at once
 	}
 	cp := a.newCheckpointer(&q, keys, req.PromptTail(int(a.g.BlockTokens)), line)
 	if x != nil {

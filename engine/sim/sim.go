@@ -168,7 +168,9 @@ func (e *Engine) Generate(ctx context.Context, req engine.Request, emit func(eng
 	}
 	tail := req.PromptTail(bt)
 	recompute := len(tail) + len(req.Generated) + (len(req.Keys)-cached)*bt
-	if err := sleep(ctx, time.Duration(float64(recompute)/e.cfg.PrefillTokensPerS*float64(time.Second))); err != nil {
+	p := pacer{start: time.Now()}
+	defer p.flush(ctx)
+	if err := p.charge(ctx, time.Duration(float64(recompute)/e.cfg.PrefillTokensPerS*float64(time.Second))); err != nil {
 		return err
 	}
 
@@ -204,7 +206,7 @@ func (e *Engine) Generate(ctx context.Context, req engine.Request, emit func(eng
 		e.mu.Lock()
 		share := float64(max(1, e.running))
 		e.mu.Unlock()
-		if err := sleep(ctx, time.Duration(share/e.cfg.DecodeTokensPerS*float64(time.Second))); err != nil {
+		if err := p.charge(ctx, time.Duration(share/e.cfg.DecodeTokensPerS*float64(time.Second))); err != nil {
 			return err
 		}
 	}
@@ -261,6 +263,26 @@ func u32s(ts []uint32) []byte {
 	}
 	return b
 }
+
+// pacer charges simulated time against the wall clock: it sleeps only
+// once the time owed exceeds a millisecond (timers are coarser than a
+// token's 200 us on some kernels), so the average rates are the
+// configured ones.
+type pacer struct {
+	start   time.Time
+	charged time.Duration
+}
+
+func (p *pacer) charge(ctx context.Context, d time.Duration) error {
+	p.charged += d
+	if ahead := time.Until(p.start.Add(p.charged)); ahead >= time.Millisecond {
+		return sleep(ctx, ahead)
+	}
+	return nil
+}
+
+// flush sleeps what is still owed.
+func (p *pacer) flush(ctx context.Context) { sleep(ctx, time.Until(p.start.Add(p.charged))) }
 
 func sleep(ctx context.Context, d time.Duration) error {
 	if d <= 0 {
