@@ -1,0 +1,128 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/client"
+	"github.com/kvsp/kvsp/engine"
+	"github.com/kvsp/kvsp/engine/sim"
+)
+
+const tinyDescriptor = `{"model": "sim/tiny", "tokenizer_digest": "sha-256:9f42a7a29dca3063ad26d7be7fe6a930fa38afb1a703e4f7ff538db4e133b19c",
+  "model_digest": "sha-256:254e528c669a2084c9727298cacb83e8854e0a6ff80e2bf18096b9dce0f7ebda",
+  "layers": 4, "kv_heads": 2, "head_dim": 16, "kv_dtype": "bf16", "positional": "rope", "block_tokens": 16, "layout": "kvsp-layout-1"}`
+
+// TestSessionSurvivesSIGKILL (issue 8, with real processes): the IS, the
+// PC and a holder in one `kvsp serve` process, two instances in two more;
+// the instance serving a session is SIGKILLed mid-generation; the PC
+// detects it by its status TTL, migrates the session, and the front-end
+// library delivers every index once: the output equals an uninterrupted
+// run of the same engine.
+func TestSessionSurvivesSIGKILL(t *testing.T) {
+	dir := t.TempDir()
+	free := func() string {
+		ln, _ := net.Listen("tcp", "127.0.0.1:0")
+		defer ln.Close()
+		return ln.Addr().String()
+	}
+	a, b1, b2 := free(), free(), free()
+	base := func(addr, path string) string { return "https://" + addr + path }
+	if base(b2, "/ii/") < base(b1, "/ii/") { // placement breaks cost ties by URI: b1 first
+		b1, b2 = b2, b1
+	}
+	common := `http3: false
+tls: {cert: server.pem, key: server.key, client_ca: ca.pem, client_cert: self.pem, client_key: self.key}
+policy: policy.yaml
+scopes: [{key_file: scope-a.key}]
+`
+	roles := `index: {base: ` + base(a, "/is/") + `, max_ttl_ms: 600000, max_lookup_keys: 4096, backend: memory}
+controller: {base: ` + base(a, "/pc/") + `, index: ` + base(a, "/is/") + `, state: memory}
+holders:
+  - base: ` + base(a, "/h1/") + `
+    index: ` + base(a, "/is/") + `
+    descriptors: [descriptor.json]
+    tiers: [{name: host, capacity: 256MiB, read_mbit_per_s: 400000}]
+    lease_quota: {octets: 256MiB, max_ttl_ms: 60000, max_leases: 1024}
+`
+	inst := func(addr string) string {
+		return `  - base: ` + base(addr, "/ii/") + `
+    controller: ` + base(a, "/pc/") + `
+    index: ` + base(a, "/is/") + `
+    holder: ` + base(a, "/h1/") + `
+    engine: {kind: sim, descriptor: descriptor.json, prefill_tokens_per_s: 42000, decode_tokens_per_s: 3100}
+`
+	}
+	writeFile(t, dir, "descriptor.json", tinyDescriptor)
+	// One identity for the three processes (they share 127.0.0.1): the
+	// union configuration makes its certificate and policy.
+	all := writeFile(t, dir, "all.yaml", "listen: "+a+"\n"+common+roles+"instances:\n"+inst(b1)+inst(b2))
+	if code, _, errs := runCLI(t, "certs", "--config", all); code != 0 {
+		t.Fatal(errs)
+	}
+	startServe(t, writeFile(t, dir, "a.yaml", "listen: "+a+"\n"+common+roles), a)
+	p1 := startServe(t, writeFile(t, dir, "b1.yaml", "listen: "+b1+"\n"+common+"instances:\n"+inst(b1)), b1)
+	startServe(t, writeFile(t, dir, "b2.yaml", "listen: "+b2+"\n"+common+"instances:\n"+inst(b2)), b2)
+
+	pair, _ := tls.LoadX509KeyPair(filepath.Join(dir, "client.pem"), filepath.Join(dir, "client.key"))
+	ca, _ := os.ReadFile(filepath.Join(dir, "ca.pem"))
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(ca)
+	front, err := client.New(client.Config{TLS: &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: roots, Certificates: []tls.Certificate{pair}}, Attempts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer front.Close()
+	keyFile, _ := os.ReadFile(filepath.Join(dir, "scope-a.key"))
+	sk, _ := kvsp.ScopeKeyFromFile(keyFile)
+	d, _ := kvsp.ParseDescriptor([]byte(tinyDescriptor))
+	compat, _ := d.CompatID()
+	tokens := make([]uint32, 3*16+5)
+	for i := range tokens {
+		tokens[i] = uint32(13*i + 1)
+	}
+	q := &kvsp.PlaceRequest{ScopeID: sk.ID(), CompatID: compat, Tokens: tokens, MaxTokens: 1200}
+	// Both instances report to the PC within a status period.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		out, err := front.Controller(base(a, "/pc/")).Place(context.Background(), q)
+		if err == nil && out.Instance == base(b1, "/ii/") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the PC does not place on b1: %+v %v", out, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	var got []uint32
+	killed := false
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	_, err = front.RunSession(ctx, base(a, "/pc/"), q, 100*time.Millisecond, func(i uint64, tok uint32) error {
+		got = append(got, tok)
+		if i == 400 && !killed {
+			killed = true
+			p1.kill() // SIGKILL the serving instance
+		}
+		return nil
+	})
+	if err != nil || !killed {
+		t.Fatalf("session: %d tokens, killed %v, %v", len(got), killed, err)
+	}
+	eng, _ := sim.New(sim.Config{Descriptor: d, PrefillTokensPerS: 1e9, DecodeTokensPerS: 1e9})
+	keys, _ := kvsp.BlockKeys(sk, compat, 16, tokens)
+	var want []uint32
+	eng.Generate(context.Background(), engine.Request{Tokens: tokens, Keys: keys, MaxTokens: 1200, Sampler: engine.Sampler{Method: engine.Greedy}},
+		func(tk engine.Token) error { want = append(want, tk.ID); return nil })
+	if !slices.Equal(got, want) {
+		t.Fatalf("delivered %d tokens; not the uninterrupted output (%d)", len(got), len(want))
+	}
+}
