@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"syscall"
 	"testing"
 	"time"
 
@@ -28,6 +29,101 @@ const tinyDescriptor = `{"model": "sim/tiny", "tokenizer_digest": "sha-256:9f42a
 // library delivers every index once: the output equals an uninterrupted
 // run of the same engine.
 func TestSessionSurvivesSIGKILL(t *testing.T) {
+	c := startSessionCluster(t, nil)
+	var got []uint32
+	killed := false
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	_, err := c.front.RunSession(ctx, c.pc, c.q, 100*time.Millisecond, func(i uint64, tok uint32) error {
+		got = append(got, tok)
+		if i == 400 && !killed {
+			killed = true
+			c.p1.kill() // SIGKILL the serving instance
+		}
+		return nil
+	})
+	if err != nil || !killed {
+		t.Fatalf("session: %d tokens, killed %v, %v", len(got), killed, err)
+	}
+	if want := c.uninterrupted(); !slices.Equal(got, want) {
+		t.Fatalf("delivered %d tokens; not the uninterrupted output (%d)", len(got), len(want))
+	}
+}
+
+// TestPartitionedInstanceCannotExtendItsSession (issue 8): the instance
+// serving a top-p session is SIGSTOPped; once its status expires the PC
+// moves the session to the other instance at a higher epoch; when the
+// first one is SIGCONTed its checkpoints carry the old epoch and are
+// refused, so it releases no further token (R-SES-6, R-SES-15); the front
+// end gets one consistent output, equal to an uninterrupted run.
+func TestPartitionedInstanceCannotExtendItsSession(t *testing.T) {
+	c := startSessionCluster(t, &kvsp.PlaceSampler{Method: "top-p", Params: map[string]any{"p": 0.9}, Seed: 4})
+	var got []uint32
+	stopped := make(chan struct{})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	go func() {
+		<-stopped
+		// Until the PC has moved the session, place answers b1.
+		deadline := time.Now().Add(30 * time.Second)
+		for time.Now().Before(deadline) {
+			q := *c.q
+			q.Session = &c.session
+			if out, err := c.front.Controller(c.pc).Place(ctx, &q); err == nil && out.Epoch == 2 && out.Instance == c.b2 {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		c.p1.cmd.Process.Signal(syscall.SIGCONT)
+	}()
+	paused := false
+	session, err := c.front.RunSession(ctx, c.pc, c.q, 100*time.Millisecond, func(i uint64, tok uint32) error {
+		got = append(got, tok)
+		if i == 200 && !paused {
+			paused = true
+			c.p1.cmd.Process.Signal(syscall.SIGSTOP)
+			close(stopped)
+		}
+		return nil
+	})
+	if err != nil || !paused {
+		t.Fatalf("session: %d tokens, %v", len(got), err)
+	}
+	if session != c.session {
+		t.Fatal("another session")
+	}
+	if want := c.uninterrupted(); !slices.Equal(got, want) {
+		t.Fatalf("delivered %d tokens; not one consistent output (%d)", len(got), len(want))
+	}
+}
+
+// sessionCluster is the IS, PC and holder in one kvsp serve process and
+// two instance processes (b1 is placed first), with a front end.
+type sessionCluster struct {
+	front   *client.Client
+	pc, b2  string
+	p1      *proc
+	q       *kvsp.PlaceRequest
+	session kvsp.UUID
+	d       kvsp.Descriptor
+	sk      kvsp.ScopeKey
+}
+
+func (c *sessionCluster) uninterrupted() []uint32 {
+	eng, _ := sim.New(sim.Config{Descriptor: c.d, PrefillTokensPerS: 1e9, DecodeTokensPerS: 1e9})
+	compat, _ := c.d.CompatID()
+	keys, _ := kvsp.BlockKeys(c.sk, compat, 16, c.q.Tokens)
+	s := engine.Sampler{Method: engine.Greedy}
+	if ps := c.q.Sampler; ps != nil {
+		s = engine.Sampler{Method: ps.Method, P: ps.Params["p"].(float64), Seed: ps.Seed}
+	}
+	var want []uint32
+	eng.Generate(context.Background(), engine.Request{Tokens: c.q.Tokens, Keys: keys, MaxTokens: int(c.q.MaxTokens), Sampler: s},
+		func(tk engine.Token) error { want = append(want, tk.ID); return nil })
+	return want
+}
+
+func startSessionCluster(t *testing.T, sampler *kvsp.PlaceSampler) *sessionCluster {
 	dir := t.TempDir()
 	free := func() string {
 		ln, _ := net.Listen("tcp", "127.0.0.1:0")
@@ -71,6 +167,7 @@ holders:
 	startServe(t, writeFile(t, dir, "a.yaml", "listen: "+a+"\n"+common+roles), a)
 	p1 := startServe(t, writeFile(t, dir, "b1.yaml", "listen: "+b1+"\n"+common+"instances:\n"+inst(b1)), b1)
 	startServe(t, writeFile(t, dir, "b2.yaml", "listen: "+b2+"\n"+common+"instances:\n"+inst(b2)), b2)
+	t.Cleanup(func() { p1.cmd.Process.Signal(syscall.SIGCONT) }) // a stopped process cannot be killed cleanly
 
 	pair, _ := tls.LoadX509KeyPair(filepath.Join(dir, "client.pem"), filepath.Join(dir, "client.key"))
 	ca, _ := os.ReadFile(filepath.Join(dir, "ca.pem"))
@@ -80,7 +177,7 @@ holders:
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer front.Close()
+	t.Cleanup(front.Close)
 	keyFile, _ := os.ReadFile(filepath.Join(dir, "scope-a.key"))
 	sk, _ := kvsp.ScopeKeyFromFile(keyFile)
 	d, _ := kvsp.ParseDescriptor([]byte(tinyDescriptor))
@@ -89,11 +186,15 @@ holders:
 	for i := range tokens {
 		tokens[i] = uint32(13*i + 1)
 	}
-	q := &kvsp.PlaceRequest{ScopeID: sk.ID(), CompatID: compat, Tokens: tokens, MaxTokens: 1200}
-	// Both instances report to the PC within a status period.
+	q := &kvsp.PlaceRequest{ScopeID: sk.ID(), CompatID: compat, Tokens: tokens, MaxTokens: 1200, Sampler: sampler}
+	// Both instances report to the PC within a status period; b1 wins the
+	// cost tie. The session id is fixed, so the test can ask about it.
+	c := &sessionCluster{front: front, pc: base(a, "/pc/"), b2: base(b2, "/ii/"), p1: p1, q: q, d: d, sk: sk, session: kvsp.NewUUID()}
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		out, err := front.Controller(base(a, "/pc/")).Place(context.Background(), q)
+		probe := *q
+		probe.Session = nil
+		out, err := front.Controller(c.pc).Place(context.Background(), &probe)
 		if err == nil && out.Instance == base(b1, "/ii/") {
 			break
 		}
@@ -102,27 +203,6 @@ holders:
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	var got []uint32
-	killed := false
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	_, err = front.RunSession(ctx, base(a, "/pc/"), q, 100*time.Millisecond, func(i uint64, tok uint32) error {
-		got = append(got, tok)
-		if i == 400 && !killed {
-			killed = true
-			p1.kill() // SIGKILL the serving instance
-		}
-		return nil
-	})
-	if err != nil || !killed {
-		t.Fatalf("session: %d tokens, killed %v, %v", len(got), killed, err)
-	}
-	eng, _ := sim.New(sim.Config{Descriptor: d, PrefillTokensPerS: 1e9, DecodeTokensPerS: 1e9})
-	keys, _ := kvsp.BlockKeys(sk, compat, 16, tokens)
-	var want []uint32
-	eng.Generate(context.Background(), engine.Request{Tokens: tokens, Keys: keys, MaxTokens: 1200, Sampler: engine.Sampler{Method: engine.Greedy}},
-		func(tk engine.Token) error { want = append(want, tk.ID); return nil })
-	if !slices.Equal(got, want) {
-		t.Fatalf("delivered %d tokens; not the uninterrupted output (%d)", len(got), len(want))
-	}
+	q.Session = &c.session
+	return c
 }
