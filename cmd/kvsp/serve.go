@@ -419,6 +419,9 @@ func basePath(base string) string {
 func descriptorBlockTokens(cfg *config.Config) (map[kvsp.CompatID]int, error) {
 	m := map[kvsp.CompatID]int{}
 	var paths []string
+	if cfg.Controller != nil {
+		paths = append(paths, cfg.Controller.Descriptors...)
+	}
 	for _, h := range cfg.Holders {
 		paths = append(paths, h.Descriptors...)
 	}

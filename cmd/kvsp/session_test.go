@@ -50,6 +50,36 @@ func TestSessionSurvivesSIGKILL(t *testing.T) {
 	}
 }
 
+// TestPCRestartMidSession (issue 8): the PC, in a process of its own with
+// a bbolt state file, is SIGKILLed while a top-p session runs and started
+// again: the session's epoch has not gone backwards, its checkpoints are
+// accepted again, and the front end gets one consistent output.
+func TestPCRestartMidSession(t *testing.T) {
+	c := startSessionClusterWith(t, &kvsp.PlaceSampler{Method: "top-p", Params: map[string]any{"p": 0.9}, Seed: 8}, true)
+	var got []uint32
+	restarted := false
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	_, err := c.front.RunSession(ctx, c.pc, c.q, 100*time.Millisecond, func(i uint64, tok uint32) error {
+		got = append(got, tok)
+		if i == 300 && !restarted {
+			restarted = true
+			c.restartPC(t)
+		}
+		return nil
+	})
+	if err != nil || !restarted {
+		t.Fatalf("session: %d tokens, %v", len(got), err)
+	}
+	if want := c.uninterrupted(); !slices.Equal(got, want) {
+		t.Fatalf("delivered %d tokens; not one consistent output (%d)", len(got), len(want))
+	}
+	q := *c.q
+	if out, err := c.front.Controller(c.pc).Place(ctx, &q); err != nil || out.Epoch < 1 || out.Session != c.session {
+		t.Fatalf("the session after the restart: %+v %v", out, err)
+	}
+}
+
 // TestPartitionedInstanceCannotExtendItsSession (issue 8): the instance
 // serving a top-p session is SIGSTOPped; once its status expires the PC
 // moves the session to the other instance at a higher epoch; when the
@@ -100,13 +130,22 @@ func TestPartitionedInstanceCannotExtendItsSession(t *testing.T) {
 // sessionCluster is the IS, PC and holder in one kvsp serve process and
 // two instance processes (b1 is placed first), with a front end.
 type sessionCluster struct {
-	front   *client.Client
-	pc, b2  string
-	p1      *proc
-	q       *kvsp.PlaceRequest
-	session kvsp.UUID
-	d       kvsp.Descriptor
-	sk      kvsp.ScopeKey
+	pcCfg, pcAddr string
+	pcProc        *proc
+	front         *client.Client
+	pc, b2        string
+	p1            *proc
+	q             *kvsp.PlaceRequest
+	session       kvsp.UUID
+	d             kvsp.Descriptor
+	sk            kvsp.ScopeKey
+}
+
+// restartPC kills the PC's process with SIGKILL and starts it again on
+// the same state file.
+func (c *sessionCluster) restartPC(t *testing.T) {
+	c.pcProc.kill()
+	c.pcProc = startServe(t, c.pcCfg, c.pcAddr)
 }
 
 func (c *sessionCluster) uninterrupted() []uint32 {
@@ -124,6 +163,12 @@ func (c *sessionCluster) uninterrupted() []uint32 {
 }
 
 func startSessionCluster(t *testing.T, sampler *kvsp.PlaceSampler) *sessionCluster {
+	return startSessionClusterWith(t, sampler, false)
+}
+
+// startSessionClusterWith, with separatePC, runs the PC in a process of
+// its own whose state is a bbolt file (c.restartPC kills and restarts it).
+func startSessionClusterWith(t *testing.T, sampler *kvsp.PlaceSampler, separatePC bool) *sessionCluster {
 	dir := t.TempDir()
 	free := func() string {
 		ln, _ := net.Listen("tcp", "127.0.0.1:0")
@@ -131,6 +176,10 @@ func startSessionCluster(t *testing.T, sampler *kvsp.PlaceSampler) *sessionClust
 		return ln.Addr().String()
 	}
 	a, b1, b2 := free(), free(), free()
+	pcAddr := a
+	if separatePC {
+		pcAddr = free()
+	}
 	base := func(addr, path string) string { return "https://" + addr + path }
 	if base(b2, "/ii/") < base(b1, "/ii/") { // placement breaks cost ties by URI: b1 first
 		b1, b2 = b2, b1
@@ -140,8 +189,9 @@ tls: {cert: server.pem, key: server.key, client_ca: ca.pem, client_cert: self.pe
 policy: policy.yaml
 scopes: [{key_file: scope-a.key}]
 `
+	pcRole := `controller: {base: ` + base(pcAddr, "/pc/") + `, index: ` + base(a, "/is/") + `, state: bolt, state_path: pc.db, descriptors: [descriptor.json]}
+`
 	roles := `index: {base: ` + base(a, "/is/") + `, max_ttl_ms: 600000, max_lookup_keys: 4096, backend: memory}
-controller: {base: ` + base(a, "/pc/") + `, index: ` + base(a, "/is/") + `, state: memory}
 holders:
   - base: ` + base(a, "/h1/") + `
     index: ` + base(a, "/is/") + `
@@ -151,7 +201,7 @@ holders:
 `
 	inst := func(addr string) string {
 		return `  - base: ` + base(addr, "/ii/") + `
-    controller: ` + base(a, "/pc/") + `
+    controller: ` + base(pcAddr, "/pc/") + `
     index: ` + base(a, "/is/") + `
     holder: ` + base(a, "/h1/") + `
     engine: {kind: sim, descriptor: descriptor.json, prefill_tokens_per_s: 42000, decode_tokens_per_s: 3100}
@@ -160,11 +210,21 @@ holders:
 	writeFile(t, dir, "descriptor.json", tinyDescriptor)
 	// One identity for the three processes (they share 127.0.0.1): the
 	// union configuration makes its certificate and policy.
-	all := writeFile(t, dir, "all.yaml", "listen: "+a+"\n"+common+roles+"instances:\n"+inst(b1)+inst(b2))
+	all := writeFile(t, dir, "all.yaml", "listen: "+a+"\n"+common+roles+pcRole+"instances:\n"+inst(b1)+inst(b2))
 	if code, _, errs := runCLI(t, "certs", "--config", all); code != 0 {
 		t.Fatal(errs)
 	}
-	startServe(t, writeFile(t, dir, "a.yaml", "listen: "+a+"\n"+common+roles), a)
+	var (
+		pcProc *proc
+		pcCfg  string
+	)
+	if separatePC {
+		startServe(t, writeFile(t, dir, "a.yaml", "listen: "+a+"\n"+common+roles), a)
+		pcCfg = writeFile(t, dir, "pc.yaml", "listen: "+pcAddr+"\n"+common+pcRole)
+		pcProc = startServe(t, pcCfg, pcAddr)
+	} else {
+		startServe(t, writeFile(t, dir, "a.yaml", "listen: "+a+"\n"+common+roles+pcRole), a)
+	}
 	p1 := startServe(t, writeFile(t, dir, "b1.yaml", "listen: "+b1+"\n"+common+"instances:\n"+inst(b1)), b1)
 	startServe(t, writeFile(t, dir, "b2.yaml", "listen: "+b2+"\n"+common+"instances:\n"+inst(b2)), b2)
 	t.Cleanup(func() { p1.cmd.Process.Signal(syscall.SIGCONT) }) // a stopped process cannot be killed cleanly
@@ -189,7 +249,8 @@ holders:
 	q := &kvsp.PlaceRequest{ScopeID: sk.ID(), CompatID: compat, Tokens: tokens, MaxTokens: 1200, Sampler: sampler}
 	// Both instances report to the PC within a status period; b1 wins the
 	// cost tie. The session id is fixed, so the test can ask about it.
-	c := &sessionCluster{front: front, pc: base(a, "/pc/"), b2: base(b2, "/ii/"), p1: p1, q: q, d: d, sk: sk, session: kvsp.NewUUID()}
+	c := &sessionCluster{front: front, pc: base(pcAddr, "/pc/"), b2: base(b2, "/ii/"), p1: p1, q: q, d: d, sk: sk, session: kvsp.NewUUID(),
+		pcAddr: pcAddr, pcCfg: pcCfg, pcProc: pcProc}
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		probe := *q

@@ -210,7 +210,7 @@ func (c *Controller) continueSession(ctx context.Context, s *Session, q *kvsp.Pl
 	if s.ScopeID != q.ScopeID || s.CompatID != q.CompatID {
 		return nil, fmt.Errorf("%w: the session has another scope or model", kvsp.ErrConflict)
 	}
-	if from := c.sessionInstance(s); !c.alive(from) {
+	if from := c.sessionInstance(s); !c.alive(from) && !c.inGrace(from) {
 		if err := c.migrate(ctx, s.ID, q, from); err != nil {
 			return nil, err
 		}
@@ -218,6 +218,14 @@ func (c *Controller) continueSession(ctx context.Context, s *Session, q *kvsp.Pl
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return &kvsp.PlaceResponse{Session: s.ID, Epoch: s.Epoch, Instance: s.Instance}, nil
+}
+
+// inGrace reports an instance known only from saved state, shortly after
+// a restart: it has not had the time to report yet, and is presumed to
+// still serve its sessions.
+func (c *Controller) inGrace(uri string) bool {
+	st, ok := c.reg.Get(uri)
+	return ok && st.Status.Instance == "" && time.Since(c.started) < c.cfg.RestartGrace
 }
 
 // alive reports an instance the PC has a live record of.
@@ -295,10 +303,10 @@ func (c *Controller) Run(ctx context.Context, every time.Duration) {
 			if s.Checkpoint != nil && s.Checkpoint.OutputOffset >= s.MaxTokens {
 				continue // finished
 			}
-			st, ok := c.reg.Get(s.Instance)
-			if ok && st.Status.Instance == "" && time.Since(c.started) < c.cfg.RestartGrace {
-				continue // known from saved state only: it has not had the time to report
+			if c.inGrace(s.Instance) {
+				continue
 			}
+			st, ok := c.reg.Get(s.Instance)
 			if s.Checkpoint != nil && (!ok || st.State == kvsp.StateFailed) {
 				todo = append(todo, move{id, s.Instance})
 			}

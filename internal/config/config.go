@@ -101,6 +101,9 @@ type Controller struct {
 	// on restart), bolt (a file at state_path, created 0600) or etcd.
 	State     string `yaml:"state"`
 	StatePath string `yaml:"state_path"`
+	// Descriptors are the models it places (their block_tokens), beyond
+	// those of the holders and instances of the same process.
+	Descriptors []string `yaml:"descriptors"`
 }
 
 // Holder configures one holder role.
@@ -275,8 +278,13 @@ func (c *Config) resolve() {
 	for i := range c.Instances {
 		c.Instances[i].Engine.Descriptor = c.Path(c.Instances[i].Engine.Descriptor)
 	}
-	if c.Controller != nil && c.Controller.StatePath != "" {
-		c.Controller.StatePath = c.Path(c.Controller.StatePath)
+	if c.Controller != nil {
+		if c.Controller.StatePath != "" {
+			c.Controller.StatePath = c.Path(c.Controller.StatePath)
+		}
+		for j := range c.Controller.Descriptors {
+			c.Controller.Descriptors[j] = c.Path(c.Controller.Descriptors[j])
+		}
 	}
 }
 
@@ -414,6 +422,11 @@ func (c *Config) validate() error {
 			return fieldErr("controller.state", "etcd is not built yet: use memory or bolt")
 		default:
 			return fieldErr("controller.state", "%q: want memory or bolt", x.State)
+		}
+		for j, d := range x.Descriptors {
+			if err := checkDescriptor(fmt.Sprintf("controller.descriptors[%d]", j), d); err != nil {
+				return err
+			}
 		}
 	}
 	for i := range c.Holders {
