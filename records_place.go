@@ -85,6 +85,9 @@ type GenerateRequest struct {
 	From *uint64 `json:"from,omitempty"`
 }
 
+// MaxGenerateTokens bounds one generation's output.
+const MaxGenerateTokens = 1 << 20
+
 // MediaTypeTokens is the media type of a generation's token stream: one
 // GeneratedToken per line.
 const MediaTypeTokens = "application/x-ndjson"
@@ -96,6 +99,8 @@ func (q *GenerateRequest) Validate() error {
 		return invalidf("generate: session: required")
 	case q.Epoch == 0:
 		return invalidf("generate: epoch: required, at least 1")
+	case q.MaxTokens > MaxGenerateTokens:
+		return fmt.Errorf("%w: generate: max_tokens: at most %d", ErrTooLarge, MaxGenerateTokens)
 	}
 	p := PlaceRequest{ScopeID: q.ScopeID, CompatID: q.CompatID, Tokens: q.Tokens, MaxTokens: q.MaxTokens, Sampler: q.Sampler}
 	return p.Validate()
