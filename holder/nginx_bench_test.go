@@ -1,10 +1,7 @@
 package holder_test
 
 import (
-	"bufio"
 	"crypto/sha256"
-	"crypto/tls"
-	"crypto/x509"
 	"fmt"
 	"io"
 	"net"
@@ -12,10 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
-	"runtime/pprof"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -35,17 +29,7 @@ func TestHolderServerProcess(t *testing.T) {
 	bf := newBenchFixture(t, 1)
 	bf.pki.WriteLeaf("client.pem", "client.key", bf.pki.Leaf(kvsptest.ClientA))
 	ref := bf.refs[0]
-	runtime.GC()
-	if prof := os.Getenv("KVSP_HOLDER_CPUPROFILE"); prof != "" { // a profile of the holder alone
-		f, err := os.Create(prof)
-		if err != nil {
-			t.Fatal(err)
-		}
-		pprof.StartCPUProfile(f)
-		defer func() { pprof.StopCPUProfile(); f.Close() }()
-	}
-	fmt.Printf("\nSERVING %s %s\n", bf.srv.URL("/h1/blocks/"+ref.Compat.String()+"/"+ref.Scope.String()+"/"+ref.Key.String()), bf.pki.Dir)
-	io.Copy(io.Discard, os.Stdin) // until the benchmark closes it
+	kvsptest.ServeFromProcess(t, bf.srv.URL("/h1/blocks/"+ref.Compat.String()+"/"+ref.Scope.String()+"/"+ref.Key.String()), bf.pki, "KVSP_HOLDER_CPUPROFILE")
 }
 
 // BenchmarkVersusNginx serves the same 2 MiB container from the holder and
@@ -67,35 +51,8 @@ func BenchmarkVersusNginx(b *testing.B) {
 	data, blk := benchBlockBytes()
 
 	// The holder, in a process of its own.
-	hcmd := exec.Command(os.Args[0], "-test.run", "^TestHolderServerProcess$")
-	hcmd.Env = append(os.Environ(), "KVSP_HOLDER_SERVER=1")
-	stdin, _ := hcmd.StdinPipe()
-	stdout, _ := hcmd.StdoutPipe()
-	hcmd.Stderr = os.Stderr
-	if err := hcmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	defer func() { stdin.Close(); hcmd.Wait() }()
-	var holderURL, dir string
-	sc := bufio.NewScanner(stdout)
-	for sc.Scan() {
-		if f := strings.Fields(sc.Text()); len(f) == 3 && f[0] == "SERVING" {
-			holderURL, dir = f[1], f[2]
-			break
-		}
-	}
-	if holderURL == "" {
-		b.Fatal("the holder process did not start")
-	}
-	go io.Copy(io.Discard, stdout)
-	pem := func(name string) string { return filepath.Join(dir, name) }
-	ca, _ := os.ReadFile(pem("ca.pem"))
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(ca)
-	cert, err := tls.LoadX509KeyPair(pem("client.pem"), pem("client.key"))
-	if err != nil {
-		b.Fatal(err)
-	}
+	hp := kvsptest.StartProcess(b, "TestHolderServerProcess", "KVSP_HOLDER_SERVER=1")
+	holderURL, pem := hp.URL, hp.Path
 
 	// nginx: same certificate, client certificates required.
 	ndir := b.TempDir()
@@ -125,7 +82,7 @@ http { access_log off; sendfile on; keepalive_requests 100000; client_body_temp_
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	pids := map[string]int{"holder": hcmd.Process.Pid, "nginx": cmd.Process.Pid}
+	pids := map[string]int{"holder": hp.Pid, "nginx": cmd.Process.Pid}
 
 	wantWhole := blk.ContainerDigest()
 	layers := blk.LayerDigests()
@@ -148,7 +105,7 @@ http { access_log off; sendfile on; keepalive_requests 100000; client_body_temp_
 		for _, clients := range []int{1, 8} {
 			for _, peer := range []string{"nginx", "holder"} {
 				b.Run(fmt.Sprintf("%s/clients=%d/%s", proto, clients, peer), func(b *testing.B) {
-					tc := &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: pool, Certificates: []tls.Certificate{cert}, NextProtos: []string{"h2", "http/1.1"}}
+					tc := hp.ClientTLS(b, "h2", "http/1.1")
 					if proto == "http1" {
 						tc.NextProtos = []string{"http/1.1"}
 					}

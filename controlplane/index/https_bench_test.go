@@ -1,20 +1,14 @@
 package index_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	stdjson "encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
-	"runtime"
-	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -184,17 +178,10 @@ func TestLookupServerProcess(t *testing.T) {
 	if kind == "plain" {
 		url = plainURL
 	}
-	runtime.GC()
-	if prof := os.Getenv("KVSP_LOOKUP_CPUPROFILE"); prof != "" { // a profile of the server alone
-		f, err := os.Create(prof + "." + kind)
-		if err != nil {
-			t.Fatal(err)
-		}
-		pprof.StartCPUProfile(f)
-		defer func() { pprof.StopCPUProfile(); f.Close() }()
+	if prof := os.Getenv("KVSP_LOOKUP_CPUPROFILE"); prof != "" { // a profile of the server alone, per kind
+		os.Setenv("KVSP_LOOKUP_CPUPROFILE_FILE", prof+"."+kind)
 	}
-	fmt.Printf("\nSERVING %s %s\n", url, p.Dir)
-	io.Copy(io.Discard, os.Stdin) // until the benchmark closes it
+	kvsptest.ServeFromProcess(t, url, p, "KVSP_LOOKUP_CPUPROFILE_FILE")
 }
 
 // BenchmarkLookupServerCPU: the server CPU time per lookup of the IS and
@@ -217,41 +204,12 @@ func BenchmarkLookupServerCPU(b *testing.B) {
 }
 
 func benchServerProcess(b *testing.B, kind string, layerDigests int, proto string) float64 {
-	cmd := exec.Command(os.Args[0], "-test.run", "^TestLookupServerProcess$", "-test.v")
-	cmd.Env = append(os.Environ(), "KVSP_LOOKUP_SERVER="+kind, "KVSP_LOOKUP_DIGESTS="+strconv.Itoa(layerDigests), "GOMAXPROCS=2")
-	stdin, _ := cmd.StdinPipe()
-	stdout, _ := cmd.StdoutPipe()
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	defer func() { stdin.Close(); cmd.Wait() }()
-	var url, dir string
-	sc := bufio.NewScanner(stdout)
-	for sc.Scan() {
-		if f := strings.Fields(sc.Text()); len(f) == 3 && f[0] == "SERVING" {
-			url, dir = f[1], f[2]
-			break
-		}
-	}
-	if url == "" {
-		b.Fatal("the server process did not start")
-	}
-	go io.Copy(io.Discard, stdout)
-	ca, err := os.ReadFile(dir + "/ca.pem")
-	if err != nil {
-		b.Fatal(err)
-	}
-	cert, err := tls.LoadX509KeyPair(dir+"/client.pem", dir+"/client.key")
-	if err != nil {
-		b.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(ca)
-	tc := &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: pool, Certificates: []tls.Certificate{cert}, NextProtos: []string{proto}}
+	srv := kvsptest.StartProcess(b, "TestLookupServerProcess", "KVSP_LOOKUP_SERVER="+kind, "KVSP_LOOKUP_DIGESTS="+strconv.Itoa(layerDigests), "GOMAXPROCS=2")
+	defer srv.Close() // one process per round of the benchmark
+	url, tc := srv.URL, srv.ClientTLS(b, proto)
 	client := kvsptest.HTTPClient(b, &http.Transport{TLSClientConfig: tc, MaxIdleConnsPerHost: 8})
 	f := newLookupFixture(b, 0) // the request bodies (the same keys)
-	meter := kvsptest.NewCPUMeter(cmd.Process.Pid)
+	meter := kvsptest.NewCPUMeter(srv.Pid)
 	b.ResetTimer()
 	meter.Start()
 	n := lookupLoad(b, client, url, f.bodies)
