@@ -160,6 +160,32 @@ func prompt(blocks int) []uint32 {
 	return out
 }
 
+// runAgents runs the status loops of the agents at the given paths for
+// the rest of the test, and waits until the PC knows each as active.
+func (w *rig) runAgents(tb testing.TB, paths ...string) {
+	tb.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	tb.Cleanup(func() { cancel(); wg.Wait() })
+	for _, p := range paths {
+		a := map[string]*instance.Agent{"/ii1/": w.agent, "/ii2/": w.agent2}[p]
+		wg.Add(1)
+		go func() { defer wg.Done(); a.Run(ctx) }()
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for _, p := range paths {
+		for {
+			if s, ok := w.ctl.Registry().Get(w.url(p)); ok && s.State == kvsp.StateActive {
+				break
+			}
+			if time.Now().After(deadline) {
+				tb.Fatalf("the PC does not know %s", p)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+}
+
 // container of block i of tokens, as the engine computes it.
 func (w *rig) blockBytes(t testing.TB, tokens []uint32, i int) ([]byte, container.Digests) {
 	hdr, _ := container.NewHeader(container.CodecRaw, 0, w.g.Layers, w.g)
@@ -458,20 +484,9 @@ func TestPrefetchFallbackPartialDeadline(t *testing.T) {
 // then sleeps (R-ST-15).
 func TestStatusPlaceGenerate(t *testing.T) {
 	w := newRig(t, rigOptions{})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { w.agent.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		s, ok := w.ctl.Registry().Get(w.url("/ii1/"))
-		if ok && s.State == kvsp.StateActive && s.Status.CompatID == w.compat && s.Status.Epoch > 1e12 && len(s.Status.Links) == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the PC does not know the instance: %+v %v", s, ok)
-		}
-		time.Sleep(10 * time.Millisecond)
+	w.runAgents(t, "/ii1/")
+	if s, _ := w.ctl.Registry().Get(w.url("/ii1/")); s.Status.CompatID != w.compat || s.Status.Epoch < 1e12 || len(s.Status.Links) != 1 {
+		t.Fatalf("the instance's status at the PC: %+v", s.Status)
 	}
 	tokens := prompt(3)
 	w.fill(t, tokens, 3)
@@ -533,20 +548,7 @@ func TestStatusPlaceGenerate(t *testing.T) {
 // checkpoint covering it; every index arrives once, in order.
 func TestGenerateTopPReleasesAfterAck(t *testing.T) {
 	w := newRig(t, rigOptions{})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { w.agent.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		if s, ok := w.ctl.Registry().Get(w.url("/ii1/")); ok && s.State == kvsp.StateActive {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the PC does not know the instance")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	w.runAgents(t, "/ii1/")
 	tokens := prompt(2)
 	sampler := &kvsp.PlaceSampler{Method: "top-p", Params: map[string]any{"p": 0.9}, Seed: 3}
 	pl, err := w.front.Controller(w.url("/pc/")).Place(context.Background(), &kvsp.PlaceRequest{ScopeID: w.scopeKey.ID(), CompatID: w.compat, Tokens: tokens, MaxTokens: 100, Sampler: sampler})
@@ -638,27 +640,11 @@ func TestSessionSurvivesItsInstance(t *testing.T) {
 // is not (tokens released only once checkpointed).
 func sessionSurvives(t *testing.T, sampler *kvsp.PlaceSampler) {
 	w := newRig(t, rigOptions{second: true})
+	w.runAgents(t, "/ii1/", "/ii2/")
 	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	for _, a := range []*instance.Agent{w.agent, w.agent2} {
-		wg.Add(1)
-		go func() { defer wg.Done(); a.Run(ctx) }()
-	}
-	wg.Add(1)
-	go func() { defer wg.Done(); w.ctl.Run(ctx, 20*time.Millisecond) }()
-	defer func() { cancel(); wg.Wait() }()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		s1, ok1 := w.ctl.Registry().Get(w.url("/ii1/"))
-		s2, ok2 := w.ctl.Registry().Get(w.url("/ii2/"))
-		if ok1 && ok2 && s1.State == kvsp.StateActive && s2.State == kvsp.StateActive {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the PC does not know both instances")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	done := make(chan struct{})
+	go func() { w.ctl.Run(ctx, 20*time.Millisecond); close(done) }()
+	defer func() { cancel(); <-done }()
 	tokens := prompt(3)
 	w.fill(t, tokens, 3) // cached at h1: ii1 and ii2 both have links, ii1 wins the tie by name
 	const n = 1500

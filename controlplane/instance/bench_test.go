@@ -59,16 +59,7 @@ func BenchmarkPrefetch64(b *testing.B) {
 // PC), over mutual TLS on loopback, decode at 5,000 tokens/s.
 func BenchmarkReleaseLatency(b *testing.B) {
 	w := newRig(b, rigOptions{noStore: true})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { w.agent.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
-	for {
-		if s, ok := w.ctl.Registry().Get(w.url("/ii1/")); ok && s.State == kvsp.StateActive {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	w.runAgents(b, "/ii1/")
 	tokens := prompt(2)
 	for _, sampler := range []*kvsp.PlaceSampler{nil, {Method: "top-p", Params: map[string]any{"p": 0.9}, Seed: 1}} {
 		name := "greedy"
