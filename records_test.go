@@ -426,3 +426,22 @@ func TestSmallRecords(t *testing.T) {
 		}
 	}
 }
+
+// TestGenerateRequestLimits: a generation is bounded (413) and needs its
+// session and epoch (400).
+func TestGenerateRequestLimits(t *testing.T) {
+	ok := kvsp.GenerateRequest{Session: kvsp.NewUUID(), Epoch: 1, ScopeID: kvsp.ScopeID{1}, CompatID: kvsp.CompatID{1}, Tokens: []uint32{1}, MaxTokens: 8}
+	if err := ok.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	big := ok
+	big.MaxTokens = kvsp.MaxGenerateTokens + 1
+	if err := big.Validate(); !errors.Is(err, kvsp.ErrTooLarge) {
+		t.Fatalf("max_tokens over the bound: %v", err)
+	}
+	noEpoch := ok
+	noEpoch.Epoch = 0
+	if err := noEpoch.Validate(); !errors.Is(err, kvsp.ErrInvalid) {
+		t.Fatalf("no epoch: %v", err)
+	}
+}
