@@ -448,15 +448,31 @@ func TestPrefetchFallbackPartialDeadline(t *testing.T) {
 		t.Fatal("the fallback source's bytes are not the right ones")
 	}
 
-	// Block 4's only source hangs: the deadline ends the directive.
+	// Block 2 from h1, then block 4 whose only source hangs: the deadline
+	// ends the directive, partial with the leading block loaded.
+	w.eng.KV().Drop(keys[2])
 	t0 := time.Now()
-	d2 := w.directive(keys[4:5], func(int) []string { return []string{w.url("/bad/")} }, 300)
+	d2 := w.directive([]kvsp.BlockKey{keys[2], keys[4]}, func(i int) []string {
+		if i == 0 {
+			return []string{w.url("/h1/")}
+		}
+		return []string{w.url("/bad/")}
+	}, 300)
 	if _, err := w.pc.Prefetch(context.Background(), d2); err != nil {
 		t.Fatal(err)
 	}
 	st = w.wait(t, d2.Directive)
-	if st.State != kvsp.PrefetchFailed || len(st.Failed) != 1 || time.Since(t0) < 300*time.Millisecond || time.Since(t0) > 3*time.Second {
+	if st.State != kvsp.PrefetchPartial || len(st.Loaded) != 1 || st.Loaded[0] != keys[2] || len(st.Failed) != 1 ||
+		time.Since(t0) < 300*time.Millisecond || time.Since(t0) > 3*time.Second || !w.eng.KV().Has(keys[2]) {
 		t.Fatalf("deadline: %+v after %v", st, time.Since(t0))
+	}
+	// With nothing loaded by the deadline it is failed.
+	d3 := w.directive(keys[4:5], func(int) []string { return []string{w.url("/bad/")} }, 200)
+	if _, err := w.pc.Prefetch(context.Background(), d3); err != nil {
+		t.Fatal(err)
+	}
+	if st = w.wait(t, d3.Directive); st.State != kvsp.PrefetchFailed || len(st.Failed) != 1 {
+		t.Fatalf("deadline, nothing loaded: %+v", st)
 	}
 
 	// Draining with nothing in progress settles to sleeping at once
