@@ -196,6 +196,9 @@ type InstanceStatus struct {
 	// CompatID, a kvsp extension member (other PCs ignore it), tells the
 	// PC which model the instance serves, for placement.
 	CompatID CompatID `json:"compat_id,omitzero"`
+	// Holder, a kvsp extension member, is the holder that stores the
+	// instance's blocks: where peers fetch its shards from (A-26).
+	Holder string `json:"holder,omitzero"`
 }
 
 // UnmarshalJSONFrom checks that the members whose zero is meaningful are
@@ -255,6 +258,8 @@ func (s *InstanceStatus) Validate() error {
 		return invalidf("status: decode_tokens_per_s: must be a non-negative number")
 	case s.Links == nil:
 		return invalidf("status: links: required (may be empty)")
+	case s.Holder != "" && ValidateBaseURI("status: holder", s.Holder) != nil:
+		return invalidf("status: holder: must be a base URI")
 	case s.RequestedState != nil && *s.RequestedState != StateSleeping:
 		return invalidf("status: requested_state: must be null or \"sleeping\"")
 	}
@@ -931,6 +936,12 @@ func (l *LeaseResponse) Validate() error {
 type ReshardFetch struct {
 	Tokens TokenRange `json:"tokens"`
 	From   string     `json:"from"`
+	// Holder and BlockKeys are kvsp extension members (A-26): the holder
+	// that keeps the source instance's blocks, and the Block Keys of the
+	// range in order (the instance cannot compute them without the
+	// tokens). Other implementations ignore them.
+	Holder    string     `json:"holder,omitzero"`
+	BlockKeys []BlockKey `json:"block_keys,omitzero"`
 }
 
 // ReshardKind says which of the three reshard messages a body is.
@@ -956,6 +967,32 @@ type Reshard struct {
 	Release    []TokenRange   `json:"release,omitzero"`
 	Commit     uint64         `json:"commit,omitzero"`
 	Abort      uint64         `json:"abort,omitzero"`
+	// ScopeID and CompatID, kvsp extension members of a plan, name the
+	// scope and model of the context's blocks (fetches are block GETs,
+	// A-26).
+	ScopeID  ScopeID  `json:"scope_id,omitzero"`
+	CompatID CompatID `json:"compat_id,omitzero"`
+}
+
+// ReshardAck is kvsp's body of a 200 to POST reshard (A-26 leaves it
+// open): the map, the instance's version of it after the message, and
+// the octets it transferred for a plan (zero for retained ranges,
+// R-RSH-6).
+type ReshardAck struct {
+	Map          string `json:"map"`
+	Version      uint64 `json:"version"`
+	FetchedBytes uint64 `json:"fetched_bytes"`
+}
+
+// Validate implements Validator.
+func (a *ReshardAck) Validate() error {
+	if err := validateMapID("reshard ack", a.Map); err != nil {
+		return err
+	}
+	if err := checkInt("reshard ack: version", a.Version); err != nil {
+		return err
+	}
+	return checkInt("reshard ack: fetched_bytes", a.FetchedBytes)
 }
 
 // UnmarshalJSONFrom decides the kind by the members present.
@@ -1009,9 +1046,11 @@ func (r *Reshard) MarshalJSONTo(enc *jsontext.Encoder) error {
 			Retain     []TokenRange   `json:"retain"`
 			Fetch      []ReshardFetch `json:"fetch"`
 			Release    []TokenRange   `json:"release"`
+			ScopeID    ScopeID        `json:"scope_id,omitzero"`
+			CompatID   CompatID       `json:"compat_id,omitzero"`
 		}
 		return json.MarshalEncode(enc, plan{r.Map, r.From, r.To, r.DeadlineMs,
-			nonNil(r.Retain), nonNil(r.Fetch), nonNil(r.Release)})
+			nonNil(r.Retain), nonNil(r.Fetch), nonNil(r.Release), r.ScopeID, r.CompatID})
 	case ReshardCommit:
 		return json.MarshalEncode(enc, struct {
 			Map    string `json:"map"`
@@ -1077,6 +1116,11 @@ func (r *Reshard) Validate() error {
 		if err := ValidateBaseURI("reshard plan: fetch[].from", f.From); err != nil {
 			return err
 		}
+		if f.Holder != "" {
+			if err := ValidateBaseURI("reshard plan: fetch[].holder", f.Holder); err != nil {
+				return err
+			}
+		}
 		fetch[i] = f.Tokens
 	}
 	if err := check("fetch", fetch); err != nil {
@@ -1101,6 +1145,9 @@ func (r *Reshard) ValidateFor(blockTokens int) error {
 	for _, f := range r.Fetch {
 		if !aligned(f.Tokens) {
 			return invalidf("reshard plan: fetch: ranges must be multiples of block_tokens")
+		}
+		if f.BlockKeys != nil && uint64(len(f.BlockKeys)) != (f.Tokens[1]-f.Tokens[0])/b {
+			return invalidf("reshard plan: fetch[].block_keys: one key per block of the range")
 		}
 	}
 	for _, x := range r.Release {

@@ -173,10 +173,14 @@ func (x *Instance) Resume(ctx context.Context, r *kvsp.ResumeRequest) error {
 	return err
 }
 
-// Reshard sends a plan, commit or abort.
-func (x *Instance) Reshard(ctx context.Context, m *kvsp.Reshard) error {
-	_, _, err := x.c.doJSON(ctx, http.MethodPost, join(x.base, "reshard"), m, nil)
-	return err
+// Reshard sends a plan, commit or abort; a plan returns once the
+// instance loaded its fetch ranges.
+func (x *Instance) Reshard(ctx context.Context, m *kvsp.Reshard) (*kvsp.ReshardAck, error) {
+	var out kvsp.ReshardAck
+	if _, _, err := x.c.doJSON(ctx, http.MethodPost, join(x.base, "reshard"), m, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
 }
 
 // SetState changes the instance's lifecycle state.

@@ -100,8 +100,14 @@ type KV interface {
 	WriteLayer(key kvsp.BlockKey, layer uint32, k, v []byte) error
 	// ReadLayer copies layer of a resident block into k and v.
 	ReadLayer(key kvsp.BlockKey, layer uint32, k, v []byte) error
-	// Drop forgets a block, resident or partly written.
+	// Drop forgets a block, resident or partly written, pinned or not.
 	Drop(key kvsp.BlockKey)
+	// Pin keeps a resident block from eviction until as many Unpin calls
+	// (a sequence shard's memory stays in place, R-RSH-5); it reports
+	// false when the block is not resident.
+	Pin(key kvsp.BlockKey) bool
+	// Unpin undoes one Pin.
+	Unpin(key kvsp.BlockKey)
 }
 
 // Errors of engines.

@@ -18,6 +18,7 @@ import (
 	"io"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -70,8 +71,9 @@ type Agent struct {
 	state      kvsp.InstanceState
 	directives map[kvsp.UUID]*directive
 	resumes    map[kvsp.UUID]*resumed
-	running    int  // generations in progress
-	closed     bool // Close was called: it serves nothing more
+	shards     map[string]*shard // by map identifier
+	running    int               // generations in progress
+	closed     bool              // Close was called: it serves nothing more
 	stop       context.CancelFunc
 	stopCtx    context.Context
 }
@@ -105,7 +107,7 @@ func New(cfg Config) (*Agent, error) {
 		// R-ST-5: the start time in ms increases across restarts as long
 		// as the clock does not go back.
 		epoch: uint64(time.Now().UnixMilli()), log: cfg.Logger, m: newMetrics(cfg.Registerer),
-		work: make(chan struct{}, cfg.Workers), state: kvsp.StateActive, directives: map[kvsp.UUID]*directive{}, resumes: map[kvsp.UUID]*resumed{}}
+		work: make(chan struct{}, cfg.Workers), state: kvsp.StateActive, directives: map[kvsp.UUID]*directive{}, resumes: map[kvsp.UUID]*resumed{}, shards: map[string]*shard{}}
 	a.stopCtx, a.stop = context.WithCancel(context.Background())
 	for _, k := range cfg.Scopes {
 		a.keys[k.ID()] = k
@@ -131,7 +133,7 @@ func (a *Agent) Status() *kvsp.InstanceStatus {
 	a.mu.Unlock()
 	return &kvsp.InstanceStatus{Instance: a.cfg.Base, Epoch: a.epoch, State: state, Running: st.Running, Queued: st.Queued,
 		BatchSize: st.BatchSize, KVUtilization: min(1, st.KVUtilization), PrefillTokensPerS: st.PrefillTokensPerS, DecodeTokensPerS: st.DecodeTokensPerS,
-		Links: append([]kvsp.Link{}, a.cfg.Links...), TTLMs: uint64(a.cfg.StatusTTL.Milliseconds()), CompatID: a.compat}
+		Links: append([]kvsp.Link{}, a.cfg.Links...), TTLMs: uint64(a.cfg.StatusTTL.Milliseconds()), CompatID: a.compat, Holder: a.cfg.Holder}
 }
 
 // Close stops the agent as a crash would, for tests and shutdown: running
@@ -212,8 +214,10 @@ func (a *Agent) setState(s kvsp.InstanceState) error {
 
 // directive is a prefetch directive being executed or done.
 type directive struct {
-	d    kvsp.PrefetchDirective
-	body []byte // as received, for idempotent re-POSTs
+	d       kvsp.PrefetchDirective
+	body    []byte        // as received, for idempotent re-POSTs
+	purpose string        // "prefetch" or "reshard", for the metrics
+	moved   atomic.Uint64 // octets of KV received
 
 	mu        sync.Mutex
 	pending   bool
@@ -282,7 +286,7 @@ func (a *Agent) Prefetch(d *kvsp.PrefetchDirective, body []byte) error {
 	if pending >= a.cfg.MaxPending {
 		return ErrPendingQuota
 	}
-	x := &directive{d: *d, body: bytes.Clone(body), pending: true}
+	x := &directive{d: *d, body: bytes.Clone(body), pending: true, purpose: "prefetch"}
 	a.directives[d.Directive] = x
 	// deadline_ms counts from receipt.
 	ctx, cancel := context.WithDeadline(context.Background(), received.Add(time.Duration(d.DeadlineMs)*time.Millisecond))
@@ -340,7 +344,7 @@ func (a *Agent) run(ctx context.Context, x *directive) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			err := a.load(ctx, d, b, digests, covered[b.BlockKey])
+			err := a.load(ctx, x, b, digests, covered[b.BlockKey])
 			<-a.work
 			mu.Lock()
 			defer mu.Unlock()
@@ -365,7 +369,9 @@ func (a *Agent) run(ctx context.Context, x *directive) {
 	}
 	x.pending, x.doneAt = false, time.Now()
 	x.mu.Unlock()
-	a.m.directives.WithLabelValues(string(x.status().State)).Inc()
+	if x.purpose == "prefetch" {
+		a.m.directives.WithLabelValues(string(x.status().State)).Inc()
+	}
 	a.settle()
 }
 
@@ -452,14 +458,14 @@ func (a *Agent) layerDigests(ctx context.Context, d *kvsp.PrefetchDirective) map
 
 // load makes one block resident: already there, or from the first source
 // that serves it verified.
-func (a *Agent) load(ctx context.Context, d *kvsp.PrefetchDirective, b kvsp.PrefetchBlock, digests map[string][]container.Digest, leased bool) error {
+func (a *Agent) load(ctx context.Context, x *directive, b kvsp.PrefetchBlock, digests map[string][]container.Digest, leased bool) error {
 	kv := a.cfg.Engine.KV()
 	if kv.Has(b.BlockKey) {
 		return nil
 	}
 	var errs []error
 	for i, src := range b.Sources {
-		err := a.fetch(ctx, d, b.BlockKey, src, digests[src+"|"+b.BlockKey.String()], leased && i == 0)
+		err := a.fetch(ctx, x, b.BlockKey, src, digests[src+"|"+b.BlockKey.String()], leased && i == 0)
 		if err == nil {
 			a.m.blocks.WithLabelValues("loaded").Inc()
 			return nil
@@ -480,7 +486,8 @@ func (a *Agent) load(ctx context.Context, d *kvsp.PrefetchDirective, b kvsp.Pref
 
 // fetch loads one block from one source under a lease (its own, unless
 // the block is covered by its group's).
-func (a *Agent) fetch(ctx context.Context, d *kvsp.PrefetchDirective, key kvsp.BlockKey, src string, layerDigests []container.Digest, leased bool) error {
+func (a *Agent) fetch(ctx context.Context, x *directive, key kvsp.BlockKey, src string, layerDigests []container.Digest, leased bool) error {
+	d := &x.d
 	h := a.cfg.Client.Holder(src)
 	if !leased {
 		ls, err := h.Lease(ctx, &kvsp.LeaseRequest{ScopeID: d.ScopeID, CompatID: d.CompatID, BlockKeys: []kvsp.BlockKey{key}, TTLMs: d.LeaseMs})
@@ -509,6 +516,9 @@ func (a *Agent) fetch(ctx context.Context, d *kvsp.PrefetchDirective, key kvsp.B
 		if err != nil {
 			return err
 		}
+		n := uint64(len(l.K) + len(l.V))
+		x.moved.Add(n)
+		a.m.fetched.WithLabelValues(x.purpose).Add(float64(n))
 		if layerDigests != nil {
 			if err := kv.WriteLayer(key, l.Index, l.K, l.V); err != nil {
 				return err
@@ -563,6 +573,8 @@ type metrics struct {
 	directives     *prometheus.CounterVec
 	blocks         *prometheus.CounterVec
 	digestFailures prometheus.Counter
+	fetched        *prometheus.CounterVec
+	reshards       *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -575,9 +587,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Blocks a prefetch loaded or failed to load."}, []string{"outcome"}),
 		digestFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvsp_instance_digest_failures_total",
 			Help: "Replicas that failed verification during a prefetch."}),
+		fetched: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_instance_fetched_bytes_total",
+			Help: "Octets of KV received from holders, by purpose (prefetch, resume, reshard)."}, []string{"purpose"}),
+		reshards: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_instance_reshard_messages_total",
+			Help: "Reshard messages handled, by outcome (acknowledged, failed, committed, aborted)."}, []string{"outcome"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.checkpoints, m.directives, m.blocks, m.digestFailures)
+		reg.MustRegister(m.checkpoints, m.directives, m.blocks, m.digestFailures, m.fetched, m.reshards)
 	}
 	return m
 }

@@ -23,6 +23,7 @@ func (a *Agent) Mount(r *server.Router) error {
 		"GET prefetch/{id}":              a.getPrefetch,
 		"PUT state":                      a.putState,
 		"POST sessions/{session}/resume": a.postResume,
+		"POST reshard":                   a.postReshard,
 	}
 	for _, rt := range server.RoutesOf(server.RoleInstance) {
 		if h := handlers[rt.Method+" "+rt.Path]; h != nil {

@@ -77,7 +77,7 @@ func (a *Agent) loadPrompt(x *resumed) {
 		a.log.Warn("resume: lookup failed; the prompt is recomputed", "err", err)
 		return
 	}
-	d := &directive{d: kvsp.PrefetchDirective{Directive: kvsp.NewUUID(), ScopeID: x.cp.ScopeID, CompatID: x.cp.CompatID, LeaseMs: 5000}, pending: true}
+	d := &directive{d: kvsp.PrefetchDirective{Directive: kvsp.NewUUID(), ScopeID: x.cp.ScopeID, CompatID: x.cp.CompatID, LeaseMs: 5000}, pending: true, purpose: "resume"}
 	for i, reps := range resp.Replicas {
 		b := kvsp.PrefetchBlock{BlockKey: keys[i]}
 		for _, r := range reps {

@@ -2,6 +2,7 @@ package placement
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -17,6 +18,9 @@ type discard struct{}
 func (discard) Prefetch(context.Context, string, *kvsp.PrefetchDirective) error { return nil }
 func (discard) SetState(context.Context, string, kvsp.InstanceState) error      { return nil }
 func (discard) Resume(context.Context, string, *kvsp.ResumeRequest) error       { return nil }
+func (discard) Reshard(context.Context, string, *kvsp.Reshard) (*kvsp.ReshardAck, error) {
+	return nil, errors.New("no instances here")
+}
 
 // BenchmarkPlace: placement decisions with 64 instances (links to 16
 // holders) and 128-block prompts of which 64 blocks are cached, the IS

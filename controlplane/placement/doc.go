@@ -21,4 +21,19 @@
 // . New requests and directives go to active instances only
 // (R-ST-12); when none has capacity, a sleeping instance is woken (PUT
 // state active) and sent its prefetch at once (R-PLC-11).
+//
+// Sequence-sharded contexts ("Sequence-Sharded Caches and Resharding";
+// R-RSH-*, A-26) move between map versions by two-phase commit
+// (Controller.Reshard): PlanReshard gives every member of either version
+// its plan (retain, fetch from the old owner, release), all must
+// acknowledge within deadline_ms, the new version is stored before any
+// commit is sent, and otherwise every member is sent an abort. Plans carry
+// kvsp extension members that other implementations ignore: scope_id and
+// compat_id of the context, and per fetch the Block Keys of the range and
+// the holder of the source instance (which the PC learns from the holder
+// member of its status records). A range with no owner in the old
+// version (the first map) is fetched "from" the member itself: it loads
+// the blocks from the replicas the IS names. Released blocks leave the
+// instance's engine memory; the copies it stored at its holder stay as
+// ordinary cache replicas under that holder's eviction.
 package placement

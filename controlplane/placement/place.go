@@ -28,6 +28,7 @@ type Instances interface {
 	Prefetch(ctx context.Context, base string, d *kvsp.PrefetchDirective) error
 	SetState(ctx context.Context, base string, s kvsp.InstanceState) error
 	Resume(ctx context.Context, base string, r *kvsp.ResumeRequest) error
+	Reshard(ctx context.Context, base string, r *kvsp.Reshard) (*kvsp.ReshardAck, error)
 }
 
 // ClientInstances is Instances over a kvsp client (mutual TLS with the
@@ -49,6 +50,11 @@ func (c ClientInstances) SetState(ctx context.Context, base string, s kvsp.Insta
 // Resume implements Instances.
 func (c ClientInstances) Resume(ctx context.Context, base string, r *kvsp.ResumeRequest) error {
 	return c.C.Instance(base).Resume(ctx, r)
+}
+
+// Reshard implements Instances.
+func (c ClientInstances) Reshard(ctx context.Context, base string, r *kvsp.Reshard) (*kvsp.ReshardAck, error) {
+	return c.C.Instance(base).Reshard(ctx, r)
 }
 
 // Config configures a Controller.
@@ -93,6 +99,7 @@ type Controller struct {
 	m        *metrics
 	mu       sync.Mutex
 	sessions map[kvsp.UUID]*Session
+	maps     map[string]*shardEntry // sequence-sharded contexts by map identifier
 }
 
 // Session is a session the PC placed (the session-migration issue adds its
@@ -131,23 +138,26 @@ func New(cfg Config) (*Controller, error) {
 		cfg.RestartGrace = 10 * time.Second
 	}
 	c := &Controller{started: time.Now(), cfg: cfg, keys: map[kvsp.ScopeID]kvsp.ScopeKey{}, reg: &Registry{m: map[string]*instance{}, onStatus: cfg.OnStatus}, log: cfg.Logger,
-		m: newMetrics(cfg.Registerer), sessions: map[kvsp.UUID]*Session{}}
+		m: newMetrics(cfg.Registerer), sessions: map[kvsp.UUID]*Session{}, maps: map[string]*shardEntry{}}
 	for _, k := range cfg.Scopes {
 		c.keys[k.ID()] = k
 	}
 	if cfg.State != nil {
-		epochs, sessions, err := cfg.State.Load()
+		st, err := cfg.State.Load()
 		if err != nil {
 			return nil, err
 		}
-		for uri, e := range epochs {
+		for uri, e := range st.Epochs {
 			c.reg.m[uri] = &instance{maxEpoch: e} // failed until it reports again
 		}
-		for _, s := range sessions {
+		for _, s := range st.Sessions {
 			c.sessions[s.ID] = s
 		}
+		for _, m := range st.Maps {
+			c.maps[m.Map.Map] = &shardEntry{ctx: m}
+		}
 		c.reg.persist = cfg.State.PutInstanceEpoch
-		c.log.Info("controller state loaded", "instances", len(epochs), "sessions", len(sessions))
+		c.log.Info("controller state loaded", "instances", len(st.Epochs), "sessions", len(st.Sessions), "maps", len(st.Maps))
 	}
 	return c, nil
 }
@@ -525,6 +535,7 @@ func (c *Controller) prefetch(ctx context.Context, uri string, q *kvsp.PlaceRequ
 }
 
 type metrics struct {
+	reshards    *prometheus.CounterVec
 	migrations  prometheus.Counter
 	checkpoints *prometheus.CounterVec
 	placements  *prometheus.CounterVec
@@ -545,9 +556,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		wakeups: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvsp_pc_wakeups_total", Help: "Sleeping instances woken for a request."}),
 		matched: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvsp_pc_matched_blocks",
 			Help: "Cached prefix length of placed requests, in blocks.", Buckets: prometheus.ExponentialBuckets(1, 2, 12)}),
+		reshards: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_pc_reshards_total",
+			Help: "Reshards by outcome (committed, aborted)."}, []string{"outcome"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.migrations, m.checkpoints, m.placements, m.directives, m.wakeups, m.matched)
+		reg.MustRegister(m.migrations, m.checkpoints, m.placements, m.directives, m.wakeups, m.matched, m.reshards)
 	}
 	return m
 }

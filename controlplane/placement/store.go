@@ -12,15 +12,24 @@ import (
 )
 
 // Store keeps the controller's state across restarts: the highest epoch
-// seen per instance and every session with its epoch and latest
-// checkpoint, so that no epoch goes backwards when the PC restarts
-// (R-ST-6, R-SES-15). Writes happen before the PC answers (a checkpoint's
-// acknowledgement releases tokens: it must not be lost).
+// seen per instance, every session with its epoch and latest checkpoint,
+// and every shard map at its committed version, so that no epoch or
+// version goes backwards when the PC restarts (R-ST-6, R-SES-15). Writes
+// happen before the PC answers (a checkpoint's acknowledgement releases
+// tokens: it must not be lost).
 type Store interface {
 	PutInstanceEpoch(instance string, epoch uint64) error
 	PutSession(s *Session) error
-	Load() (epochs map[string]uint64, sessions []*Session, err error)
+	PutShardMap(m *ShardContext) error
+	Load() (*State, error)
 	Close() error
+}
+
+// State is the controller's stored state.
+type State struct {
+	Epochs   map[string]uint64
+	Sessions []*Session
+	Maps     []*ShardContext
 }
 
 // BoltStore is the embedded Store: one bbolt file, created 0600 (sessions
@@ -30,6 +39,7 @@ type BoltStore struct{ db *bolt.DB }
 var (
 	bucketEpochs   = []byte("instance_epochs")
 	bucketSessions = []byte("sessions")
+	bucketMaps     = []byte("shard_maps")
 )
 
 // OpenBoltStore opens (or creates) the state file at path.
@@ -39,7 +49,7 @@ func OpenBoltStore(path string) (*BoltStore, error) {
 		return nil, fmt.Errorf("placement: state %s: %w", path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketEpochs, bucketSessions} {
+		for _, b := range [][]byte{bucketEpochs, bucketSessions, bucketMaps} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -56,7 +66,7 @@ func OpenBoltStore(path string) (*BoltStore, error) {
 // PutInstanceEpoch implements Store.
 func (s *BoltStore) PutInstanceEpoch(instance string, epoch uint64) error {
 	return s.db.Update(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketEpochs).Put([]byte(instance), binary.BigEndian.AppendUint64(nil, epoch))
+		return tx.Bucket(bucketEpochs).Put([]byte(instance), encodeEpoch(epoch))
 	})
 }
 
@@ -85,8 +95,7 @@ func (x *storedSession) Validate() error {
 
 // PutSession implements Store.
 func (s *BoltStore) PutSession(x *Session) error {
-	b, err := kvsp.Marshal(&storedSession{ID: x.ID, Epoch: x.Epoch, ScopeID: x.ScopeID, CompatID: x.CompatID, Instance: x.Instance,
-		Created: x.Created, MaxTokens: x.MaxTokens, Checkpoint: x.Checkpoint})
+	b, err := encodeSession(x)
 	if err != nil {
 		return err
 	}
@@ -95,31 +104,90 @@ func (s *BoltStore) PutSession(x *Session) error {
 	})
 }
 
+// PutShardMap implements Store.
+func (s *BoltStore) PutShardMap(m *ShardContext) error {
+	b, err := encodeShardContext(m)
+	if err != nil {
+		return err
+	}
+	return s.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketMaps).Put([]byte(m.Map.Map), b)
+	})
+}
+
 // Load implements Store.
-func (s *BoltStore) Load() (map[string]uint64, []*Session, error) {
-	epochs := map[string]uint64{}
-	var sessions []*Session
+func (s *BoltStore) Load() (*State, error) {
+	st := &State{Epochs: map[string]uint64{}}
 	err := s.db.View(func(tx *bolt.Tx) error {
 		if err := tx.Bucket(bucketEpochs).ForEach(func(k, v []byte) error {
-			if len(v) != 8 {
-				return errors.New("placement: state: malformed epoch")
-			}
-			epochs[string(k)] = binary.BigEndian.Uint64(v)
-			return nil
+			e, err := decodeEpoch(v)
+			st.Epochs[string(k)] = e
+			return err
+		}); err != nil {
+			return err
+		}
+		if err := tx.Bucket(bucketMaps).ForEach(func(k, v []byte) error {
+			m, err := decodeShardContext(v)
+			st.Maps = append(st.Maps, m)
+			return err
 		}); err != nil {
 			return err
 		}
 		return tx.Bucket(bucketSessions).ForEach(func(k, v []byte) error {
-			var x storedSession
-			if err := kvsp.Decode(v, &x); err != nil {
-				return fmt.Errorf("placement: state: session %x: %w", k, err)
-			}
-			sessions = append(sessions, &Session{ID: x.ID, Epoch: x.Epoch, ScopeID: x.ScopeID, CompatID: x.CompatID, Instance: x.Instance,
-				Created: x.Created, MaxTokens: x.MaxTokens, Checkpoint: x.Checkpoint})
-			return nil
+			x, err := decodeSession(v)
+			st.Sessions = append(st.Sessions, x)
+			return err
 		})
 	})
-	return epochs, sessions, err
+	return st, err
+}
+
+// The stored forms, shared by the stores.
+
+func encodeEpoch(e uint64) []byte { return binary.BigEndian.AppendUint64(nil, e) }
+
+func decodeEpoch(v []byte) (uint64, error) {
+	if len(v) != 8 {
+		return 0, errors.New("placement: state: malformed epoch")
+	}
+	return binary.BigEndian.Uint64(v), nil
+}
+
+func encodeSession(x *Session) ([]byte, error) {
+	return kvsp.Marshal(&storedSession{ID: x.ID, Epoch: x.Epoch, ScopeID: x.ScopeID, CompatID: x.CompatID, Instance: x.Instance,
+		Created: x.Created, MaxTokens: x.MaxTokens, Checkpoint: x.Checkpoint})
+}
+
+func decodeSession(v []byte) (*Session, error) {
+	var x storedSession
+	if err := kvsp.Decode(v, &x); err != nil {
+		return nil, fmt.Errorf("placement: state: session: %w", err)
+	}
+	return &Session{ID: x.ID, Epoch: x.Epoch, ScopeID: x.ScopeID, CompatID: x.CompatID, Instance: x.Instance,
+		Created: x.Created, MaxTokens: x.MaxTokens, Checkpoint: x.Checkpoint}, nil
+}
+
+// storedMap is a shard map as stored.
+type storedMap struct {
+	Map      kvsp.ShardMap   `json:"map"`
+	ScopeID  kvsp.ScopeID    `json:"scope_id"`
+	CompatID kvsp.CompatID   `json:"compat_id"`
+	Keys     []kvsp.BlockKey `json:"block_keys"`
+}
+
+// Validate implements kvsp.Validator.
+func (m *storedMap) Validate() error { return m.Map.Validate() }
+
+func encodeShardContext(m *ShardContext) ([]byte, error) {
+	return kvsp.Marshal(&storedMap{Map: m.Map, ScopeID: m.ScopeID, CompatID: m.CompatID, Keys: m.Keys})
+}
+
+func decodeShardContext(v []byte) (*ShardContext, error) {
+	var x storedMap
+	if err := kvsp.Decode(v, &x); err != nil {
+		return nil, fmt.Errorf("placement: state: shard map: %w", err)
+	}
+	return &ShardContext{Map: x.Map, ScopeID: x.ScopeID, CompatID: x.CompatID, Keys: x.Keys}, nil
 }
 
 // Close implements Store.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"testing"
 
 	"github.com/kvsp/kvsp"
@@ -15,11 +16,24 @@ import (
 // the old epoch's checkpoints stay refused).
 func TestStateSurvivesRestart(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "pc.db")
-	open := func() *Controller {
+	stateSurvivesRestart(t, func() Store {
 		st, err := OpenBoltStore(path)
 		if err != nil {
 			t.Fatal(err)
 		}
+		return st
+	})
+	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("state file mode: %v %v", fi.Mode(), err)
+	}
+}
+
+// stateSurvivesRestart: instance epochs, session epochs and checkpoints,
+// and shard maps at their committed version survive a restart of the PC
+// over the same store (R-ST-6, R-SES-15).
+func stateSurvivesRestart(t *testing.T, openStore func() Store) {
+	open := func() *Controller {
+		st := openStore()
 		c, err := New(Config{Index: BackendIndex{}, Instances: discard{}, BlockTokens: map[kvsp.CompatID]int{compatA: 16}, State: st})
 		if err != nil {
 			t.Fatal(err)
@@ -44,10 +58,12 @@ func TestStateSurvivesRestart(t *testing.T) {
 	s.Epoch = 2 // migrated
 	c.persist(s)
 	c.mu.Unlock()
-	c.cfg.State.Close()
-	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
-		t.Fatalf("state file mode: %v %v", fi.Mode(), err)
+	sm := &ShardContext{Map: kvsp.ShardMap{Map: "m1", Version: 3, Shards: []kvsp.Shard{{Tokens: kvsp.TokenRange{0, 32}, Instance: "https://ii1/"}}},
+		ScopeID: kvsp.ScopeID{1}, CompatID: compatA, Keys: []kvsp.BlockKey{{1}, {2}}}
+	if err := c.cfg.State.PutShardMap(sm); err != nil {
+		t.Fatal(err)
 	}
+	c.cfg.State.Close()
 
 	c = open() // the restarted PC
 	if _, err := c.Registry().Put(status("https://ii1/", 11, kvsp.StateActive, compatA)); !errors.Is(err, kvsp.ErrStaleEpoch) {
@@ -62,5 +78,8 @@ func TestStateSurvivesRestart(t *testing.T) {
 	}
 	if g, _ := c.Registry().Get("https://ii1/"); g.State != kvsp.StateFailed {
 		t.Fatalf("an instance known only from saved state: %s", g.State)
+	}
+	if m, ok := c.ShardMap("m1"); !ok || !reflect.DeepEqual(m, sm.Map) {
+		t.Fatalf("shard map after the restart: %+v", m)
 	}
 }

@@ -54,6 +54,7 @@ type Engine struct {
 type block struct {
 	layers  [][]byte // K then V of each layer; nil until written
 	written int
+	pins    int // > 0: never evicted
 	elem    *list.Element
 }
 
@@ -338,15 +339,38 @@ func (m *kv) WriteLayer(key kvsp.BlockKey, layer uint32, k, v []byte) error {
 	return nil
 }
 
-// evictLocked drops the least recently used resident block.
+// evictLocked drops the least recently used resident block that is not
+// pinned.
 func (m *kv) evictLocked() bool {
-	el := m.lru.Back()
-	if el == nil {
+	for el := m.lru.Back(); el != nil; el = el.Prev() {
+		key := el.Value.(kvsp.BlockKey)
+		if m.blocks[key].pins > 0 {
+			continue
+		}
+		m.lru.Remove(el)
+		delete(m.blocks, key)
+		return true
+	}
+	return false
+}
+
+func (m *kv) Pin(key kvsp.BlockKey) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	b := m.blocks[key]
+	if b == nil || b.written < len(b.layers) {
 		return false
 	}
-	key := m.lru.Remove(el).(kvsp.BlockKey)
-	delete(m.blocks, key)
+	b.pins++
 	return true
+}
+
+func (m *kv) Unpin(key kvsp.BlockKey) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if b := m.blocks[key]; b != nil && b.pins > 0 {
+		b.pins--
+	}
 }
 
 func (m *kv) ReadLayer(key kvsp.BlockKey, layer uint32, k, v []byte) error {

@@ -203,3 +203,44 @@ func TestBatchAndStats(t *testing.T) {
 		}
 	})
 }
+
+// TestPinnedBlocksStay: a pinned block is never evicted (a retained shard
+// keeps its memory, R-RSH-5); when every block is pinned the KV is full;
+// once unpinned it is evictable again.
+func TestPinnedBlocksStay(t *testing.T) {
+	e := newEngine(t, 1, 2)
+	kv := e.KV()
+	k := make([]byte, e.Geometry().RawSectionLen())
+	write := func(key byte) error {
+		for l := uint32(0); l < 4; l++ {
+			if err := kv.WriteLayer(kvsp.BlockKey{key}, l, k, k); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if kv.Pin(kvsp.BlockKey{1}) {
+		t.Fatal("pinned a block that is not resident")
+	}
+	write(1)
+	write(2)
+	if !kv.Pin(kvsp.BlockKey{1}) || !kv.Pin(kvsp.BlockKey{1}) {
+		t.Fatal("pin of a resident block refused")
+	}
+	kv.Has(kvsp.BlockKey{2}) // 1 is the LRU, but pinned
+	if err := write(3); err != nil {
+		t.Fatal(err)
+	}
+	if !kv.Has(kvsp.BlockKey{1}) || kv.Has(kvsp.BlockKey{2}) {
+		t.Fatal("the pinned block was evicted, or the unpinned one kept")
+	}
+	kv.Pin(kvsp.BlockKey{3})
+	if err := write(4); !errors.Is(err, engine.ErrKVFull) {
+		t.Fatalf("all pinned: %v, want ErrKVFull", err)
+	}
+	kv.Unpin(kvsp.BlockKey{1})
+	kv.Unpin(kvsp.BlockKey{1})
+	if err := write(4); err != nil || kv.Has(kvsp.BlockKey{1}) {
+		t.Fatalf("unpinned block not evictable: %v", err)
+	}
+}

@@ -1,0 +1,285 @@
+package instance
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"reflect"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/server"
+)
+
+// shard is this instance's part of a sequence-sharded context (spec
+// "Sequence-Sharded Caches and Resharding"): the blocks of the token
+// ranges it holds at the map's current version, pinned in the engine's
+// KV, and the plan for the next version while one is open.
+type shard struct {
+	mu      sync.Mutex // one message of a map at a time
+	version uint64     // 0: never had a map (A-26: the first plan goes 0 to 1)
+	planned uint64     // the highest version a plan was received for
+	scope   kvsp.ScopeID
+	owned   map[uint64]kvsp.BlockKey // block index (token / B) -> key
+	pending *openPlan
+}
+
+// openPlan is a plan received and loaded, waiting for commit or abort.
+type openPlan struct {
+	plan    kvsp.Reshard
+	fetched map[uint64]kvsp.BlockKey // loaded (and pinned) for plan.To
+	moved   uint64
+}
+
+// reshardMargin is the part of deadline_ms the instance keeps to answer
+// in time when its fetches cannot finish (A-26: an error before the
+// deadline rather than a hang).
+const reshardMargin = 10 // percent
+
+func (a *Agent) shardOf(m string) *shard {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	s := a.shards[m]
+	if s == nil {
+		s = &shard{owned: map[uint64]kvsp.BlockKey{}}
+		a.shards[m] = s
+	}
+	return s
+}
+
+// Reshard handles one message of the resharding procedure: a plan is
+// acknowledged (nil error) once every fetched range is loaded and pinned;
+// a commit makes the plan's version current and releases the ranges the
+// plan lists; an abort discards what the plan fetched (R-RSH-7, R-RSH-10,
+// R-RSH-12, A-26). A message that does not match the map's version is
+// 409 kvsp-plan-conflict (R-RSH-13, R-RSH-14).
+func (a *Agent) Reshard(ctx context.Context, r *kvsp.Reshard) (*kvsp.ReshardAck, error) {
+	received := time.Now()
+	s := a.shardOf(r.Map)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ack := func(moved uint64) *kvsp.ReshardAck {
+		return &kvsp.ReshardAck{Map: r.Map, Version: s.version, FetchedBytes: moved}
+	}
+	switch r.Kind {
+	case kvsp.ReshardCommit:
+		switch {
+		case s.version == r.Commit && s.pending == nil: // committed already
+			return ack(0), nil
+		case s.pending == nil || s.pending.plan.To != r.Commit:
+			return nil, kvsp.NewProblem(kvsp.ErrPlanConflict, "no acknowledged plan for this version").With("version", s.version)
+		}
+		p := s.pending
+		kv := a.cfg.Engine.KV()
+		for _, x := range p.plan.Release { // R-RSH-10: the memory is freed
+			for i := x[0] / a.blockTokens(); i < x[1]/a.blockTokens(); i++ {
+				kv.Unpin(s.owned[i])
+				kv.Drop(s.owned[i])
+				delete(s.owned, i)
+			}
+		}
+		for i, k := range p.fetched {
+			s.owned[i] = k
+		}
+		s.version, s.pending = p.plan.To, nil
+		a.m.reshards.WithLabelValues("committed").Inc()
+		return ack(0), nil
+	case kvsp.ReshardAbort:
+		switch {
+		case s.pending != nil && s.pending.plan.To == r.Abort:
+			a.discard(s)
+			a.m.reshards.WithLabelValues("aborted").Inc()
+			return ack(0), nil
+		case s.pending == nil && s.version < r.Abort && s.planned >= r.Abort: // aborted already, or never loaded
+			return ack(0), nil
+		}
+		return nil, kvsp.NewProblem(kvsp.ErrPlanConflict, "no open plan for this version").With("version", s.version)
+	}
+
+	// A plan. An instance that holds nothing of the map (a new member, or
+	// one that released all) joins at the plan's version.
+	joining := len(s.owned) == 0 && r.From > s.version
+	if (r.From != s.version && !joining) || r.To != r.From+1 {
+		return nil, kvsp.NewProblem(kvsp.ErrPlanConflict, "the plan does not go from this instance's version to the next").With("version", s.version)
+	}
+	if s.pending != nil {
+		if reflect.DeepEqual(&s.pending.plan, r) {
+			return ack(s.pending.moved), nil // the same plan again
+		}
+		a.discard(s) // a new plan for the same version replaces it (a PC that restarted)
+	}
+	if err := a.checkPlan(s, r); err != nil {
+		return nil, err
+	}
+	s.planned = max(s.planned, r.To)
+	if !r.ScopeID.IsZero() {
+		s.scope = r.ScopeID
+	}
+	deadline := received.Add(time.Duration(r.DeadlineMs) * time.Millisecond * (100 - reshardMargin) / 100)
+	fctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	p, err := a.fetchRanges(fctx, r)
+	if err != nil {
+		a.m.reshards.WithLabelValues("failed").Inc()
+		return nil, err
+	}
+	s.pending = p
+	a.m.reshards.WithLabelValues("acknowledged").Inc()
+	return ack(p.moved), nil
+}
+
+func (a *Agent) blockTokens() uint64 { return uint64(a.g.BlockTokens) }
+
+// checkPlan: ranges are multiples of B; retain and release are
+// exactly the ranges held at the current version, so that nothing held is
+// left unaccounted (409 otherwise: the plan is for another map state); a
+// fetch needs the kvsp extension members that name its blocks.
+func (a *Agent) checkPlan(s *shard, r *kvsp.Reshard) error {
+	if err := r.ValidateFor(int(a.g.BlockTokens)); err != nil {
+		return err
+	}
+	if r.CompatID != a.compat {
+		return fmt.Errorf("%w: this instance serves compat_id %s", kvsp.ErrIncompatible, a.compat)
+	}
+	if !r.ScopeID.IsZero() {
+		if _, ok := a.keys[r.ScopeID]; !ok {
+			return fmt.Errorf("%w: this instance holds no key for the plan's scope", kvsp.ErrScopeDenied)
+		}
+		if len(s.owned) > 0 && r.ScopeID != s.scope {
+			return kvsp.NewProblem(kvsp.ErrPlanConflict, "the plan's scope is not the map's")
+		}
+	}
+	b := a.blockTokens()
+	seen := map[uint64]bool{}
+	for _, set := range [][]kvsp.TokenRange{r.Retain, r.Release} {
+		for _, x := range set {
+			for i := x[0] / b; i < x[1]/b; i++ {
+				if _, ok := s.owned[i]; !ok {
+					return kvsp.NewProblem(kvsp.ErrPlanConflict, "the plan retains or releases tokens this instance does not hold").With("version", s.version)
+				}
+				seen[i] = true
+			}
+		}
+	}
+	if len(seen) != len(s.owned) {
+		return kvsp.NewProblem(kvsp.ErrPlanConflict, "the plan neither retains nor releases some tokens this instance holds").With("version", s.version)
+	}
+	for _, f := range r.Fetch {
+		if f.BlockKeys == nil || r.ScopeID.IsZero() {
+			return fmt.Errorf("%w: reshard plan: fetch needs the scope_id and block_keys members", kvsp.ErrInvalid)
+		}
+	}
+	return nil
+}
+
+// fetchRanges loads the plan's fetch ranges (block GETs at the source's
+// holder, then at any holder the IS names; verified layer by layer) and
+// pins them. Retained ranges are never touched (R-RSH-6).
+func (a *Agent) fetchRanges(ctx context.Context, r *kvsp.Reshard) (*openPlan, error) {
+	p := &openPlan{plan: *r, fetched: map[uint64]kvsp.BlockKey{}}
+	x := &directive{d: kvsp.PrefetchDirective{Directive: kvsp.NewUUID(), ScopeID: r.ScopeID, CompatID: r.CompatID, LeaseMs: max(r.DeadlineMs, 1000)},
+		pending: true, purpose: "reshard"}
+	var index []uint64
+	for _, f := range r.Fetch {
+		for j, k := range f.BlockKeys {
+			blk := kvsp.PrefetchBlock{BlockKey: k}
+			if f.Holder != "" {
+				blk.Sources = []string{f.Holder}
+			}
+			x.d.Blocks = append(x.d.Blocks, blk)
+			index = append(index, f.Tokens[0]/a.blockTokens()+uint64(j))
+		}
+	}
+	if len(x.d.Blocks) == 0 {
+		return p, nil
+	}
+	a.addIndexSources(ctx, &x.d)
+	a.run(ctx, x)
+	p.moved = x.moved.Load()
+	kv := a.cfg.Engine.KV()
+	st := x.status()
+	for i, b := range x.d.Blocks {
+		if i >= len(st.Loaded) || !kv.Pin(b.BlockKey) {
+			for j := range i {
+				kv.Unpin(x.d.Blocks[j].BlockKey)
+				kv.Drop(x.d.Blocks[j].BlockKey)
+			}
+			if ctx.Err() != nil {
+				return nil, fmt.Errorf("%w: the plan's ranges could not be loaded before its deadline", kvsp.ErrUnavailable)
+			}
+			return nil, fmt.Errorf("%w: the plan's ranges could not be loaded", kvsp.ErrUnavailable)
+		}
+		p.fetched[index[i]] = b.BlockKey
+	}
+	return p, nil
+}
+
+// addIndexSources appends the holders the IS names for each block to its
+// sources (after the source instance's holder).
+func (a *Agent) addIndexSources(ctx context.Context, d *kvsp.PrefetchDirective) {
+	if a.cfg.Index == "" {
+		return
+	}
+	keys := make([]kvsp.BlockKey, len(d.Blocks))
+	for i, b := range d.Blocks {
+		keys[i] = b.BlockKey
+	}
+	resp, err := a.cfg.Client.Index(a.cfg.Index).Lookup(ctx, &kvsp.LookupRequest{ScopeID: d.ScopeID, CompatID: d.CompatID, BlockKeys: keys})
+	if err != nil {
+		return
+	}
+	for i, reps := range resp.Replicas {
+		for _, r := range reps {
+			if len(d.Blocks[i].Sources) == 0 || d.Blocks[i].Sources[0] != r.Holder {
+				d.Blocks[i].Sources = append(d.Blocks[i].Sources, r.Holder)
+			}
+		}
+	}
+}
+
+// discard forgets an open plan and the blocks it fetched (R-RSH-12).
+func (a *Agent) discard(s *shard) {
+	kv := a.cfg.Engine.KV()
+	for _, k := range s.pending.fetched {
+		kv.Unpin(k)
+		kv.Drop(k)
+	}
+	s.pending = nil
+}
+
+// ShardRanges returns the token ranges this instance holds of a map at its
+// current version, in order, merged.
+func (a *Agent) ShardRanges(m string) (version uint64, ranges []kvsp.TokenRange) {
+	s := a.shardOf(m)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b := a.blockTokens()
+	var idx []uint64
+	for i := range s.owned {
+		idx = append(idx, i)
+	}
+	slices.Sort(idx)
+	for _, i := range idx {
+		if n := len(ranges); n > 0 && ranges[n-1][1] == i*b {
+			ranges[n-1][1] += b
+			continue
+		}
+		ranges = append(ranges, kvsp.TokenRange{i * b, (i + 1) * b})
+	}
+	return s.version, ranges
+}
+
+func (a *Agent) postReshard(w http.ResponseWriter, r *http.Request) error {
+	var q kvsp.Reshard
+	if err := server.DecodeJSON(r, &q); err != nil {
+		return err
+	}
+	ack, err := a.Reshard(r.Context(), &q)
+	if err != nil {
+		return err
+	}
+	w.Header().Set("Cache-Control", "no-store")
+	return server.WriteJSON(w, http.StatusOK, ack)
+}
