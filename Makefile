@@ -21,16 +21,16 @@ build-nogpu: ## build without cgo, as CI's CPU fallback
 test: deps vet test-race ## the README's test command: vet, then every test with the race detector
 	@echo "make test: ok"
 
-deps: ## install what the tests need when it is missing (redis-server and redis-cli, from Debian)
-	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null || { \
-		echo "installing redis-server and redis-tools"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server redis-tools >/dev/null; }
+deps: ## install what the tests need when it is missing (redis-server, redis-cli and etcd, from Debian)
+	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null && command -v etcd >/dev/null || { \
+		echo "installing redis-server, redis-tools and etcd-server"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server redis-tools etcd-server >/dev/null; }
 
 vet: ## go vet
 	$(GO) vet -tags nogpu ./...
 
 test-race: ## go test -race over every package (shuffled); Redis tests are required, not skipped
-	KVSP_REQUIRE_REDIS=1 $(GO) test -race -shuffle=on -tags nogpu ./...
+	KVSP_REQUIRE_REDIS=1 KVSP_REQUIRE_ETCD=1 $(GO) test -race -shuffle=on -tags nogpu ./...
 	$(GO) test -tags nogpu,purego -run 'Hex' . # the portable paths of code that has assembly
 
 test-nocgo: ## tests with CGO_ENABLED=0

@@ -3,6 +3,8 @@ package placement
 import (
 	"fmt"
 	"net/http"
+	"net/url"
+	"strings"
 
 	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/server"
@@ -13,13 +15,34 @@ import (
 // the scope).
 func (c *Controller) Mount(r *server.Router) error {
 	if err := server.MountRole(r, server.RoleController, map[string]server.HandlerFunc{
-		"PUT instances/{instance}/status":   c.putStatus,
-		"PUT sessions/{session}/checkpoint": c.putCheckpoint,
+		"PUT instances/{instance}/status":   c.leading(c.putStatus),
+		"PUT sessions/{session}/checkpoint": c.leading(c.putCheckpoint),
 	}); err != nil {
 		return err
 	}
-	r.Handle("POST", "place", server.Route{Roles: []server.Role{server.RoleClient}, MaxBody: 8 << 20}, c.place)
+	r.Handle("POST", "place", server.Route{Roles: []server.Role{server.RoleClient}, MaxBody: 8 << 20}, c.leading(c.place))
 	return nil
+}
+
+// leading serves h while this controller leads; a standby redirects the
+// request to the leader (307 keeps the method and body) when it knows
+// one, and answers 503 with Retry-After otherwise (RunHA).
+func (c *Controller) leading(h server.HandlerFunc) server.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		if !c.standby.Load() {
+			return h(w, r)
+		}
+		if l := c.leader.Load(); l != nil && *l != c.cfg.Self && c.cfg.Self != "" {
+			if self, err := url.Parse(c.cfg.Self); err == nil && strings.HasPrefix(r.URL.Path, self.Path) {
+				w.Header().Set("Location", *l+strings.TrimPrefix(r.URL.Path, self.Path))
+				w.Header().Set("Cache-Control", "no-store")
+				w.WriteHeader(http.StatusTemporaryRedirect)
+				return nil
+			}
+		}
+		w.Header().Set("Retry-After", "1")
+		return ErrNotLeader
+	}
 }
 
 func (c *Controller) putStatus(w http.ResponseWriter, r *http.Request) error {

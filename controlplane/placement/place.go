@@ -8,6 +8,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -77,6 +78,12 @@ type Config struct {
 	// State, when set, keeps instance epochs and sessions across restarts
 	// (OpenBoltStore); nil keeps them in memory only.
 	State Store
+	// Self is the PC's base URI: a standby redirects to the leader's.
+	Self string
+	// Standby starts the controller as a standby of a high-availability
+	// group: it serves nothing (503, or 307 to the leader) until RunHA
+	// wins the election and loads the group's state.
+	Standby bool
 	// RestartGrace is how long after a start with saved state the PC waits
 	// for instances to report before it migrates their sessions; default
 	// 10s.
@@ -91,7 +98,9 @@ type Config struct {
 
 // Controller is a Placement Controller.
 type Controller struct {
-	started  time.Time
+	started  atomic.Int64 // unix ns of the start, or of the last takeover
+	standby  atomic.Bool  // a standby of an HA group: serves nothing
+	leader   atomic.Pointer[string]
 	cfg      Config
 	keys     map[kvsp.ScopeID]kvsp.ScopeKey
 	reg      *Registry
@@ -137,29 +146,52 @@ func New(cfg Config) (*Controller, error) {
 	if cfg.RestartGrace == 0 {
 		cfg.RestartGrace = 10 * time.Second
 	}
-	c := &Controller{started: time.Now(), cfg: cfg, keys: map[kvsp.ScopeID]kvsp.ScopeKey{}, reg: &Registry{m: map[string]*instance{}, onStatus: cfg.OnStatus}, log: cfg.Logger,
+	c := &Controller{cfg: cfg, keys: map[kvsp.ScopeID]kvsp.ScopeKey{}, reg: &Registry{m: map[string]*instance{}, onStatus: cfg.OnStatus}, log: cfg.Logger,
 		m: newMetrics(cfg.Registerer), sessions: map[kvsp.UUID]*Session{}, maps: map[string]*shardEntry{}}
 	for _, k := range cfg.Scopes {
 		c.keys[k.ID()] = k
 	}
+	c.started.Store(time.Now().UnixNano())
+	if cfg.State != nil {
+		c.reg.persist = cfg.State.PutInstanceEpoch
+	}
+	if cfg.Standby {
+		c.standby.Store(true)
+		return c, nil
+	}
+	c.m.leader.Set(1)
 	if cfg.State != nil {
 		st, err := cfg.State.Load()
 		if err != nil {
 			return nil, err
 		}
-		for uri, e := range st.Epochs {
-			c.reg.m[uri] = &instance{maxEpoch: e} // failed until it reports again
-		}
-		for _, s := range st.Sessions {
-			c.sessions[s.ID] = s
-		}
-		for _, m := range st.Maps {
-			c.maps[m.Map.Map] = &shardEntry{ctx: m}
-		}
-		c.reg.persist = cfg.State.PutInstanceEpoch
-		c.log.Info("controller state loaded", "instances", len(st.Epochs), "sessions", len(st.Sessions), "maps", len(st.Maps))
+		c.load(st)
 	}
 	return c, nil
+}
+
+// load replaces what the PC knows by stored state (at start, or when it
+// takes over as leader): instances are known by their highest epoch only,
+// failed until they report again, with RestartGrace to do so.
+func (c *Controller) load(st *State) {
+	c.reg.mu.Lock()
+	c.reg.m = map[string]*instance{}
+	for uri, e := range st.Epochs {
+		c.reg.m[uri] = &instance{maxEpoch: e}
+	}
+	c.reg.mu.Unlock()
+	c.mu.Lock()
+	c.sessions = map[kvsp.UUID]*Session{}
+	for _, s := range st.Sessions {
+		c.sessions[s.ID] = s
+	}
+	c.maps = map[string]*shardEntry{}
+	for _, m := range st.Maps {
+		c.maps[m.Map.Map] = &shardEntry{ctx: m}
+	}
+	c.mu.Unlock()
+	c.started.Store(time.Now().UnixNano())
+	c.log.Info("controller state loaded", "instances", len(st.Epochs), "sessions", len(st.Sessions), "maps", len(st.Maps))
 }
 
 // persist writes a session (with c.mu held) before the PC answers.
@@ -235,7 +267,7 @@ func (c *Controller) continueSession(ctx context.Context, s *Session, q *kvsp.Pl
 // still serve its sessions.
 func (c *Controller) inGrace(uri string) bool {
 	st, ok := c.reg.Get(uri)
-	return ok && st.Status.Instance == "" && time.Since(c.started) < c.cfg.RestartGrace
+	return ok && st.Status.Instance == "" && time.Since(time.Unix(0, c.started.Load())) < c.cfg.RestartGrace
 }
 
 // alive reports an instance the PC has a live record of.
@@ -302,6 +334,9 @@ func (c *Controller) Run(ctx context.Context, every time.Duration) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+		if c.standby.Load() {
+			continue
 		}
 		c.mu.Lock()
 		type move struct {
@@ -535,6 +570,7 @@ func (c *Controller) prefetch(ctx context.Context, uri string, q *kvsp.PlaceRequ
 }
 
 type metrics struct {
+	leader      prometheus.Gauge
 	reshards    *prometheus.CounterVec
 	migrations  prometheus.Counter
 	checkpoints *prometheus.CounterVec
@@ -558,9 +594,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Cached prefix length of placed requests, in blocks.", Buckets: prometheus.ExponentialBuckets(1, 2, 12)}),
 		reshards: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_pc_reshards_total",
 			Help: "Reshards by outcome (committed, aborted)."}, []string{"outcome"}),
+		leader: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvsp_pc_leader",
+			Help: "1 while this controller serves (the leader of its group, or alone), 0 while a standby."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.migrations, m.checkpoints, m.placements, m.directives, m.wakeups, m.matched, m.reshards)
+		reg.MustRegister(m.migrations, m.checkpoints, m.placements, m.directives, m.wakeups, m.matched, m.reshards, m.leader)
 	}
 	return m
 }

@@ -86,6 +86,9 @@ func (c *Controller) ShardMap(m string) (kvsp.ShardMap, bool) {
 // all (R-RSH-9). If any member does not acknowledge in time, all are sent
 // abort and v stays authoritative (R-RSH-8, R-RSH-11).
 func (c *Controller) Reshard(ctx context.Context, q *ReshardRequest) (*ReshardResult, error) {
+	if c.standby.Load() {
+		return nil, ErrNotLeader
+	}
 	if err := q.Next.Validate(); err != nil {
 		return nil, err
 	}

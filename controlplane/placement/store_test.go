@@ -16,13 +16,18 @@ import (
 // the old epoch's checkpoints stay refused).
 func TestStateSurvivesRestart(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "pc.db")
-	stateSurvivesRestart(t, func() Store {
+	stateSurvivesRestart(t, func() *Controller {
 		st, err := OpenBoltStore(path)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return st
-	})
+		c, err := New(Config{Index: BackendIndex{}, Instances: discard{}, BlockTokens: map[kvsp.CompatID]int{compatA: 16}, State: st})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close() })
+		return c
+	}, func(c *Controller) { c.cfg.State.Close() })
 	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("state file mode: %v %v", fi.Mode(), err)
 	}
@@ -30,17 +35,9 @@ func TestStateSurvivesRestart(t *testing.T) {
 
 // stateSurvivesRestart: instance epochs, session epochs and checkpoints,
 // and shard maps at their committed version survive a restart of the PC
-// over the same store (R-ST-6, R-SES-15).
-func stateSurvivesRestart(t *testing.T, openStore func() Store) {
-	open := func() *Controller {
-		st := openStore()
-		c, err := New(Config{Index: BackendIndex{}, Instances: discard{}, BlockTokens: map[kvsp.CompatID]int{compatA: 16}, State: st})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { st.Close() })
-		return c
-	}
+// over the same store (R-ST-6, R-SES-15). open starts a serving PC; stop
+// ends it.
+func stateSurvivesRestart(t *testing.T, open func() *Controller, stop func(*Controller)) {
 	c := open()
 	if _, err := c.Registry().Put(status("https://ii1/", 12, kvsp.StateActive, compatA)); err != nil {
 		t.Fatal(err)
@@ -63,7 +60,7 @@ func stateSurvivesRestart(t *testing.T, openStore func() Store) {
 	if err := c.cfg.State.PutShardMap(sm); err != nil {
 		t.Fatal(err)
 	}
-	c.cfg.State.Close()
+	stop(c)
 
 	c = open() // the restarted PC
 	if _, err := c.Registry().Put(status("https://ii1/", 11, kvsp.StateActive, compatA)); !errors.Is(err, kvsp.ErrStaleEpoch) {
