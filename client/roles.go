@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"sync/atomic"
 
 	"github.com/kvsp/kvsp"
 )
@@ -56,31 +57,73 @@ func (x *Index) Lookup(ctx context.Context, q *kvsp.LookupRequest) (*kvsp.Lookup
 	return &out, nil
 }
 
-// Controller is a client of a Placement Controller.
+// Controller is a client of a Placement Controller, or of a group of
+// them of which one leads (a standby redirects to the leader or answers
+// 503): a call goes to the PC that answered last, and moves on to the
+// next when that one is unreachable or a standby that cannot redirect.
 type Controller struct {
-	c    *Client
-	base string
+	c     *Client
+	bases []string
+	cur   atomic.Int32
 }
 
-// Controller returns a client of the PC at base.
-func (c *Client) Controller(base string) *Controller { return &Controller{c, base} }
+// Controller returns a client of the PC at base, with the other members
+// of its group, if any, to fail over to.
+func (c *Client) Controller(base string, others ...string) *Controller {
+	return &Controller{c: c, bases: append([]string{base}, others...)}
+}
+
+// call runs do against each PC in turn from the current one, until one
+// answers (success, or an error other than unreachable or 503).
+func (x *Controller) call(ctx context.Context, do func(base string) error) error {
+	start := int(x.cur.Load())
+	var err error
+	for i := range x.bases {
+		k := (start + i) % len(x.bases)
+		if err = do(x.bases[k]); !failOver(ctx, err) {
+			x.cur.Store(int32(k))
+			return err
+		}
+	}
+	return err
+}
+
+// failOver reports an error after which another PC of the group may be
+// tried: nothing reached a leader.
+func failOver(ctx context.Context, err error) bool {
+	if err == nil || ctx.Err() != nil {
+		return false
+	}
+	var p *kvsp.Problem
+	if errors.As(err, &p) {
+		return p.Status == http.StatusServiceUnavailable
+	}
+	return true // transport: refused, reset, timed out
+}
 
 // PutStatus sends an Instance Status Record; the answer carries the state
 // the PC assigns (R-ST-9, A-19).
 func (x *Controller) PutStatus(ctx context.Context, s *kvsp.InstanceStatus) (*kvsp.StateBody, error) {
 	var out kvsp.StateBody
-	url := join(x.base, "instances/"+kvsp.ResourceID(s.Instance)+"/status")
-	if _, _, err := x.c.doJSON(ctx, http.MethodPut, url, s, &out); err != nil {
+	err := x.call(ctx, func(base string) error {
+		_, _, err := x.c.doJSON(ctx, http.MethodPut, join(base, "instances/"+kvsp.ResourceID(s.Instance)+"/status"), s, &out)
+		return err
+	})
+	if err != nil {
 		return nil, err
 	}
 	return &out, nil
 }
 
 // Place asks where a request should run (kvsp's placement API, POST
-// place; not retried: each call creates a session).
+// place; not retried at the same PC: each call creates a session).
 func (x *Controller) Place(ctx context.Context, q *kvsp.PlaceRequest) (*kvsp.PlaceResponse, error) {
 	var out kvsp.PlaceResponse
-	if _, _, err := x.c.doJSON(ctx, http.MethodPost, join(x.base, "place"), q, &out); err != nil {
+	err := x.call(ctx, func(base string) error {
+		_, _, err := x.c.doJSON(ctx, http.MethodPost, join(base, "place"), q, &out)
+		return err
+	})
+	if err != nil {
 		return nil, err
 	}
 	return &out, nil
@@ -90,8 +133,11 @@ func (x *Controller) Place(ctx context.Context, q *kvsp.PlaceRequest) (*kvsp.Pla
 //
 func (x *Controller) PutCheckpoint(ctx context.Context, cp *kvsp.Checkpoint) (*kvsp.CheckpointAck, error) {
 	var out kvsp.CheckpointAck
-	url := join(x.base, "sessions/"+cp.Session.String()+"/checkpoint")
-	if _, _, err := x.c.doJSON(ctx, http.MethodPut, url, cp, &out); err != nil {
+	err := x.call(ctx, func(base string) error {
+		_, _, err := x.c.doJSON(ctx, http.MethodPut, join(base, "sessions/"+cp.Session.String()+"/checkpoint"), cp, &out)
+		return err
+	})
+	if err != nil {
 		return nil, err
 	}
 	return &out, nil

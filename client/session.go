@@ -9,7 +9,7 @@ import (
 	"github.com/kvsp/kvsp"
 )
 
-// RunSession places a request with the PC at pc and runs it, delivering
+// RunSession places a request with the PC (group) ctl and runs it, delivering
 // each output index exactly once, in order, to deliver (spec "Session
 // Checkpoints and Migration", R-SES-5, R-SES-8, R-SES-9, R-SES-14, R-SES-16):
 // tokens of an epoch lower than one already seen are discarded, and so are
@@ -18,8 +18,7 @@ import (
 // (POST place with the session: the PC migrates it once the failure is
 // detected) and resumes the stream from the first index it lacks.
 // retry bounds the wait between attempts. It returns the session id.
-func (c *Client) RunSession(ctx context.Context, pc string, q *kvsp.PlaceRequest, retry time.Duration, deliver func(index uint64, token uint32) error) (kvsp.UUID, error) {
-	ctl := c.Controller(pc)
+func (c *Client) RunSession(ctx context.Context, ctl *Controller, q *kvsp.PlaceRequest, retry time.Duration, deliver func(index uint64, token uint32) error) (kvsp.UUID, error) {
 	at, err := ctl.Place(ctx, q)
 	if err != nil {
 		return kvsp.UUID{}, err

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -24,19 +25,43 @@ import (
 type proc struct {
 	cmd  *exec.Cmd
 	addr string
+	logs *syncBuffer
+}
+
+// syncBuffer is a log buffer written by a subprocess's stderr copier.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 func startServe(t *testing.T, cfg, addr string) *proc {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), "KVSP_TEST_ARGS=serve\x1f--config\x1f"+cfg)
-	var logs bytes.Buffer
-	cmd.Stderr = &logs
+	logs := &syncBuffer{}
+	cmd.Stderr = logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	p := &proc{cmd: cmd, addr: addr}
-	t.Cleanup(p.kill)
+	p := &proc{cmd: cmd, addr: addr, logs: logs}
+	t.Cleanup(func() {
+		p.kill()
+		if t.Failed() && os.Getenv("KVSP_TEST_LOGS") != "" {
+			t.Logf("logs of kvsp serve %s:\n%s", cfg, logs.String())
+		}
+	})
 	deadline := time.Now().Add(15 * time.Second)
 	for time.Now().Before(deadline) {
 		if c, err := net.Dial("tcp", addr); err == nil {

@@ -14,6 +14,8 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -236,8 +238,12 @@ func mountRoles(srv *server.Server, cfg *config.Config, log *slog.Logger, reg pr
 		for _, e := range cfg.ScopeKeys {
 			keys = append(keys, e.Key)
 		}
-		var state placement.Store
-		if x.State == "bolt" {
+		var (
+			state placement.Store
+			group *placement.EtcdStore
+		)
+		switch x.State {
+		case "bolt":
 			st, err := placement.OpenBoltStore(x.StatePath)
 			if err != nil {
 				closeAll()
@@ -245,17 +251,39 @@ func mountRoles(srv *server.Server, cfg *config.Config, log *slog.Logger, reg pr
 			}
 			state = st
 			closers = append(closers, func() { st.Close() })
+		case "etcd":
+			ec := placement.EtcdConfig{Endpoints: x.Etcd.Endpoints, Prefix: x.Etcd.Prefix, SessionTTL: time.Duration(x.Etcd.SessionTTLMs) * time.Millisecond}
+			if strings.HasPrefix(x.Etcd.Endpoints[0], "https://") {
+				creds, err := mtls.LoadCredentials(mtls.TLSFiles{Cert: cfg.TLS.ClientCert, Key: cfg.TLS.ClientKey, ClientCA: cfg.TLS.ClientCA}, log)
+				if err != nil {
+					closeAll()
+					return nil, fmt.Errorf("config: tls.client_cert: %w", err)
+				}
+				ec.TLS = mtls.ClientTLSConfig(creds)
+				ec.TLS.NextProtos = []string{"h2"} // gRPC
+			}
+			st, err := placement.OpenEtcdStore(ec)
+			if err != nil {
+				closeAll()
+				return nil, err
+			}
+			state, group = st, st
+			closers = append(closers, func() { st.Close() })
 		}
 		pc, err := placement.New(placement.Config{Scopes: keys, BlockTokens: blockTokens, Index: pcc.Index(x.Index),
-			Instances: placement.ClientInstances{C: pcc}, OnStatus: statuses.Update, State: state, Logger: log, Registerer: reg})
+			Instances: placement.ClientInstances{C: pcc}, OnStatus: statuses.Update, State: state, Logger: log, Registerer: reg,
+			Self: x.Base, Standby: group != nil})
 		if err != nil {
 			closeAll()
 			return nil, err
 		}
 		pcCtx, pcCancel := context.WithCancel(context.Background())
-		pcDone := make(chan struct{})
-		go func() { pc.Run(pcCtx, 250*time.Millisecond); close(pcDone) }()
-		closers = append([]func(){func() { pcCancel(); <-pcDone }}, closers...)
+		var pcDone sync.WaitGroup
+		pcDone.Go(func() { pc.Run(pcCtx, 250*time.Millisecond) })
+		if group != nil {
+			pcDone.Go(func() { pc.RunHA(pcCtx, group, x.Base) })
+		}
+		closers = append([]func(){func() { pcCancel(); pcDone.Wait() }}, closers...)
 		if err := pc.Mount(srv.Mount(basePath(x.Base))); err != nil {
 			closeAll()
 			return nil, err
@@ -309,7 +337,7 @@ func newInstance(x *config.Instance, c *client.Client, keys []kvsp.ScopeKey, log
 	for _, l := range x.Links {
 		links = append(links, kvsp.Link{Holder: l.Holder, MbitPerS: l.MbitPerS, RTTUs: l.RTTUs})
 	}
-	return instance.New(instance.Config{Base: x.Base, Engine: eng, Client: c, Controller: x.Controller, Index: x.Index, Holder: x.Holder,
+	return instance.New(instance.Config{Base: x.Base, Engine: eng, Client: c, Controller: x.Controller, Controllers: x.Controllers, Index: x.Index, Holder: x.Holder,
 		Links: links, Scopes: keys, Logger: log, Registerer: reg})
 }
 

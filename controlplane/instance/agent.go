@@ -40,6 +40,9 @@ type Config struct {
 	// Controller and Index are the PC and IS base URIs; Holder, when set,
 	// is the holder that stores the blocks this instance loads.
 	Controller, Index, Holder string
+	// Controllers are the other PCs of the Controller's high-availability
+	// group, to fail over to.
+	Controllers []string
 	// Links are the instance's links to holders, reported in its status.
 	Links []kvsp.Link
 	// Scopes are the scope keys of the requests it runs (Block Keys).
@@ -66,6 +69,7 @@ type Agent struct {
 	log    *slog.Logger
 	m      *metrics
 	work   chan struct{} // transfer slots
+	ctl    *client.Controller
 
 	mu         sync.Mutex
 	state      kvsp.InstanceState
@@ -109,6 +113,7 @@ func New(cfg Config) (*Agent, error) {
 		epoch: uint64(time.Now().UnixMilli()), log: cfg.Logger, m: newMetrics(cfg.Registerer),
 		work: make(chan struct{}, cfg.Workers), state: kvsp.StateActive, directives: map[kvsp.UUID]*directive{}, resumes: map[kvsp.UUID]*resumed{}, shards: map[string]*shard{}}
 	a.stopCtx, a.stop = context.WithCancel(context.Background())
+	a.ctl = cfg.Client.Controller(cfg.Controller, cfg.Controllers...)
 	for _, k := range cfg.Scopes {
 		a.keys[k.ID()] = k
 	}
@@ -159,7 +164,7 @@ func (a *Agent) Run(ctx context.Context) {
 		}
 		if a.cfg.Controller != "" {
 			pctx, cancel := context.WithTimeout(ctx, a.cfg.StatusTTL/3)
-			got, err := a.cfg.Client.Controller(a.cfg.Controller).PutStatus(pctx, a.Status())
+			got, err := a.ctl.PutStatus(pctx, a.Status())
 			cancel()
 			switch {
 			case err != nil:

@@ -666,7 +666,7 @@ func sessionSurvives(t *testing.T, sampler *kvsp.PlaceSampler) {
 	const n = 1500
 	var got []uint32
 	killed := false
-	session, err := w.front.RunSession(context.Background(), w.url("/pc/"), &kvsp.PlaceRequest{ScopeID: w.scopeKey.ID(), CompatID: w.compat,
+	session, err := w.front.RunSession(context.Background(), w.front.Controller(w.url("/pc/")), &kvsp.PlaceRequest{ScopeID: w.scopeKey.ID(), CompatID: w.compat,
 		Tokens: tokens, MaxTokens: n, Sampler: sampler}, 50*time.Millisecond, func(i uint64, tok uint32) error {
 		if i != uint64(len(got)) {
 			t.Fatalf("index %d delivered after %d tokens", i, len(got))

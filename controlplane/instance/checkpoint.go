@@ -42,6 +42,9 @@ func (a *Agent) newCheckpointer(q *kvsp.GenerateRequest, keys []kvsp.BlockKey, t
 // token is the engine's emit: it records the token, checkpoints at the
 // boundaries and releases what may be released.
 func (c *checkpointer) token(t engine.Token) error {
+	if err := c.a.stopCtx.Err(); err != nil {
+		return fmt.Errorf("the instance is stopping: %w", err) // Close cuts every stream
+	}
 	c.generated = append(c.generated, t.ID)
 	off := len(c.generated)
 	bt := int(c.a.g.BlockTokens)
@@ -99,9 +102,7 @@ func (c *checkpointer) checkpoint() error {
 			cp.Sampler.Params = s.Params
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	ack, err := c.a.cfg.Client.Controller(c.a.cfg.Controller).PutCheckpoint(ctx, cp)
+	ack, err := c.put(cp)
 	switch {
 	case errors.Is(err, kvsp.ErrStaleEpoch) || errors.Is(err, kvsp.ErrForbidden):
 		c.a.m.checkpoints.WithLabelValues("superseded").Inc()
@@ -115,6 +116,35 @@ func (c *checkpointer) checkpoint() error {
 	}
 	c.a.m.checkpoints.WithLabelValues("acknowledged").Inc()
 	return c.release(int(min(ack.OutputOffset, uint64(off))))
+}
+
+// checkpointRetry bounds how long a checkpoint of a non-deterministic
+// session is retried while the PC is unreachable or unavailable (a PC
+// restarting, or a standby taking over: about its lease), its tokens held.
+const checkpointRetry = 30 * time.Second
+
+// put sends a checkpoint; one that no PC answered is retried, with
+// backoff, when the tokens it covers are held for it (non-deterministic
+// samplers). A refusal is final.
+func (c *checkpointer) put(cp *kvsp.Checkpoint) (*kvsp.CheckpointAck, error) {
+	ctx, cancel := context.WithTimeout(c.a.stopCtx, checkpointRetry)
+	defer cancel()
+	wait := 50 * time.Millisecond
+	for {
+		actx, acancel := context.WithTimeout(ctx, 5*time.Second)
+		ack, err := c.a.ctl.PutCheckpoint(actx, cp)
+		acancel()
+		var p *kvsp.Problem
+		if err == nil || c.det || (errors.As(err, &p) && p.Status != 503) {
+			return ack, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, time.Second)
+	}
 }
 
 // release sends the tokens up to offset off to the front end.

@@ -55,7 +55,7 @@ func waitLeading(t *testing.T, c *Controller) {
 // real etcd over TLS with client certificates (R-PRV-1).
 func TestEtcdStateSurvivesRestart(t *testing.T) {
 	p := kvsptest.NewPKI(t)
-	e := kvsptest.StartEtcd(t, p, kvsptest.PC)
+	e := kvsptest.StartEtcdPKI(t, p, kvsptest.PC)
 	stops := map[*Controller]func(){}
 	stateSurvivesRestart(t, func() *Controller {
 		c, _, stop := haMember(t, e, "https://pc1/")
@@ -71,7 +71,7 @@ func TestEtcdStateSurvivesRestart(t *testing.T) {
 // the lease TTL with the leader's state: sessions, epochs and checkpoints.
 // The deposed leader's writes are fenced off.
 func TestEtcdStandbyTakesOver(t *testing.T) {
-	e := kvsptest.StartEtcd(t, nil, "")
+	e := kvsptest.StartEtcd(t, nil, nil)
 	a, sa, _ := haMember(t, e, "https://pc1/")
 	waitLeading(t, a)
 	b, _, _ := haMember(t, e, "https://pc2/")

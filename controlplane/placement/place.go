@@ -114,13 +114,16 @@ type Controller struct {
 // Session is a session the PC placed (the session-migration issue adds its
 // checkpoints).
 type Session struct {
-	ID        kvsp.UUID
-	Epoch     uint64
-	ScopeID   kvsp.ScopeID
-	CompatID  kvsp.CompatID
-	Instance  string
-	Created   time.Time
-	MaxTokens uint64
+	ID       kvsp.UUID
+	Epoch    uint64
+	ScopeID  kvsp.ScopeID
+	CompatID kvsp.CompatID
+	Instance string
+	// InstanceEpoch is the instance's epoch when the session was placed
+	// there: a higher one means it restarted and lost the session.
+	InstanceEpoch uint64
+	Created       time.Time
+	MaxTokens     uint64
 	// Checkpoint is the one with the highest output_offset of the
 	// current epoch (nil until the first).
 	Checkpoint *kvsp.Checkpoint
@@ -252,8 +255,8 @@ func (c *Controller) continueSession(ctx context.Context, s *Session, q *kvsp.Pl
 	if s.ScopeID != q.ScopeID || s.CompatID != q.CompatID {
 		return nil, fmt.Errorf("%w: the session has another scope or model", kvsp.ErrConflict)
 	}
-	if from := c.sessionInstance(s); !c.alive(from) && !c.inGrace(from) {
-		if err := c.migrate(ctx, s.ID, q, from); err != nil {
+	if from, epoch, lost, _ := c.lost(s); lost {
+		if err := c.migrate(ctx, s.ID, q, from, epoch); err != nil {
 			return nil, err
 		}
 	}
@@ -270,16 +273,22 @@ func (c *Controller) inGrace(uri string) bool {
 	return ok && st.Status.Instance == "" && time.Since(time.Unix(0, c.started.Load())) < c.cfg.RestartGrace
 }
 
-// alive reports an instance the PC has a live record of.
-func (c *Controller) alive(uri string) bool {
-	st, ok := c.reg.Get(uri)
-	return ok && st.State != kvsp.StateFailed
-}
-
-func (c *Controller) sessionInstance(s *Session) string {
+// lost reports a session whose instance failed (its status expired) or
+// restarted (a higher epoch: the incarnation that ran the session is
+// gone, R-ST-5) since the session was placed there, with the instance
+// and epoch it was placed on. An instance known only from saved state is
+// given RestartGrace to report.
+func (c *Controller) lost(s *Session) (from string, epoch uint64, lost, failed bool) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	return s.Instance
+	from, epoch = s.Instance, s.InstanceEpoch
+	c.mu.Unlock()
+	if c.inGrace(from) {
+		return from, epoch, false, false
+	}
+	st, ok := c.reg.Get(from)
+	failed = !ok || st.State == kvsp.StateFailed
+	restarted := ok && epoch != 0 && st.Status.Instance != "" && st.Status.Epoch != epoch
+	return from, epoch, failed || restarted, failed
 }
 
 // migrate moves a session whose instance failed (spec "Session Checkpoints
@@ -290,10 +299,10 @@ func (c *Controller) sessionInstance(s *Session) string {
 // starts over there (the front end keeps what it delivered: nothing was
 // released for a non-deterministic sampler, and a deterministic one
 // regenerates the same tokens).
-func (c *Controller) migrate(ctx context.Context, id kvsp.UUID, q *kvsp.PlaceRequest, failed string) error {
+func (c *Controller) migrate(ctx context.Context, id kvsp.UUID, q *kvsp.PlaceRequest, from string, fromEpoch uint64) error {
 	c.mu.Lock()
 	s := c.sessions[id]
-	if s.Instance != failed {
+	if s.Instance != from || s.InstanceEpoch != fromEpoch {
 		c.mu.Unlock()
 		return nil // moved already (the sweep and a front end both noticed)
 	}
@@ -308,20 +317,26 @@ func (c *Controller) migrate(ctx context.Context, id kvsp.UUID, q *kvsp.PlaceReq
 	default:
 		return fmt.Errorf("%w: session %s has no checkpoint to resume from", kvsp.ErrUnavailable, id)
 	}
-	out, err := c.placeOn(ctx, &pq, &migration{session: s, exclude: failed, cp: cp})
+	mig := &migration{session: s, from: from, fromEpoch: fromEpoch, cp: cp}
+	if _, _, _, failed := c.lost(s); failed {
+		mig.exclude = from // a restarted instance may take its session back
+	}
+	out, err := c.placeOn(ctx, &pq, mig)
 	if err != nil {
 		return err
 	}
 	c.m.migrations.Inc()
-	c.log.Info("session migrated", "session", id.String(), "from", failed, "to", out.Instance, "epoch", out.Epoch)
+	c.log.Info("session migrated", "session", id.String(), "from", from, "to", out.Instance, "epoch", out.Epoch)
 	return nil
 }
 
 // migration is what place does differently for a migrating session.
 type migration struct {
-	session *Session
-	exclude string
-	cp      *kvsp.Checkpoint
+	session   *Session
+	from      string // the instance (and its epoch) the session was lost on
+	fromEpoch uint64
+	exclude   string // not a candidate (failed)
+	cp        *kvsp.Checkpoint
 }
 
 // Run migrates the sessions of failed instances as their failure is
@@ -339,27 +354,21 @@ func (c *Controller) Run(ctx context.Context, every time.Duration) {
 			continue
 		}
 		c.mu.Lock()
-		type move struct {
-			id   kvsp.UUID
-			from string
-		}
-		var todo []move
-		for id, s := range c.sessions {
-			if s.Checkpoint != nil && s.Checkpoint.OutputOffset >= s.MaxTokens {
-				continue // finished
+		var todo []*Session
+		for _, s := range c.sessions {
+			if s.Checkpoint == nil || s.Checkpoint.OutputOffset >= s.MaxTokens {
+				continue // nothing to resume from, or finished
 			}
-			if c.inGrace(s.Instance) {
-				continue
-			}
-			st, ok := c.reg.Get(s.Instance)
-			if s.Checkpoint != nil && (!ok || st.State == kvsp.StateFailed) {
-				todo = append(todo, move{id, s.Instance})
-			}
+			todo = append(todo, s)
 		}
 		c.mu.Unlock()
-		for _, m := range todo {
-			if err := c.migrate(ctx, m.id, nil, m.from); err != nil {
-				c.log.Warn("session not migrated", "session", m.id.String(), "err", err)
+		for _, s := range todo {
+			from, epoch, lost, _ := c.lost(s)
+			if !lost {
+				continue
+			}
+			if err := c.migrate(ctx, s.ID, nil, from, epoch); err != nil {
+				c.log.Warn("session not migrated", "session", s.ID.String(), "err", err)
 			}
 		}
 	}
@@ -451,13 +460,13 @@ func (c *Controller) placeOn(ctx context.Context, q *kvsp.PlaceRequest, mig *mig
 		// The epoch goes up, durably, before the resume is sent (R-SES-15).
 		c.mu.Lock()
 		s := mig.session
-		if s.Instance != mig.exclude { // moved meanwhile
+		if s.Instance != mig.from || s.InstanceEpoch != mig.fromEpoch { // moved meanwhile
 			out.Session, out.Epoch, out.Instance = s.ID, s.Epoch, s.Instance
 			c.mu.Unlock()
 			return out, nil
 		}
 		s.Epoch++
-		s.Instance = uri
+		s.Instance, s.InstanceEpoch = uri, chosen.snap.Status.Epoch
 		out.Session, out.Epoch = s.ID, s.Epoch
 		err := c.persist(s)
 		c.mu.Unlock()
@@ -478,7 +487,8 @@ func (c *Controller) placeOn(ctx context.Context, q *kvsp.PlaceRequest, mig *mig
 		out.Session = kvsp.NewUUID()
 	}
 	c.mu.Lock()
-	s := &Session{ID: out.Session, Epoch: 1, ScopeID: q.ScopeID, CompatID: q.CompatID, Instance: uri, Created: time.Now(), MaxTokens: q.MaxTokens}
+	s := &Session{ID: out.Session, Epoch: 1, ScopeID: q.ScopeID, CompatID: q.CompatID, Instance: uri, InstanceEpoch: chosen.snap.Status.Epoch,
+		Created: time.Now(), MaxTokens: q.MaxTokens}
 	if err := c.persist(s); err != nil {
 		c.mu.Unlock()
 		return nil, err

@@ -385,3 +385,38 @@ func TestMigration(t *testing.T) {
 		t.Fatalf("session 1: %+v", s)
 	}
 }
+
+// TestRestartedInstanceLosesItsSessions: an instance that reports a higher
+// epoch restarted (R-ST-5): the sessions placed on its previous
+// incarnation are gone with it, so the PC migrates them (the epoch goes
+// up, POST resume with the checkpoint), here back to the same instance,
+// the cheapest; its sessions placed after the restart stay.
+func TestRestartedInstanceLosesItsSessions(t *testing.T) {
+	w := newWorld(t, 4)
+	w.status(t, "ii1", 1, 0, kvsp.StateActive)
+	w.status(t, "ii2", 1, 3, kvsp.StateActive) // busier: ii1 is chosen
+	tokens := prompt(3*bt+5, 11)
+	out, err := w.place(t, tokens)
+	if err != nil || out.Instance != w.base["ii1"] {
+		t.Fatalf("place: %+v %v", out, err)
+	}
+	cp := &kvsp.Checkpoint{Session: out.Session, Epoch: 1, CompatID: compat, ScopeID: w.scopeKey.ID(), PromptBlocks: []kvsp.BlockKey{{1}, {2}, {3}},
+		PromptTail: make([]uint32, 5), Generated: make([]uint32, 8), OutputOffset: 8,
+		Sampler: kvsp.Sampler{Method: "greedy", Params: map[string]any{}, Step: 8, Deterministic: true}}
+	if _, err := w.ctl.PutCheckpoint(context.Background(), cp); err != nil {
+		t.Fatal(err)
+	}
+	w.status(t, "ii1", 2, 0, kvsp.StateActive) // restarted, and alive
+	q := &kvsp.PlaceRequest{ScopeID: w.scopeKey.ID(), CompatID: compat, Tokens: tokens, MaxTokens: 16, Session: &out.Session}
+	got, err := w.front.Controller(w.srv.URL("/pc/")).Place(context.Background(), q)
+	if err != nil || got.Instance != w.base["ii1"] || got.Epoch != 2 {
+		t.Fatalf("continue after the restart: %+v %v", got, err)
+	}
+	if rs := w.ii[w.base["ii1"]].resumed(); len(rs) != 1 || rs[0].Epoch != 2 || rs[0].Checkpoint.OutputOffset != 8 {
+		t.Fatalf("resumes at the restarted ii1: %+v", rs)
+	}
+	// Asked again: it stays (placed on the current incarnation).
+	if again, err := w.front.Controller(w.srv.URL("/pc/")).Place(context.Background(), q); err != nil || again.Epoch != 2 {
+		t.Fatalf("continue again: %+v %v", again, err)
+	}
+}

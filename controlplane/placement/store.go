@@ -77,6 +77,7 @@ type storedSession struct {
 	ScopeID    kvsp.ScopeID     `json:"scope_id"`
 	CompatID   kvsp.CompatID    `json:"compat_id"`
 	Instance   string           `json:"instance"`
+	InstEpoch  uint64           `json:"instance_epoch,omitzero"`
 	Created    time.Time        `json:"created"`
 	MaxTokens  uint64           `json:"max_tokens"`
 	Checkpoint *kvsp.Checkpoint `json:"checkpoint,omitempty"`
@@ -154,7 +155,7 @@ func decodeEpoch(v []byte) (uint64, error) {
 }
 
 func encodeSession(x *Session) ([]byte, error) {
-	return kvsp.Marshal(&storedSession{ID: x.ID, Epoch: x.Epoch, ScopeID: x.ScopeID, CompatID: x.CompatID, Instance: x.Instance,
+	return kvsp.Marshal(&storedSession{ID: x.ID, Epoch: x.Epoch, ScopeID: x.ScopeID, CompatID: x.CompatID, Instance: x.Instance, InstEpoch: x.InstanceEpoch,
 		Created: x.Created, MaxTokens: x.MaxTokens, Checkpoint: x.Checkpoint})
 }
 
@@ -163,7 +164,7 @@ func decodeSession(v []byte) (*Session, error) {
 	if err := kvsp.Decode(v, &x); err != nil {
 		return nil, fmt.Errorf("placement: state: session: %w", err)
 	}
-	return &Session{ID: x.ID, Epoch: x.Epoch, ScopeID: x.ScopeID, CompatID: x.CompatID, Instance: x.Instance,
+	return &Session{ID: x.ID, Epoch: x.Epoch, ScopeID: x.ScopeID, CompatID: x.CompatID, Instance: x.Instance, InstanceEpoch: x.InstEpoch,
 		Created: x.Created, MaxTokens: x.MaxTokens, Checkpoint: x.Checkpoint}, nil
 }
 

@@ -275,6 +275,9 @@ type pacer struct {
 }
 
 func (p *pacer) charge(ctx context.Context, d time.Duration) error {
+	if err := ctx.Err(); err != nil { // behind schedule, it never sleeps
+		return err
+	}
 	p.charged += d
 	if ahead := time.Until(p.start.Add(p.charged)); ahead >= time.Millisecond {
 		return sleep(ctx, ahead)

@@ -98,9 +98,11 @@ type Controller struct {
 	Base  string `yaml:"base"`
 	Index string `yaml:"index"`
 	// State is where instance epochs and sessions are kept: memory (lost
-	// on restart), bolt (a file at state_path, created 0600) or etcd.
+	// on restart), bolt (a file at state_path, created 0600) or etcd
+	// (shared by a high-availability group of PCs, of which one leads).
 	State     string `yaml:"state"`
 	StatePath string `yaml:"state_path"`
+	Etcd      *Etcd  `yaml:"etcd"`
 	// Descriptors are the models it places (their block_tokens), beyond
 	// those of the holders and instances of the same process.
 	Descriptors []string `yaml:"descriptors"`
@@ -138,13 +140,28 @@ type LeaseQuota struct {
 	MaxLeases int    `yaml:"max_leases"`
 }
 
+// Etcd configures the etcd cluster of a PC group (state: etcd).
+type Etcd struct {
+	// Endpoints are etcd's client URLs; https ones are reached with the
+	// process's TLS client certificate, verified against tls.client_ca.
+	Endpoints []string `yaml:"endpoints"`
+	// Prefix is the group's key prefix; default /kvsp/pc.
+	Prefix string `yaml:"prefix"`
+	// SessionTTLMs is the leader's lease (how long a standby waits for
+	// a silent leader); default 3000.
+	SessionTTLMs uint64 `yaml:"session_ttl_ms"`
+}
+
 // Instance configures one inference instance agent.
 type Instance struct {
 	Base       string `yaml:"base"`
 	Controller string `yaml:"controller"`
-	Index      string `yaml:"index"`
-	Holder     string `yaml:"holder"`
-	Engine     Engine `yaml:"engine"`
+	// Controllers are the other PCs of the controller's group, to fail
+	// over to.
+	Controllers []string `yaml:"controllers"`
+	Index       string   `yaml:"index"`
+	Holder      string   `yaml:"holder"`
+	Engine      Engine   `yaml:"engine"`
 	// Links are the instance's links to holders, reported in its status
 	// so placement can estimate fetch times (R-ST-17).
 	Links []Link `yaml:"links"`
@@ -419,9 +436,16 @@ func (c *Config) validate() error {
 				return fieldErr("controller.state_path", "required with state: bolt")
 			}
 		case "etcd":
-			return fieldErr("controller.state", "etcd is not built yet: use memory or bolt")
+			if x.Etcd == nil || len(x.Etcd.Endpoints) == 0 {
+				return fieldErr("controller.etcd.endpoints", "required with state: etcd")
+			}
+			for j, e := range x.Etcd.Endpoints {
+				if !strings.HasPrefix(e, "https://") && !strings.HasPrefix(e, "http://") {
+					return fieldErr(fmt.Sprintf("controller.etcd.endpoints[%d]", j), "%q: want an http or https URL", e)
+				}
+			}
 		default:
-			return fieldErr("controller.state", "%q: want memory or bolt", x.State)
+			return fieldErr("controller.state", "%q: want memory, bolt or etcd", x.State)
 		}
 		for j, d := range x.Descriptors {
 			if err := checkDescriptor(fmt.Sprintf("controller.descriptors[%d]", j), d); err != nil {
@@ -493,6 +517,11 @@ func (c *Config) validate() error {
 		}
 		if err := claim(f+".base", x.Base); err != nil {
 			return err
+		}
+		for j, pc := range x.Controllers {
+			if err := checkBase(fmt.Sprintf("%s.controllers[%d]", f, j), pc, true); err != nil {
+				return err
+			}
 		}
 		if x.Engine.Kind != "sim" {
 			return fieldErr(f+".engine.kind", "%q: want sim", x.Engine.Kind)

@@ -43,16 +43,18 @@ index: {base: https://h/is/, max_ttl_ms: 1000, max_lookup_keys: 64}
 		t.Fatalf("defaults: %+v", c)
 	}
 	for field, text := range map[string]string{
-		"listen":                strings.Replace(base, "127.0.0.1:8443", "8443", 1),
-		"tls.key":               strings.Replace(base, "k.pem", "missing.pem", 1),
-		"scopes[0].key_file":    strings.Replace(base, "hex.key", "short.key", 1),
-		"index.base":            strings.Replace(base, "https://h/is/", "http://h/is/", 1),
-		"index.max_ttl_ms":      strings.Replace(base, "max_ttl_ms: 1000", "max_ttl_ms: 0", 1),
-		"index.backend":         strings.Replace(base, "max_lookup_keys: 64", "max_lookup_keys: 64, backend: redis", 1),
-		"no role":               base[:strings.Index(base, "index:")],
-		"controller.base":       base + "controller: {base: https://h/is/, index: https://h/is/}\n",
-		"controller.state_path": base + "controller: {base: https://h/pc/, index: https://h/is/, state: bolt}\n",
-		"field x_index":         strings.Replace(base, "index:", "x_index:", 1) + "index: {base: https://h/is/, max_ttl_ms: 1, max_lookup_keys: 1}\n",
+		"listen":                       strings.Replace(base, "127.0.0.1:8443", "8443", 1),
+		"tls.key":                      strings.Replace(base, "k.pem", "missing.pem", 1),
+		"scopes[0].key_file":           strings.Replace(base, "hex.key", "short.key", 1),
+		"index.base":                   strings.Replace(base, "https://h/is/", "http://h/is/", 1),
+		"index.max_ttl_ms":             strings.Replace(base, "max_ttl_ms: 1000", "max_ttl_ms: 0", 1),
+		"index.backend":                strings.Replace(base, "max_lookup_keys: 64", "max_lookup_keys: 64, backend: redis", 1),
+		"no role":                      base[:strings.Index(base, "index:")],
+		"controller.base":              base + "controller: {base: https://h/is/, index: https://h/is/}\n",
+		"controller.state_path":        base + "controller: {base: https://h/pc/, index: https://h/is/, state: bolt}\n",
+		"controller.etcd.endpoints":    base + "controller: {base: https://h/pc/, index: https://h/is/, state: etcd}\n",
+		"controller.etcd.endpoints[0]": base + "controller: {base: https://h/pc/, index: https://h/is/, state: etcd, etcd: {endpoints: [127.0.0.1:2379]}}\n",
+		"field x_index":                strings.Replace(base, "index:", "x_index:", 1) + "index: {base: https://h/is/, max_ttl_ms: 1, max_lookup_keys: 1}\n",
 		"holders[0].tiers[0]": base + "holders: [{base: https://h/h1/, index: https://h/is/, lease_quota: {octets: 1, max_ttl_ms: 1, max_leases: 1}," +
 			" tiers: [{name: host, capacity: 1GiB, layers: 4}]}]\n",
 		"holders[0].tiers[1]": base + "holders: [{base: https://h/h1/, index: https://h/is/, lease_quota: {octets: 1, max_ttl_ms: 1, max_leases: 1}," +

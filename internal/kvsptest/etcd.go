@@ -40,24 +40,27 @@ func requireEtcd(t testing.TB) string {
 	return p
 }
 
-// StartEtcd starts etcd with its data in a temporary directory. With a
-// PKI, clients must present a certificate of its CA (client-cert-auth)
-// over TLS, and TLS is the configuration that does (as identity id).
-func StartEtcd(t testing.TB, p *PKI, id string) *Etcd {
+// EtcdTLS are the files of an etcd that requires TLS with client
+// certificates (client-cert-auth) signed by CA.
+type EtcdTLS struct{ Cert, Key, CA string }
+
+// StartEtcd starts etcd with its data in a temporary directory, over TLS
+// with client certificates when files are given; clientTLS is how its
+// clients connect (nil: plain).
+func StartEtcd(t testing.TB, files *EtcdTLS, clientTLS *tls.Config) *Etcd {
+	return startEtcdWith(t, files, clientTLS)
+}
+
+func startEtcdWith(t testing.TB, files *EtcdTLS, clientTLS *tls.Config) *Etcd {
 	bin := requireEtcd(t)
 	dir := t.TempDir()
 	cport, pport := freePort(t), freePort(t)
 	scheme := "http"
-	e := &Etcd{t: t, dir: dir}
+	e := &Etcd{t: t, dir: dir, TLS: clientTLS}
 	var tlsArgs []string
-	if p != nil {
+	if files != nil {
 		scheme = "https"
-		srv := p.Issue(pki.LeafOptions{IPs: []net.IP{net.IPv4(127, 0, 0, 1)}, DNSNames: []string{"localhost"}})
-		p.WriteLeaf("etcd.pem", "etcd-key.pem", srv)
-		tlsArgs = []string{"--cert-file", p.Path("etcd.pem"), "--key-file", p.Path("etcd-key.pem"),
-			"--client-cert-auth", "--trusted-ca-file", p.Path("ca.pem")}
-		e.TLS = p.ClientTLS(p.Leaf(id))
-		e.TLS.NextProtos = []string{"h2"}
+		tlsArgs = []string{"--cert-file", files.Cert, "--key-file", files.Key, "--client-cert-auth", "--trusted-ca-file", files.CA}
 	}
 	client := scheme + "://127.0.0.1:" + strconv.Itoa(cport)
 	peer := "http://127.0.0.1:" + strconv.Itoa(pport)
@@ -69,6 +72,16 @@ func StartEtcd(t testing.TB, p *PKI, id string) *Etcd {
 	e.start(bin)
 	t.Cleanup(e.Kill)
 	return e
+}
+
+// StartEtcdPKI starts etcd over TLS with a server certificate of p's CA
+// for 127.0.0.1; e.TLS presents id's certificate.
+func StartEtcdPKI(t testing.TB, p *PKI, id string) *Etcd {
+	srv := p.Issue(pki.LeafOptions{IPs: []net.IP{net.IPv4(127, 0, 0, 1)}, DNSNames: []string{"localhost"}})
+	p.WriteLeaf("etcd.pem", "etcd-key.pem", srv)
+	tc := p.ClientTLS(p.Leaf(id))
+	tc.NextProtos = []string{"h2"}
+	return startEtcdWith(t, &EtcdTLS{Cert: p.Path("etcd.pem"), Key: p.Path("etcd-key.pem"), CA: p.Path("ca.pem")}, tc)
 }
 
 func (e *Etcd) start(bin string) {
