@@ -56,6 +56,8 @@ func FuzzRecords(f *testing.F) {
 		f.Add(uint8(i), []byte(c.example))
 	}
 	f.Add(uint8(6), []byte(`{"map":"m","commit":5}`))
+	f.Add(uint8(6), []byte(`{"map":"m","from":1,"to":2,"deadline_ms":5,"retain":[],"release":[],"scope_id":"`+hx16+`","compat_id":"`+hx32+
+		`","fetch":[{"tokens":[0,16],"from":"https://a/","holder":"https://h/","block_keys":["`+hx32+`"]}]}`))
 	f.Fuzz(func(t *testing.T, which uint8, data []byte) {
 		c := recordCases[int(which)%len(recordCases)]
 		v := c.new()

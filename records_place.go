@@ -122,3 +122,37 @@ func (t *GeneratedToken) Validate() error {
 	}
 	return nil
 }
+
+// MapUpdate is the body of PUT maps/{map} at a PC (kvsp's API for
+// resharding; the spec leaves how a PC decides to reshard out of scope):
+// move a sequence-sharded context to Map, its next version. Tokens are
+// the context's tokens, required for its first map (the PC computes the
+// Block Keys); DeadlineMs is each plan's deadline_ms.
+type MapUpdate struct {
+	Map        ShardMap `json:"map"`
+	ScopeID    ScopeID  `json:"scope_id"`
+	CompatID   CompatID `json:"compat_id"`
+	Tokens     []uint32 `json:"tokens,omitempty"`
+	DeadlineMs uint64   `json:"deadline_ms,omitzero"`
+}
+
+// Validate implements Validator.
+func (u *MapUpdate) Validate() error {
+	if u.ScopeID.IsZero() || u.CompatID.IsZero() {
+		return invalidf("map update: scope_id and compat_id: required")
+	}
+	if err := checkInt("map update: deadline_ms", u.DeadlineMs); err != nil {
+		return err
+	}
+	return u.Map.Validate()
+}
+
+// MapUpdateResult answers a committed map update: the map now
+// authoritative and the octets each member transferred.
+type MapUpdateResult struct {
+	Map          ShardMap          `json:"map"`
+	FetchedBytes map[string]uint64 `json:"fetched_bytes"`
+}
+
+// Validate implements Validator.
+func (r *MapUpdateResult) Validate() error { return r.Map.Validate() }

@@ -66,6 +66,8 @@ var recordCases = []recordCase{
 		[]string{"map", "from", "to", "deadline_ms"}},
 	{"lease", func() kvsp.Validator { return new(kvsp.LeaseRequest) }, leaseExample,
 		[]string{"scope_id", "compat_id", "block_keys", "ttl_ms"}},
+	{"map update", func() kvsp.Validator { return new(kvsp.MapUpdate) }, `{"map":` + shardMapExample + `,"scope_id":"` + hx16 + `","compat_id":"` + hx32 + `","tokens":[1,2,3],"deadline_ms":200}`,
+		[]string{"map", "scope_id", "compat_id"}},
 }
 
 // dropMember removes the first member called name (any value) from a JSON

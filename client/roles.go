@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"sync/atomic"
 
 	"github.com/kvsp/kvsp"
@@ -121,6 +122,21 @@ func (x *Controller) Place(ctx context.Context, q *kvsp.PlaceRequest) (*kvsp.Pla
 	var out kvsp.PlaceResponse
 	err := x.call(ctx, func(base string) error {
 		_, _, err := x.c.doJSON(ctx, http.MethodPost, join(base, "place"), q, &out)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// UpdateMap moves a sequence-sharded context to its next map (PUT
+// maps/{map}, kvsp's resharding API); it returns once the members
+// committed.
+func (x *Controller) UpdateMap(ctx context.Context, u *kvsp.MapUpdate) (*kvsp.MapUpdateResult, error) {
+	var out kvsp.MapUpdateResult
+	err := x.call(ctx, func(base string) error {
+		_, _, err := x.c.doJSON(ctx, http.MethodPut, join(base, "maps/"+url.PathEscape(u.Map.Map)), u, &out)
 		return err
 	})
 	if err != nil {

@@ -36,6 +36,7 @@ type group struct {
 	compat kvsp.CompatID
 	g      container.Geometry
 	asPC   *client.Client // the controller's identity
+	front  *client.Client // a client with the scope
 	stuck  *stuckInstance
 }
 
@@ -110,6 +111,7 @@ func newGroup(t *testing.T) *group {
 		h.Mount(w.srv.Server.Mount(base))
 	}
 	w.asPC = mk(kvsptest.PC)
+	w.front = mk(kvsptest.ClientA)
 	w.pc, _ = placement.New(placement.Config{Scopes: []kvsp.ScopeKey{w.scope}, BlockTokens: map[kvsp.CompatID]int{w.compat: 16},
 		Index: w.asPC.Index(u("/is/")), Instances: placement.ClientInstances{C: w.asPC}})
 	w.pc.Mount(w.srv.Server.Mount("/pc/"))
@@ -191,13 +193,17 @@ func TestReshardRetainsInPlace(t *testing.T) {
 		t.Fatalf("ii1 at v%d holds %v", v, r)
 	}
 
+	// The plans of v2, as PlanReshard makes them (checked below), and v2
+	// itself through the PC's API (PUT maps/{map}).
 	utilBefore := w.engs[w.url("/ii1/")].Stats().KVUtilization
 	v2 := w.shardMap(2, 0, 32, "/ii1/", 32, 96, "/ii2/", 96, 128, "/ii3/")
-	res, err = w.pc.Reshard(ctx, &placement.ReshardRequest{Next: v2, ScopeID: w.scope.ID(), CompatID: w.compat, Deadline: 5 * time.Second})
+	plans := placement.PlanReshard(v1, v2)
+	up, err := w.front.Controller(w.url("/pc/")).UpdateMap(ctx, &kvsp.MapUpdate{Map: v2, ScopeID: w.scope.ID(), CompatID: w.compat, DeadlineMs: 5000})
 	if err != nil {
 		t.Fatal(err)
 	}
-	p1, p2, p3 := res.Plans[w.url("/ii1/")], res.Plans[w.url("/ii2/")], res.Plans[w.url("/ii3/")]
+	res.FetchedBytes = up.FetchedBytes
+	p1, p2, p3 := plans[w.url("/ii1/")], plans[w.url("/ii2/")], plans[w.url("/ii3/")]
 	if p1 == nil || p2 == nil || p3 == nil || p3.From != 1 || p3.To != 2 {
 		t.Fatalf("plans %v: every member of either version gets one, from 1 to 2", res.Plans)
 	}
@@ -205,10 +211,10 @@ func TestReshardRetainsInPlace(t *testing.T) {
 		t.Fatalf("ii1's plan %+v", p1)
 	}
 	if !reflect.DeepEqual(p2.Retain, []kvsp.TokenRange{{64, 96}}) || len(p2.Fetch) != 1 || p2.Fetch[0].Tokens != (kvsp.TokenRange{32, 64}) ||
-		p2.Fetch[0].From != w.url("/ii1/") || p2.Fetch[0].Holder != w.url("/ha/") || !reflect.DeepEqual(p2.Fetch[0].BlockKeys, keys[2:4]) {
+		p2.Fetch[0].From != w.url("/ii1/") {
 		t.Fatalf("ii2's plan %+v", p2)
 	}
-	if len(p3.Retain) != 0 || len(p3.Fetch) != 1 || p3.Fetch[0].From != w.url("/ii2/") || p3.Fetch[0].Holder != w.url("/hb/") {
+	if len(p3.Retain) != 0 || len(p3.Fetch) != 1 || p3.Fetch[0].From != w.url("/ii2/") {
 		t.Fatalf("ii3's plan %+v", p3)
 	}
 	// R-RSH-6: the retained ranges moved nothing; the fetched ones exactly
@@ -243,6 +249,18 @@ func TestReshardRetainsInPlace(t *testing.T) {
 		if _, err := ii1.Reshard(ctx, stale); !errors.Is(err, kvsp.ErrPlanConflict) {
 			t.Fatalf("plan from %d at version 2: %v, want 409 kvsp-plan-conflict", from, err)
 		}
+	}
+	// v3 gives [32,64) back to ii1: the plan names ii2's holder and the
+	// range's Block Keys (kvsp's extension members).
+	v3 := w.shardMap(3, 0, 64, "/ii1/", 64, 96, "/ii2/", 96, 128, "/ii3/")
+	res, err = w.pc.Reshard(ctx, &placement.ReshardRequest{Next: v3, ScopeID: w.scope.ID(), CompatID: w.compat, Deadline: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := res.Plans[w.url("/ii1/")].Fetch
+	if len(f) != 1 || f[0].From != w.url("/ii2/") || f[0].Holder != w.url("/hb/") || !reflect.DeepEqual(f[0].BlockKeys, keys[2:4]) ||
+		res.FetchedBytes[w.url("/ii1/")] != 2*blockLen || res.FetchedBytes[w.url("/ii2/")] != 0 {
+		t.Fatalf("v3: ii1's fetch %+v, fetched %v", f, res.FetchedBytes)
 	}
 }
 
@@ -349,5 +367,10 @@ func TestReshardPlanConflicts(t *testing.T) {
 	_, err := w.pc.Reshard(ctx, &placement.ReshardRequest{Next: w.shardMap(2, 0, 16, "/ii1/"), ScopeID: w.scope.ID(), CompatID: w.compat, Tokens: prompt(1)[:16]})
 	if !errors.Is(err, kvsp.ErrPlanConflict) {
 		t.Fatalf("PC: a first map at version 2: %v", err)
+	}
+	_, err = w.front.Controller(w.url("/pc/")).UpdateMap(ctx, &kvsp.MapUpdate{Map: w.shardMap(2, 0, 16, "/ii1/"), ScopeID: w.scope.ID(), CompatID: w.compat,
+		Tokens: prompt(1)[:16]})
+	if !errors.Is(err, kvsp.ErrPlanConflict) {
+		t.Fatalf("PUT maps/{map}: a first map at version 2: %v", err)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/server"
@@ -21,7 +22,32 @@ func (c *Controller) Mount(r *server.Router) error {
 		return err
 	}
 	r.Handle("POST", "place", server.Route{Roles: []server.Role{server.RoleClient}, MaxBody: 8 << 20}, c.leading(c.place))
+	r.Handle("PUT", "maps/{map}", server.Route{Roles: []server.Role{server.RoleClient}, MaxBody: 8 << 20}, c.leading(c.putMap))
 	return nil
+}
+
+// putMap moves a sequence-sharded context to its next map (kvsp's
+// resharding API over Reshard): 200 with the committed map, 409
+// kvsp-plan-conflict for a version that is not the next, 503 when a
+// member did not acknowledge in time (everything aborted, the map
+// unchanged).
+func (c *Controller) putMap(w http.ResponseWriter, r *http.Request) error {
+	var u kvsp.MapUpdate
+	if err := server.DecodeJSON(r, &u); err != nil {
+		return err
+	}
+	if !server.PrincipalFrom(r.Context()).MayUseScope(u.ScopeID) {
+		return fmt.Errorf("%w: map update", kvsp.ErrScopeDenied) // before anything is looked at
+	}
+	if r.PathValue("map") != u.Map.Map {
+		return fmt.Errorf("%w: the path's map is not the body's", kvsp.ErrInvalid)
+	}
+	res, err := c.Reshard(r.Context(), &ReshardRequest{Next: u.Map, ScopeID: u.ScopeID, CompatID: u.CompatID, Tokens: u.Tokens,
+		Deadline: time.Duration(u.DeadlineMs) * time.Millisecond})
+	if err != nil {
+		return err
+	}
+	return server.WriteJSON(w, http.StatusOK, &kvsp.MapUpdateResult{Map: u.Map, FetchedBytes: res.FetchedBytes})
 }
 
 // leading serves h while this controller leads; a standby redirects the
