@@ -352,7 +352,11 @@ func promptTokens(k int) []uint32 {
 // not gone backwards, and the front end gets one consistent output.
 func TestLeaderPCKilledStandbyTakesOver(t *testing.T) {
 	c := startSessionClusterWith(t, clusterOptions{sampler: &kvsp.PlaceSampler{Method: "top-p", Params: map[string]any{"p": 0.9}, Seed: 5}, pc: "etcd"})
-	var got []uint32
+	var (
+		got    []uint32
+		last   = time.Now()
+		maxGap time.Duration
+	)
 	killed := false
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -360,6 +364,10 @@ func TestLeaderPCKilledStandbyTakesOver(t *testing.T) {
 		if i != uint64(len(got)) {
 			t.Errorf("index %d delivered after %d tokens", i, len(got))
 		}
+		if killed {
+			maxGap = max(maxGap, time.Since(last))
+		}
+		last = time.Now()
 		got = append(got, tok)
 		if i == 300 && !killed {
 			killed = true
@@ -373,6 +381,7 @@ func TestLeaderPCKilledStandbyTakesOver(t *testing.T) {
 	if want := c.uninterrupted(); !slices.Equal(got, want) {
 		t.Fatalf("delivered %d tokens; not one consistent output (%d)", len(got), len(want))
 	}
+	t.Logf("longest pause in delivery after the leader's kill: %v (its etcd lease: 1s)", maxGap.Round(time.Millisecond))
 	q := *c.q
 	out, err := c.front.Controller(c.pcs[1]).Place(ctx, &q)
 	if err != nil || out.Session != c.session || out.Epoch < 1 {

@@ -107,9 +107,11 @@ func TestEtcdStandbyTakesOver(t *testing.T) {
 	died := time.Now()
 	sa.cli.Close()
 	waitLeading(t, b)
-	if d := time.Since(died); d > 5*time.Second {
+	d := time.Since(died)
+	if d > 5*time.Second {
 		t.Fatalf("took over after %v", d)
 	}
+	t.Logf("the standby led %v after the leader died (lease %v)", d.Round(time.Millisecond), time.Second)
 	got, ok := b.Session(id)
 	if !ok || got.Epoch != 3 || got.Checkpoint == nil || got.Checkpoint.OutputOffset != 32 {
 		t.Fatalf("the new leader's session: %+v", got)
