@@ -6,7 +6,8 @@ COUNT     ?= 1
 STATICCHECK_VERSION ?= v0.8.2
 BIN       := $(CURDIR)/bin
 
-.PHONY: help deps bench-holder build build-nogpu test vet test-race test-nocgo lint fmt-check staticcheck fuzz bench demo check
+
+.PHONY: help deps bench-holder build build-nogpu build-gpu test-gpu test vet test-race test-nocgo lint fmt-check staticcheck fuzz bench demo check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -17,6 +18,18 @@ build: ## build every package and the kvsp binary into bin/
 
 build-nogpu: ## build without cgo, as CI's CPU fallback
 	CGO_ENABLED=0 $(GO) build -tags nogpu,nordma ./...
+
+build-gpu: ## the CUDA path: the shim compiled against the real cuda.h (prototypes checked), the cgo GPU build and its vet
+	@inc="$$(./scripts/cuda-headers.sh)" && echo "cuda.h from $$inc" && \
+	  cc -std=gnu11 -Wall -Wextra -Werror -DKVSP_WITH_CUDA_H -I"$$inc" -c csrc/kvsp_cuda.c -o /dev/null
+	CGO_ENABLED=1 $(GO) build ./...
+	CGO_ENABLED=1 $(GO) vet ./gpu/ ./holder/... ./cmd/...
+
+test-gpu: ## stripped test and benchmark binaries of the GPU path in bin/gpu-check/, with the script that runs them on a GPU machine
+	@mkdir -p $(BIN)/gpu-check
+	CGO_ENABLED=1 $(GO) test -c -ldflags='-s -w' -o $(BIN)/gpu-check/gpu.test ./gpu/
+	cp scripts/gpu-check.sh $(BIN)/gpu-check/run.sh
+	@du -sh $(BIN)/gpu-check
 
 test: deps vet test-race ## the README's test command: vet, then every test with the race detector
 	@echo "make test: ok"
@@ -32,6 +45,7 @@ vet: ## go vet
 test-race: ## go test -race over every package (shuffled); Redis tests are required, not skipped
 	KVSP_REQUIRE_REDIS=1 KVSP_REQUIRE_ETCD=1 $(GO) test -race -shuffle=on -tags nogpu ./...
 	$(GO) test -tags nogpu,purego -run 'Hex' . # the portable paths of code that has assembly
+	$(GO) test -race ./gpu/ # the CUDA build of gpu: without a driver it must say so
 
 test-nocgo: ## tests with CGO_ENABLED=0
 	CGO_ENABLED=0 $(GO) test -tags nogpu,nordma ./...
@@ -44,6 +58,7 @@ fmt-check: ## fail if any file needs gofmt
 staticcheck: ## staticcheck, installed into bin/ with go install
 	@test -x $(BIN)/staticcheck || GOBIN=$(BIN) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 	$(BIN)/staticcheck -tags nogpu ./...
+	$(BIN)/staticcheck ./gpu/ # the CUDA build
 
 fuzz: ## run every fuzz target for FUZZTIME each (default 10s)
 	GO=$(GO) FUZZTIME=$(FUZZTIME) ./scripts/fuzz.sh

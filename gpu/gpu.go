@@ -1,10 +1,18 @@
 // Package gpu is kvsp's access to accelerator memory: device buffers that a
-// holder's device tier stores blocks in, and the host<->device copies that
-// store and serve them. Builds with -tags nogpu (CI's CPU fallback) get a
-// stand-in that keeps "device" buffers in host memory behind the same API
-// and says so (StandIn, Name), so the device tier's data path runs and is
-// tested everywhere. Other builds use the CUDA driver (the GPU issue); where
-// no driver or device exists, Open returns ErrNoDevice.
+// holder's device tier stores blocks in, pinned host memory (allocated, or
+// Go memory registered), streams, and the host<->device copies that store
+// and serve them, with a double-buffered Stager that overlaps device copies
+// with the host's work.
+//
+// Three builds share the API. With cgo (the default), CUDA through a thin
+// shim of ours over the driver API (csrc/kvsp_cuda.c) that loads
+// libcuda.so.1 with dlopen: the binary starts anywhere, and where no driver
+// or device exists Open returns ErrNoDevice saying which. With -tags nogpu
+// (CI's CPU fallback), a stand-in that keeps "device" buffers in host
+// memory and says so (StandIn, Name), so the device tier's data path runs
+// and is tested everywhere. Without cgo and without nogpu, Open returns
+// ErrNoDevice. No C pointer leaves the package; memory is freed by explicit
+// Free/Close, never by finalizers.
 package gpu
 
 import "errors"
@@ -24,4 +32,10 @@ type Info struct {
 	// Memory is the device's total memory in octets (the stand-in: the
 	// limit it was opened with).
 	Memory int64
+}
+
+// Pinned is host memory the device can copy to and from asynchronously:
+// a HostBuffer (allocated pinned) or Registered Go memory.
+type Pinned interface {
+	Bytes() []byte
 }

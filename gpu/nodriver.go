@@ -1,17 +1,17 @@
-//go:build !nogpu
+//go:build !cgo && !nogpu
 
 package gpu
 
 import "fmt"
 
-// Device is an accelerator. This build has no driver binding yet (the GPU
-// issue adds CUDA through cgo): Open reports ErrNoDevice, and a holder
-// configured with a device tier refuses to start rather than pretend.
+// Device is an accelerator. This build has no cgo, so no CUDA driver
+// binding: Open reports ErrNoDevice, and a holder configured with a device
+// tier refuses to start rather than pretend.
 type Device struct{}
 
 // Open opens device ordinal.
 func Open(ordinal int) (*Device, error) {
-	return nil, fmt.Errorf("%w: device %d: this build has no CUDA driver binding (build with -tags nogpu for the host-memory stand-in)", ErrNoDevice, ordinal)
+	return nil, fmt.Errorf("%w: device %d: this build has no cgo, so no CUDA driver binding (build with cgo, or with -tags nogpu for the host-memory stand-in)", ErrNoDevice, ordinal)
 }
 
 // Info describes the device.
@@ -37,3 +37,53 @@ func (b *Buffer) CopyOut(dst []byte, off int64) error { return ErrNoDevice }
 
 // Free releases the buffer.
 func (b *Buffer) Free() {}
+
+// MemInfo returns the device's memory.
+func (d *Device) MemInfo() (free, total int64, err error) { return 0, 0, ErrNoDevice }
+
+// CopyFrom copies device to device.
+func (b *Buffer) CopyFrom(off int64, src *Buffer, srcOff, n int64) error { return ErrNoDevice }
+
+// HostBuffer is pinned host memory.
+type HostBuffer struct{}
+
+// AllocHost allocates pinned host memory.
+func (d *Device) AllocHost(n int64) (*HostBuffer, error) { return nil, ErrNoDevice }
+
+// Bytes is the buffer's memory.
+func (h *HostBuffer) Bytes() []byte { return nil }
+
+// Free releases the buffer.
+func (h *HostBuffer) Free() {}
+
+// Registered is registered Go memory.
+type Registered struct{}
+
+// Register registers b.
+func (d *Device) Register(b []byte) (*Registered, error) { return nil, ErrNoDevice }
+
+// Bytes is the registered memory.
+func (r *Registered) Bytes() []byte { return nil }
+
+// Unregister undoes Register.
+func (r *Registered) Unregister() {}
+
+// Stream is a device stream.
+type Stream struct{}
+
+// NewStream creates a stream.
+func (d *Device) NewStream() (*Stream, error) { return nil, ErrNoDevice }
+
+// Sync waits for the stream.
+func (s *Stream) Sync() error { return ErrNoDevice }
+
+// Close destroys the stream.
+func (s *Stream) Close() error { return nil }
+
+// CopyOutAsync queues a device to host copy.
+func (b *Buffer) CopyOutAsync(dst Pinned, dstOff, off, n int64, s *Stream) error { return ErrNoDevice }
+
+// CopyInAsync queues a host to device copy.
+func (b *Buffer) CopyInAsync(off int64, src Pinned, srcOff, n int64, s *Stream) error {
+	return ErrNoDevice
+}

@@ -83,3 +83,84 @@ func (b *Buffer) Free() {
 		b.mem = nil
 	})
 }
+
+// MemInfo returns the stand-in's free and total memory.
+func (d *Device) MemInfo() (free, total int64, err error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.limit - d.used, d.limit, nil
+}
+
+// CopyFrom copies n octets of src at srcOff to the buffer at off.
+func (b *Buffer) CopyFrom(off int64, src *Buffer, srcOff, n int64) error {
+	if off < 0 || n < 0 || off+n > int64(len(b.mem)) || srcOff < 0 || srcOff+n > int64(len(src.mem)) {
+		return fmt.Errorf("gpu: device copy of %d octets outside a buffer", n)
+	}
+	copy(b.mem[off:off+n], src.mem[srcOff:])
+	return nil
+}
+
+// HostBuffer is the stand-in's "pinned" host memory: ordinary memory.
+type HostBuffer struct{ mem []byte }
+
+// AllocHost allocates n octets of host memory.
+func (d *Device) AllocHost(n int64) (*HostBuffer, error) {
+	if n <= 0 {
+		return nil, fmt.Errorf("gpu: pinned allocation of %d octets", n)
+	}
+	return &HostBuffer{mem: make([]byte, n)}, nil
+}
+
+// Bytes is the buffer's memory.
+func (h *HostBuffer) Bytes() []byte { return h.mem }
+
+// Free releases the buffer.
+func (h *HostBuffer) Free() { h.mem = nil }
+
+// Registered is Go memory "registered" with the stand-in (nothing to do).
+type Registered struct{ mem []byte }
+
+// Register registers b.
+func (d *Device) Register(b []byte) (*Registered, error) {
+	if len(b) == 0 {
+		return nil, fmt.Errorf("gpu: registration of empty memory")
+	}
+	return &Registered{mem: b}, nil
+}
+
+// Bytes is the registered memory.
+func (r *Registered) Bytes() []byte { return r.mem }
+
+// Unregister undoes Register.
+func (r *Registered) Unregister() {}
+
+// Stream is the stand-in's stream: its copies run at once.
+type Stream struct{}
+
+// NewStream creates a stream.
+func (d *Device) NewStream() (*Stream, error) { return &Stream{}, nil }
+
+// Sync waits for the stream's work (done already).
+func (s *Stream) Sync() error { return nil }
+
+// Close destroys the stream.
+func (s *Stream) Close() error { return nil }
+
+// CopyOutAsync copies n octets at off to dst at dstOff (at once).
+func (b *Buffer) CopyOutAsync(dst Pinned, dstOff, off, n int64, s *Stream) error {
+	mem := dst.Bytes()
+	if dstOff < 0 || n < 0 || dstOff+n > int64(len(mem)) {
+		return fmt.Errorf("gpu: %d octets at %d outside a %d-octet host buffer", n, dstOff, len(mem))
+	}
+	return b.CopyOut(mem[dstOff:dstOff+n], off)
+}
+
+// CopyInAsync copies n octets of src at srcOff to the buffer at off (at
+// once).
+func (b *Buffer) CopyInAsync(off int64, src Pinned, srcOff, n int64, s *Stream) error {
+	mem := src.Bytes()
+	if srcOff < 0 || n < 0 || srcOff+n > int64(len(mem)) {
+		return fmt.Errorf("gpu: %d octets at %d outside a %d-octet host buffer", n, srcOff, len(mem))
+	}
+	return b.CopyIn(off, mem[srcOff:srcOff+n])
+}

@@ -1,0 +1,324 @@
+/*
+ * kvsp_cuda: the CUDA driver API through dlopen (see kvsp_cuda.h).
+ *
+ * Built two ways: by cgo in package gpu, with the few driver types
+ * declared here; and by `make build-gpu` with -DKVSP_WITH_CUDA_H against
+ * the real <cuda.h>, where every function pointer type below is checked
+ * against the driver's own prototype, so a wrong prototype fails to
+ * compile.
+ */
+#include "kvsp_cuda.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#ifdef KVSP_WITH_CUDA_H
+#include <cuda.h>
+#else
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef struct CUctx_st *CUcontext;
+typedef struct CUstream_st *CUstream;
+typedef struct CUevent_st *CUevent;
+typedef struct CUmod_st *CUmodule;
+typedef struct CUfunc_st *CUfunction;
+typedef struct CUipcMemHandle_st {
+	char reserved[KVSP_CUDA_IPC_HANDLE_SIZE];
+} CUipcMemHandle;
+#define CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS 0x1
+#define CU_MEMHOSTALLOC_PORTABLE 0x01
+#define CU_MEMHOSTREGISTER_PORTABLE 0x01
+#define CU_EVENT_DISABLE_TIMING 0x2
+#define CU_STREAM_NON_BLOCKING 0x1
+#endif
+
+/* Every driver entry the shim uses: name (the exported symbol), and the
+ * parameter list. The return type is CUresult for all. */
+#define KVSP_CU_FUNCS(X)                                                                                    \
+	X(cuInit, (unsigned int))                                                                           \
+	X(cuDeviceGetCount, (int *))                                                                        \
+	X(cuDeviceGet, (CUdevice *, int))                                                                   \
+	X(cuDeviceGetName, (char *, int, CUdevice))                                                         \
+	X(cuDeviceTotalMem_v2, (size_t *, CUdevice))                                                        \
+	X(cuDevicePrimaryCtxRetain, (CUcontext *, CUdevice))                                                \
+	X(cuDevicePrimaryCtxRelease_v2, (CUdevice))                                                         \
+	X(cuCtxSetCurrent, (CUcontext))                                                                     \
+	X(cuMemGetInfo_v2, (size_t *, size_t *))                                                            \
+	X(cuMemAlloc_v2, (CUdeviceptr *, size_t))                                                           \
+	X(cuMemFree_v2, (CUdeviceptr))                                                                      \
+	X(cuMemHostAlloc, (void **, size_t, unsigned int))                                                  \
+	X(cuMemFreeHost, (void *))                                                                          \
+	X(cuMemHostRegister_v2, (void *, size_t, unsigned int))                                             \
+	X(cuMemHostUnregister, (void *))                                                                    \
+	X(cuMemcpyHtoD_v2, (CUdeviceptr, const void *, size_t))                                             \
+	X(cuMemcpyDtoH_v2, (void *, CUdeviceptr, size_t))                                                   \
+	X(cuMemcpyDtoD_v2, (CUdeviceptr, CUdeviceptr, size_t))                                              \
+	X(cuMemcpyHtoDAsync_v2, (CUdeviceptr, const void *, size_t, CUstream))                              \
+	X(cuMemcpyDtoHAsync_v2, (void *, CUdeviceptr, size_t, CUstream))                                    \
+	X(cuStreamCreate, (CUstream *, unsigned int))                                                       \
+	X(cuStreamDestroy_v2, (CUstream))                                                                   \
+	X(cuStreamSynchronize, (CUstream))                                                                  \
+	X(cuEventCreate, (CUevent *, unsigned int))                                                         \
+	X(cuEventRecord, (CUevent, CUstream))                                                               \
+	X(cuEventSynchronize, (CUevent))                                                                    \
+	X(cuEventDestroy_v2, (CUevent))                                                                     \
+	X(cuIpcGetMemHandle, (CUipcMemHandle *, CUdeviceptr))                                               \
+	X(cuIpcOpenMemHandle_v2, (CUdeviceptr *, CUipcMemHandle, unsigned int))                             \
+	X(cuIpcCloseMemHandle, (CUdeviceptr))                                                               \
+	X(cuModuleLoadData, (CUmodule *, const void *))                                                     \
+	X(cuModuleUnload, (CUmodule))                                                                       \
+	X(cuModuleGetFunction, (CUfunction *, CUmodule, const char *))                                      \
+	X(cuLaunchKernel, (CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int, \
+	                   unsigned int, unsigned int, CUstream, void **, void **))                         \
+	X(cuGetErrorString, (CUresult, const char **))
+
+#define KVSP_PFN(name, params) typedef CUresult (*kvsp_pfn_##name) params;
+KVSP_CU_FUNCS(KVSP_PFN)
+
+#ifdef KVSP_WITH_CUDA_H
+/* The prototype check: each pointer type must be the driver's own. */
+#define KVSP_CHECK(name, params)                                                   \
+	_Static_assert(__builtin_types_compatible_p(__typeof__(&name), kvsp_pfn_##name), \
+	               "kvsp_cuda: the prototype of " #name " differs from cuda.h");
+KVSP_CU_FUNCS(KVSP_CHECK)
+#endif
+
+static struct {
+#define KVSP_FIELD(name, params) kvsp_pfn_##name name;
+	KVSP_CU_FUNCS(KVSP_FIELD)
+} cu;
+
+static pthread_once_t load_once = PTHREAD_ONCE_INIT;
+static int load_status = KVSP_CUDA_NO_DRIVER;
+static char load_error[256];
+static void *lib;
+
+static pthread_mutex_t ctx_mu = PTHREAD_MUTEX_INITIALIZER;
+static CUcontext ctx[KVSP_CUDA_MAX_DEVICES];
+static CUdevice dev[KVSP_CUDA_MAX_DEVICES];
+static int opened[KVSP_CUDA_MAX_DEVICES];
+
+static void load(void) {
+	lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+	if (lib == NULL) {
+		const char *e = dlerror();
+		snprintf(load_error, sizeof load_error, "libcuda.so.1 could not be loaded (no NVIDIA driver?): %s",
+		         e ? e : "unknown error");
+		return;
+	}
+#define KVSP_SYM(name, params)                                                                    \
+	cu.name = (kvsp_pfn_##name)dlsym(lib, #name);                                                  \
+	if (cu.name == NULL) {                                                                         \
+		snprintf(load_error, sizeof load_error, "libcuda.so.1 has no %s (driver too old)", #name); \
+		return;                                                                                    \
+	}
+	KVSP_CU_FUNCS(KVSP_SYM)
+	load_status = (int)cu.cuInit(0);
+	if (load_status != 0) {
+		const char *s = NULL;
+		cu.cuGetErrorString((CUresult)load_status, &s);
+		snprintf(load_error, sizeof load_error, "cuInit: %s (code %d)", s ? s : "unknown error", load_status);
+	}
+}
+
+int kvsp_cuda_load(char *err, size_t errlen) {
+	pthread_once(&load_once, load);
+	if (load_status != 0 && err != NULL && errlen > 0) {
+		snprintf(err, errlen, "%s", load_error);
+	}
+	return load_status;
+}
+
+const char *kvsp_cuda_error(int code) {
+	switch (code) {
+	case 0:
+		return "no error";
+	case KVSP_CUDA_NO_DRIVER:
+		return load_error[0] ? load_error : "the CUDA driver is not loaded";
+	case KVSP_CUDA_NOT_OPEN:
+		return "the device was not opened";
+	}
+	const char *s = NULL;
+	if (load_status == 0 && cu.cuGetErrorString((CUresult)code, &s) == 0 && s != NULL) {
+		return s;
+	}
+	return "unknown CUDA error";
+}
+
+/* current makes the ordinal's primary context current on this thread. */
+static int current(int ordinal) {
+	if (load_status != 0) {
+		return KVSP_CUDA_NO_DRIVER;
+	}
+	if (ordinal < 0 || ordinal >= KVSP_CUDA_MAX_DEVICES || !opened[ordinal]) {
+		return KVSP_CUDA_NOT_OPEN;
+	}
+	return (int)cu.cuCtxSetCurrent(ctx[ordinal]);
+}
+
+#define CALL(expr)                   \
+	do {                         \
+		int rc_ = current(ordinal); \
+		if (rc_ != 0) {      \
+			return rc_;  \
+		}                    \
+		return (int)(expr);  \
+	} while (0)
+
+int kvsp_cuda_device_count(int *n) {
+	if (load_status != 0) {
+		return KVSP_CUDA_NO_DRIVER;
+	}
+	return (int)cu.cuDeviceGetCount(n);
+}
+
+int kvsp_cuda_open(int ordinal, char *name, int namelen, size_t *total) {
+	if (load_status != 0) {
+		return KVSP_CUDA_NO_DRIVER;
+	}
+	if (ordinal < 0 || ordinal >= KVSP_CUDA_MAX_DEVICES) {
+		return KVSP_CUDA_NOT_OPEN;
+	}
+	pthread_mutex_lock(&ctx_mu);
+	int rc = 0;
+	if (!opened[ordinal]) {
+		rc = (int)cu.cuDeviceGet(&dev[ordinal], ordinal);
+		if (rc == 0) {
+			rc = (int)cu.cuDevicePrimaryCtxRetain(&ctx[ordinal], dev[ordinal]);
+		}
+		if (rc == 0) {
+			opened[ordinal] = 1;
+		}
+	}
+	if (rc == 0) {
+		rc = (int)cu.cuDeviceGetName(name, namelen, dev[ordinal]);
+	}
+	if (rc == 0) {
+		rc = (int)cu.cuDeviceTotalMem_v2(total, dev[ordinal]);
+	}
+	pthread_mutex_unlock(&ctx_mu);
+	return rc;
+}
+
+int kvsp_cuda_close(int ordinal) {
+	if (load_status != 0) {
+		return KVSP_CUDA_NO_DRIVER;
+	}
+	if (ordinal < 0 || ordinal >= KVSP_CUDA_MAX_DEVICES) {
+		return KVSP_CUDA_NOT_OPEN;
+	}
+	pthread_mutex_lock(&ctx_mu);
+	int rc = 0;
+	if (opened[ordinal]) {
+		rc = (int)cu.cuDevicePrimaryCtxRelease_v2(dev[ordinal]);
+		opened[ordinal] = 0;
+	}
+	pthread_mutex_unlock(&ctx_mu);
+	return rc;
+}
+
+int kvsp_cuda_mem_info(int ordinal, size_t *free_bytes, size_t *total) { CALL(cu.cuMemGetInfo_v2(free_bytes, total)); }
+
+int kvsp_cuda_alloc(int ordinal, uint64_t *dptr, size_t n) {
+	CUdeviceptr p = 0;
+	int rc = current(ordinal);
+	if (rc == 0) {
+		rc = (int)cu.cuMemAlloc_v2(&p, n);
+	}
+	*dptr = (uint64_t)p;
+	return rc;
+}
+
+int kvsp_cuda_free(int ordinal, uint64_t dptr) { CALL(cu.cuMemFree_v2((CUdeviceptr)dptr)); }
+
+int kvsp_cuda_host_alloc(int ordinal, void **p, size_t n) { CALL(cu.cuMemHostAlloc(p, n, CU_MEMHOSTALLOC_PORTABLE)); }
+
+int kvsp_cuda_host_free(int ordinal, void *p) { CALL(cu.cuMemFreeHost(p)); }
+
+int kvsp_cuda_host_register(int ordinal, void *p, size_t n) {
+	CALL(cu.cuMemHostRegister_v2(p, n, CU_MEMHOSTREGISTER_PORTABLE));
+}
+
+int kvsp_cuda_host_unregister(int ordinal, void *p) { CALL(cu.cuMemHostUnregister(p)); }
+
+int kvsp_cuda_htod(int ordinal, uint64_t dst, const void *src, size_t n) {
+	CALL(cu.cuMemcpyHtoD_v2((CUdeviceptr)dst, src, n));
+}
+
+int kvsp_cuda_dtoh(int ordinal, void *dst, uint64_t src, size_t n) { CALL(cu.cuMemcpyDtoH_v2(dst, (CUdeviceptr)src, n)); }
+
+int kvsp_cuda_dtod(int ordinal, uint64_t dst, uint64_t src, size_t n) {
+	CALL(cu.cuMemcpyDtoD_v2((CUdeviceptr)dst, (CUdeviceptr)src, n));
+}
+
+int kvsp_cuda_htod_async(int ordinal, uint64_t dst, const void *src, size_t n, void *stream) {
+	CALL(cu.cuMemcpyHtoDAsync_v2((CUdeviceptr)dst, src, n, (CUstream)stream));
+}
+
+int kvsp_cuda_dtoh_async(int ordinal, void *dst, uint64_t src, size_t n, void *stream) {
+	CALL(cu.cuMemcpyDtoHAsync_v2(dst, (CUdeviceptr)src, n, (CUstream)stream));
+}
+
+int kvsp_cuda_stream_create(int ordinal, void **stream) {
+	CALL(cu.cuStreamCreate((CUstream *)stream, CU_STREAM_NON_BLOCKING));
+}
+
+int kvsp_cuda_stream_destroy(int ordinal, void *stream) { CALL(cu.cuStreamDestroy_v2((CUstream)stream)); }
+
+int kvsp_cuda_stream_sync(int ordinal, void *stream) { CALL(cu.cuStreamSynchronize((CUstream)stream)); }
+
+int kvsp_cuda_event_create(int ordinal, void **event) {
+	CALL(cu.cuEventCreate((CUevent *)event, CU_EVENT_DISABLE_TIMING));
+}
+
+int kvsp_cuda_event_record(int ordinal, void *event, void *stream) {
+	CALL(cu.cuEventRecord((CUevent)event, (CUstream)stream));
+}
+
+int kvsp_cuda_event_sync(int ordinal, void *event) { CALL(cu.cuEventSynchronize((CUevent)event)); }
+
+int kvsp_cuda_event_destroy(int ordinal, void *event) { CALL(cu.cuEventDestroy_v2((CUevent)event)); }
+
+int kvsp_cuda_ipc_get(int ordinal, uint64_t dptr, unsigned char handle[KVSP_CUDA_IPC_HANDLE_SIZE]) {
+	CUipcMemHandle h;
+	int rc = current(ordinal);
+	if (rc == 0) {
+		rc = (int)cu.cuIpcGetMemHandle(&h, (CUdeviceptr)dptr);
+	}
+	if (rc == 0) {
+		memcpy(handle, h.reserved, KVSP_CUDA_IPC_HANDLE_SIZE);
+	}
+	return rc;
+}
+
+int kvsp_cuda_ipc_open(int ordinal, const unsigned char handle[KVSP_CUDA_IPC_HANDLE_SIZE], uint64_t *dptr) {
+	CUipcMemHandle h;
+	CUdeviceptr p = 0;
+	memcpy(h.reserved, handle, KVSP_CUDA_IPC_HANDLE_SIZE);
+	int rc = current(ordinal);
+	if (rc == 0) {
+		rc = (int)cu.cuIpcOpenMemHandle_v2(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+	}
+	*dptr = (uint64_t)p;
+	return rc;
+}
+
+int kvsp_cuda_ipc_close(int ordinal, uint64_t dptr) { CALL(cu.cuIpcCloseMemHandle((CUdeviceptr)dptr)); }
+
+int kvsp_cuda_module_load(int ordinal, const void *image, void **module) {
+	CALL(cu.cuModuleLoadData((CUmodule *)module, image));
+}
+
+int kvsp_cuda_module_unload(int ordinal, void *module) { CALL(cu.cuModuleUnload((CUmodule)module)); }
+
+int kvsp_cuda_module_function(int ordinal, void *module, const char *name, void **fn) {
+	CALL(cu.cuModuleGetFunction((CUfunction *)fn, (CUmodule)module, name));
+}
+
+int kvsp_cuda_launch(int ordinal, void *fn, unsigned grid_x, unsigned grid_y, unsigned block_x, unsigned shared,
+                     void *stream, void **params) {
+	CALL(cu.cuLaunchKernel((CUfunction)fn, grid_x, grid_y, 1, block_x, 1, 1, shared, (CUstream)stream, params, NULL));
+}
