@@ -285,7 +285,7 @@ func (h *Holder) getBlock(w http.ResponseWriter, r *http.Request) error {
 		}
 		body = v
 	} else { // split between device and host memory
-		body = splitRange{e: e, p: p, i: int(first - hdr.FirstLayer), j: int(last-hdr.FirstLayer) + 1}
+		body = splitRange{d: h.store.dev.d, e: e, p: p, i: int(first - hdr.FirstLayer), j: int(last-hdr.FirstLayer) + 1}
 	}
 	wh.Set("Repr-Digest", container.ReprDigest(e.rangeDigest(first, last, body.Digest)))
 	wh.Set("Content-Length", strconv.FormatInt(body.Len(), 10))

@@ -3,26 +3,22 @@ package holder
 import (
 	"crypto/sha256"
 	"io"
-	"sync"
 
 	"github.com/kvsp/kvsp/container"
+	"github.com/kvsp/kvsp/holder/tier"
 )
 
 // splitRange is layers [i, j) (indexes in the block) of a block split
 // between device memory (its first devLayers layers) and a host tail: a
-// GET sends its header, then the device layers copied out through a
-// staging buffer, then the host layers straight from the tail.
+// GET sends its header, then the device layers through the device's
+// double-buffered pinned staging (tier.Device.WriteRange), then the host
+// layers straight from the tail.
 type splitRange struct {
+	d    *tier.Device
 	e    *entry
 	p    parts
 	i, j int
 }
-
-// stagingSize is the device-to-host copy unit: large enough to amortise a
-// copy's launch, small enough to overlap copying with sending.
-const stagingSize = 1 << 20
-
-var staging = sync.Pool{New: func() any { b := make([]byte, stagingSize); return &b }}
 
 func (r splitRange) header(dst []byte) []byte {
 	h := r.e.hdr
@@ -46,19 +42,10 @@ func (r splitRange) WriteTo(w io.Writer) (int64, error) {
 	a, b := r.e.layerOffset(r.i), r.e.layerOffset(r.j)
 	devEnd := r.e.layerOffset(r.p.devLayers)
 	if a < devEnd {
-		bp := staging.Get().(*[]byte)
-		defer staging.Put(bp)
-		for off := a; off < min(b, devEnd); {
-			chunk := (*bp)[:min(int64(len(*bp)), min(b, devEnd)-off)]
-			if err := r.p.dev.CopyOut(chunk, off); err != nil {
-				return total, err
-			}
-			n, err := w.Write(chunk)
-			total += int64(n)
-			if err != nil {
-				return total, err
-			}
-			off += int64(len(chunk))
+		n, err := r.d.WriteRange(w, r.p.dev, a, min(b, devEnd)-a)
+		total += n
+		if err != nil {
+			return total, err
 		}
 	}
 	if b > devEnd {

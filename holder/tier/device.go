@@ -1,13 +1,27 @@
 package tier
 
-import "github.com/kvsp/kvsp/gpu"
+import (
+	"errors"
+	"io"
+
+	"github.com/kvsp/kvsp/gpu"
+)
 
 // Device is the device tier's memory: an accelerator opened through
 // package gpu (under -tags nogpu, its host-memory stand-in, which says so in
 // Name and StandIn).
 type Device struct {
-	d *gpu.Device
+	d       *gpu.Device
+	stagers chan *gpu.Stager // idle, for WriteRange
 }
+
+// StagingSize is the device-to-host copy unit of WriteRange: large enough
+// to amortise a copy's launch, small enough that copying overlaps sending.
+const StagingSize = 1 << 20
+
+// maxIdleStagers bounds the pinned staging memory kept between GETs
+// (2 x StagingSize each).
+const maxIdleStagers = 16
 
 // DeviceBuffer is a region of device memory.
 type DeviceBuffer interface {
@@ -25,7 +39,7 @@ func OpenDevice(ordinal int) (*Device, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Device{d: d}, nil
+	return &Device{d: d, stagers: make(chan *gpu.Stager, maxIdleStagers)}, nil
 }
 
 // Name names the device.
@@ -37,5 +51,47 @@ func (d *Device) StandIn() bool { return d.d.Info().StandIn }
 // Alloc allocates n octets of device memory.
 func (d *Device) Alloc(n int64) (DeviceBuffer, error) { return d.d.Alloc(n) }
 
-// Close releases the device.
-func (d *Device) Close() error { return d.d.Close() }
+// WriteRange writes n octets of buf at off to w through a double-buffered
+// pinned stager: the device copy of the next piece runs while this one is
+// written, so the range leaves in order with no copy beyond the staging.
+func (d *Device) WriteRange(w io.Writer, buf DeviceBuffer, off, n int64) (int64, error) {
+	gb, ok := buf.(*gpu.Buffer)
+	if !ok {
+		return 0, errors.New("tier: not a buffer of this device")
+	}
+	var st *gpu.Stager
+	select {
+	case st = <-d.stagers:
+	default:
+		var err error
+		if st, err = d.d.NewStager(StagingSize); err != nil {
+			return 0, err
+		}
+	}
+	defer func() {
+		select {
+		case d.stagers <- st:
+		default:
+			st.Close()
+		}
+	}()
+	var total int64
+	err := st.WriteTo(gb, []gpu.Region{{Off: off, Len: n}}, func(p []byte) error {
+		k, err := w.Write(p)
+		total += int64(k)
+		return err
+	})
+	return total, err
+}
+
+// Close releases the device and its staging memory.
+func (d *Device) Close() error {
+	for {
+		select {
+		case st := <-d.stagers:
+			st.Close()
+		default:
+			return d.d.Close()
+		}
+	}
+}
