@@ -43,6 +43,7 @@ typedef struct CUipcMemHandle_st {
 	X(cuDeviceGet, (CUdevice *, int))                                                                   \
 	X(cuDeviceGetName, (char *, int, CUdevice))                                                         \
 	X(cuDeviceTotalMem_v2, (size_t *, CUdevice))                                                        \
+	X(cuDeviceGetPCIBusId, (char *, int, CUdevice))                                                     \
 	X(cuDevicePrimaryCtxRetain, (CUcontext *, CUdevice))                                                \
 	X(cuDevicePrimaryCtxRelease_v2, (CUdevice))                                                         \
 	X(cuCtxSetCurrent, (CUcontext))                                                                     \
@@ -221,6 +222,16 @@ int kvsp_cuda_close(int ordinal) {
 }
 
 int kvsp_cuda_mem_info(int ordinal, size_t *free_bytes, size_t *total) { CALL(cu.cuMemGetInfo_v2(free_bytes, total)); }
+
+int kvsp_cuda_pci_bus_id(int ordinal, char *id, int len) {
+	if (load_status != 0) {
+		return KVSP_CUDA_NO_DRIVER;
+	}
+	if (ordinal < 0 || ordinal >= KVSP_CUDA_MAX_DEVICES || !opened[ordinal]) {
+		return KVSP_CUDA_NOT_OPEN;
+	}
+	return (int)cu.cuDeviceGetPCIBusId(id, len, dev[ordinal]);
+}
 
 int kvsp_cuda_alloc(int ordinal, uint64_t *dptr, size_t n) {
 	CUdeviceptr p = 0;

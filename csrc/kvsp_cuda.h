@@ -29,6 +29,7 @@ int kvsp_cuda_device_count(int *n);
 int kvsp_cuda_open(int ordinal, char *name, int namelen, size_t *total);
 int kvsp_cuda_close(int ordinal);
 int kvsp_cuda_mem_info(int ordinal, size_t *free_bytes, size_t *total);
+int kvsp_cuda_pci_bus_id(int ordinal, char *id, int len);
 const char *kvsp_cuda_error(int code);
 
 /* Device memory. */

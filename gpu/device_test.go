@@ -167,3 +167,35 @@ func TestStager(t *testing.T) {
 		t.Fatal("a region outside the buffer was accepted")
 	}
 }
+
+// TestTelemetry: the device reports its memory (its use grows with an
+// allocation) and says where the figures come from.
+func TestTelemetry(t *testing.T) {
+	d := openDevice(t)
+	before, err := d.Telemetry()
+	if err != nil || before.MemoryTotal <= 0 || before.Source == "" {
+		t.Fatalf("telemetry %+v %v", before, err)
+	}
+	b, err := d.Alloc(64 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Free()
+	after, _ := d.Telemetry()
+	if after.MemoryUsed < before.MemoryUsed+32<<20 {
+		t.Fatalf("memory used %d after a 64 MiB allocation, was %d", after.MemoryUsed, before.MemoryUsed)
+	}
+	t.Logf("telemetry (%s): %d/%d MiB used, host link %d Mbit/s", after.Source, after.MemoryUsed>>20, after.MemoryTotal>>20, after.LinkMbitPerS)
+}
+
+// TestPCIeRates: the payload rate of PCIe links by generation and width.
+func TestPCIeRates(t *testing.T) {
+	for _, c := range []struct {
+		gen, width int
+		want       uint64
+	}{{1, 1, 2000}, {3, 16, 126030}, {4, 16, 252061}, {5, 16, 504123}, {6, 16, 944000}, {0, 16, 0}, {7, 16, 0}} {
+		if got := pcieMbitPerS(c.gen, c.width); got != c.want {
+			t.Errorf("gen %d x%d: %d Mbit/s, want %d", c.gen, c.width, got, c.want)
+		}
+	}
+}

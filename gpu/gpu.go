@@ -39,3 +39,41 @@ type Info struct {
 type Pinned interface {
 	Bytes() []byte
 }
+
+// Telemetry is what the device reports of itself: memory use (for an
+// instance's kv_utilization and the holder's metrics) and its host link
+// (PCIe: the rate of a link between this node's holder and instance).
+type Telemetry struct {
+	MemoryUsed, MemoryTotal int64
+	// LinkMbitPerS is the host link's rate at its current generation and
+	// width (0: unknown); TxKBps and RxKBps its recent throughput.
+	LinkMbitPerS   uint64
+	TxKBps, RxKBps uint32
+	// Source says where the figures come from: "nvml", "cuda" (memory
+	// only: NVML is missing), or "stand-in".
+	Source string
+}
+
+// pcieMbitPerS is the data rate of a PCIe link of generation gen and
+// width lanes, after line encoding (8b/10b up to gen 2, 128b/130b from
+// gen 3; gen 6's FLIT mode carries 236 of 256 octets).
+func pcieMbitPerS(gen, width int) uint64 {
+	var perLane float64 // Mbit/s of payload per lane
+	switch gen {
+	case 1:
+		perLane = 2500.0 * 8 / 10
+	case 2:
+		perLane = 5000.0 * 8 / 10
+	case 3:
+		perLane = 8000.0 * 128 / 130
+	case 4:
+		perLane = 16000.0 * 128 / 130
+	case 5:
+		perLane = 32000.0 * 128 / 130
+	case 6:
+		perLane = 64000.0 * 236 / 256
+	default:
+		return 0
+	}
+	return uint64(perLane * float64(width))
+}

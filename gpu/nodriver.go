@@ -87,3 +87,6 @@ func (b *Buffer) CopyOutAsync(dst Pinned, dstOff, off, n int64, s *Stream) error
 func (b *Buffer) CopyInAsync(off int64, src Pinned, srcOff, n int64, s *Stream) error {
 	return ErrNoDevice
 }
+
+// Telemetry reads the device's figures.
+func (d *Device) Telemetry() (Telemetry, error) { return Telemetry{}, ErrNoDevice }

@@ -164,3 +164,9 @@ func (b *Buffer) CopyInAsync(off int64, src Pinned, srcOff, n int64, s *Stream) 
 	}
 	return b.CopyIn(off, mem[srcOff:srcOff+n])
 }
+
+// Telemetry reports the stand-in's memory use; it has no host link.
+func (d *Device) Telemetry() (Telemetry, error) {
+	free, total, _ := d.MemInfo()
+	return Telemetry{MemoryUsed: total - free, MemoryTotal: total, Source: "stand-in"}, nil
+}

@@ -86,6 +86,10 @@ func TestDeviceTierSplitResidency(t *testing.T) {
 	}
 	put(1)
 	f.residency(t, ref(1).Key, split)
+	// The device's own figures are metrics (the stand-in's: its memory).
+	if used, total := gather(t, f.reg, "kvsp_holder_device_memory_used_bytes"), gather(t, f.reg, "kvsp_holder_device_memory_total_bytes"); used < float64(half) || total <= used {
+		t.Fatalf("device memory metrics: used %v of %v", used, total)
+	}
 	for _, lr := range []*kvsp.LayerRange{nil, {0, 1}, {1, 2}, {2, 3}, {0, 0}, {3, 3}} {
 		want := 4
 		if lr != nil {

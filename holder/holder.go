@@ -125,6 +125,25 @@ func New(cfg Config) (*Holder, error) {
 		} else {
 			h.log.Info("device tier", "device", name, "capacity", cfg.DeviceCapacity)
 		}
+		if cfg.Registerer != nil { // the device's own figures (NVML on a GPU), read at each scrape
+			tel := func(f func(tier.DeviceTelemetry) float64) func() float64 {
+				return func() float64 {
+					t, err := cfg.Device.Telemetry()
+					if err != nil {
+						return math.NaN()
+					}
+					return f(t)
+				}
+			}
+			cfg.Registerer.MustRegister(
+				prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvsp_holder_device_memory_used_bytes",
+					Help: "Memory in use on the device tier's device (all users), as the device reports it."}, tel(func(t tier.DeviceTelemetry) float64 { return float64(t.MemoryUsed) })),
+				prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvsp_holder_device_memory_total_bytes",
+					Help: "Memory of the device tier's device."}, tel(func(t tier.DeviceTelemetry) float64 { return float64(t.MemoryTotal) })),
+				prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvsp_holder_device_link_mbit_per_s",
+					Help: "The device's host link rate (PCIe generation x width; 0 when unknown)."}, tel(func(t tier.DeviceTelemetry) float64 { return float64(t.LinkMbitPerS) })),
+			)
+		}
 	}
 	h.recover()
 	go h.publisher()

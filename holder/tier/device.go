@@ -42,6 +42,13 @@ func OpenDevice(ordinal int) (*Device, error) {
 	return &Device{d: d, stagers: make(chan *gpu.Stager, maxIdleStagers)}, nil
 }
 
+// DeviceTelemetry is a device's own report of its memory and host link
+// (NVML on a GPU).
+type DeviceTelemetry = gpu.Telemetry
+
+// Telemetry reads the device's report.
+func (d *Device) Telemetry() (DeviceTelemetry, error) { return d.d.Telemetry() }
+
 // Name names the device.
 func (d *Device) Name() string { return d.d.Info().Name }
 
