@@ -29,6 +29,27 @@ func ReadBlock(r io.Reader, n int64, g Geometry) (*Block, error) {
 // has been validated; on error the buffer is the caller's again. A nil
 // alloc allocates.
 func ReadBlockInto(r io.Reader, n int64, g Geometry, alloc func(n int) []byte) (*Block, error) {
+	return ReadBlockWith(r, n, g, ReadOptions{Alloc: alloc})
+}
+
+// ReadOptions are ReadBlockWith's hooks.
+type ReadOptions struct {
+	// Alloc, when set, gives the block's memory (see ReadBlockInto).
+	Alloc func(n int) []byte
+	// Header, when set, gets the validated header before any layer
+	// arrives (a holder reserves device memory for the first layers).
+	Header func(h *Header)
+	// Layer, when set, gets each layer's octets (K then V) as soon as the
+	// layer has arrived and been hashed, in order, from the hashing
+	// goroutine: a holder copies it to device memory while the next ones
+	// arrive. Nothing is verified yet: the block as a whole is, when
+	// ReadBlockWith returns without error.
+	Layer func(i int, octets []byte)
+}
+
+// ReadBlockWith is ReadBlockInto with hooks.
+func ReadBlockWith(r io.Reader, n int64, g Geometry, o ReadOptions) (*Block, error) {
+	alloc := o.Alloc
 	if n < FixedHeaderLen {
 		return nil, truncated("header")
 	}
@@ -64,6 +85,9 @@ func ReadBlockInto(r io.Reader, n int64, g Geometry, alloc func(n int) []byte) (
 	}
 	copy(data, fixed[:])
 	copy(data[FixedHeaderLen:], lens)
+	if o.Header != nil {
+		o.Header(&h)
+	}
 
 	b := &Block{data: data, h: h, hl: hl, offs: make([]uint64, count+1), layers: make([]Digest, count)}
 	off := uint64(hl)
@@ -93,6 +117,9 @@ func ReadBlockInto(r io.Reader, n int64, g Geometry, alloc func(n int) []byte) (
 		for filled := range layerC {
 			for next < count && int(b.offs[next+1]) <= filled {
 				b.layers[next] = sha256.Sum256(data[b.offs[next]:b.offs[next+1]])
+				if o.Layer != nil {
+					o.Layer(next, data[b.offs[next]:b.offs[next+1]])
+				}
 				next++
 			}
 		}

@@ -55,6 +55,42 @@ func TestReadBlockMatchesOpenBlock(t *testing.T) {
 	}
 }
 
+// TestReadBlockHooks: Header comes once, before any layer, with the
+// validated header; Layer gets every layer's octets exactly once, in order,
+// equal to the block's.
+func TestReadBlockHooks(t *testing.T) {
+	rng := rand.New(rand.NewPCG(53, 54))
+	g := Geometry{Layers: 8, BlockTokens: 16, KVHeads: 8, HeadDim: 128, Elem: BF16}
+	data, _ := encode(t, g, CodecRaw, 0, randomLayers(rng, g, 8))
+	var (
+		headers int
+		layers  [][]byte
+	)
+	blk, err := ReadBlockWith(iotest(data), int64(len(data)), g, ReadOptions{
+		Header: func(h *Header) {
+			if len(layers) > 0 || len(h.Layers) != 8 {
+				t.Errorf("header after a layer, or with %d layers", len(h.Layers))
+			}
+			headers++
+		},
+		Layer: func(i int, p []byte) {
+			if i != len(layers) {
+				t.Errorf("layer %d after %d", i, len(layers))
+			}
+			layers = append(layers, bytes.Clone(p))
+		},
+	})
+	if err != nil || headers != 1 || len(layers) != 8 {
+		t.Fatalf("hooks: %v, %d headers, %d layers", err, headers, len(layers))
+	}
+	for i, l := range layers {
+		k, v, _ := blk.Layer(uint32(i))
+		if !bytes.Equal(l, append(bytes.Clone(k), v...)) {
+			t.Fatalf("layer %d octets differ", i)
+		}
+	}
+}
+
 type errReader struct{}
 
 func (errReader) Read([]byte) (int, error) { return 0, errors.New("connection reset") }

@@ -401,9 +401,29 @@ func (h *Holder) putBlock(w http.ResponseWriter, r *http.Request) (err error) {
 	}
 	h.m.inFlight.Add(float64(reserve))
 	defer func() { h.inFlight.Add(-reserve); h.m.inFlight.Sub(float64(reserve)) }()
+	var pre *preload // the device part, copied layer by layer as it arrives
+	defer func() {
+		if pre != nil {
+			pre.release()
+		}
+	}()
 	if n := r.ContentLength; n >= 0 {
-		// Validated as it arrives, hashed while the rest is arriving.
-		blk, err = container.ReadBlockInto(r.Body, n, g, func(n int) []byte { buf = h.store.bufs.get(n); return buf })
+		// Validated as it arrives, hashed while the rest is arriving; with
+		// a device tier, its first layers are copied to device memory as
+		// they arrive.
+		opts := container.ReadOptions{Alloc: func(n int) []byte { buf = h.store.bufs.get(n); return buf }}
+		if dev := h.store.dev; dev != nil {
+			opts.Header = func(hd *container.Header) { pre = dev.preload(hd) }
+			opts.Layer = func(i int, octets []byte) {
+				if pre != nil {
+					pre.layer(i, octets)
+				}
+			}
+		}
+		blk, err = container.ReadBlockWith(r.Body, n, g, opts)
+		if pre != nil && !pre.finish() {
+			pre = nil // freed: placed by a copy, if at all
+		}
 	} else {
 		var data []byte
 		data, err = io.ReadAll(io.LimitReader(r.Body, max+1))
@@ -424,7 +444,7 @@ func (h *Holder) putBlock(w http.ResponseWriter, r *http.Request) (err error) {
 	if want != nil && *want != blk.ContainerDigest() {
 		return fmt.Errorf("%w: Repr-Digest differs from the body", kvsp.ErrDigestMismatch)
 	}
-	e, evicted, demoted, err := h.store.put(id, blk, g)
+	e, evicted, demoted, err := h.store.putWith(id, blk, g, pre)
 	if err == nil {
 		buf = nil // the store's now
 	}

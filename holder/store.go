@@ -246,6 +246,78 @@ var errExists = fmt.Errorf("%w: the holder already has a replica for this key (I
 // to make room. It returns the entries whose records changed: evicted ones
 // (to withdraw) and demoted ones (to republish with their new residency).
 func (s *store) put(id blockID, blk *container.Block, g container.Geometry) (*entry, []*entry, []*entry, error) {
+	return s.putWith(id, blk, g, nil)
+}
+
+// preload is the device part of a block being received: device memory for
+// its first layers, filled layer by layer as they arrive (before the block
+// is verified: nothing is visible until put).
+type preload struct {
+	buf    tier.DeviceBuffer
+	up     *tier.Uploader
+	layers int
+	offs   []int64 // device offset of each of the first layers
+	bytes  int64
+	used   bool // the store took buf
+}
+
+// preload reserves device memory for the first layers of a block whose
+// header arrived, or returns nil (no room, no device memory): the block is
+// then placed as before, by a copy when it is stored.
+func (t *deviceTier) preload(h *container.Header) *preload {
+	d := min(t.layers, len(h.Layers))
+	if d == 0 {
+		return nil
+	}
+	p := &preload{layers: d, offs: make([]int64, d)}
+	for i, l := range h.Layers[:d] {
+		p.offs[i] = p.bytes
+		p.bytes += int64(l.K + l.V)
+	}
+	if p.bytes > t.capacity {
+		return nil
+	}
+	buf, err := t.d.Alloc(p.bytes)
+	if err != nil {
+		return nil
+	}
+	up, err := t.d.Uploader()
+	if err != nil {
+		buf.Free()
+		return nil
+	}
+	p.buf, p.up = buf, up
+	return p
+}
+
+// layer queues the copy of layer i's octets (from the reading goroutine's
+// hasher, in order).
+func (p *preload) layer(i int, octets []byte) {
+	if i < p.layers {
+		p.up.Write(p.buf, p.offs[i], octets)
+	}
+}
+
+// finish waits for the copies; false when one failed (the preload is
+// freed then).
+func (p *preload) finish() bool {
+	if p.up.Close() != nil {
+		p.buf.Free()
+		return false
+	}
+	return true
+}
+
+// release frees the device memory unless the store took it.
+func (p *preload) release() {
+	if !p.used {
+		p.buf.Free()
+	}
+}
+
+// putWith is put with the block's device part already copied (pre, when
+// it matches the device tier's split; nil: copied now).
+func (s *store) putWith(id blockID, blk *container.Block, g container.Geometry, pre *preload) (*entry, []*entry, []*entry, error) {
 	e := newEntry(id, blk, g)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -257,7 +329,7 @@ func (s *store) put(id blockID, blk *container.Block, g container.Geometry) (*en
 	}
 	var evicted, demoted []*entry
 	if s.dev != nil {
-		ev, dm, placed := s.placeOnDeviceLocked(e)
+		ev, dm, placed := s.placeOnDeviceLocked(e, pre)
 		evicted, demoted = append(evicted, ev...), append(demoted, dm...)
 		if placed {
 			s.m[id] = e
@@ -302,7 +374,7 @@ func (s *store) makeHostRoomLocked(n int64) (evicted, demoted []*entry) {
 // to a right-sized host buffer (e.blk's memory goes back to the pool),
 // demoting least recently used unleased device blocks to host memory to
 // make room. It reports false, changing nothing in e, when they do not fit.
-func (s *store) placeOnDeviceLocked(e *entry) (evicted, demoted []*entry, placed bool) {
+func (s *store) placeOnDeviceLocked(e *entry, pre *preload) (evicted, demoted []*entry, placed bool) {
 	d := min(s.dev.layers, len(e.hdr.Layers))
 	devBytes := e.layerOffset(d)
 	tailBytes := int64(e.payload) - devBytes
@@ -329,15 +401,20 @@ func (s *store) placeOnDeviceLocked(e *entry) (evicted, demoted []*entry, placed
 	if s.used+tailBytes > s.capacity {
 		return evicted, demoted, false
 	}
-	buf, err := s.dev.d.Alloc(devBytes)
-	if err != nil {
-		return evicted, demoted, false
-	}
 	data := e.blk.Bytes()
 	start := int64(e.hdr.Len())
-	if err := buf.CopyIn(0, data[start:start+devBytes]); err != nil {
-		buf.Free()
-		return evicted, demoted, false
+	var buf tier.DeviceBuffer
+	if pre != nil && pre.layers == d && pre.bytes == devBytes { // copied while it arrived
+		buf, pre.used = pre.buf, true
+	} else {
+		var err error
+		if buf, err = s.dev.d.Alloc(devBytes); err != nil {
+			return evicted, demoted, false
+		}
+		if err := buf.CopyIn(0, data[start:start+devBytes]); err != nil {
+			buf.Free()
+			return evicted, demoted, false
+		}
 	}
 	tail := s.bufs.get(int(tailBytes))
 	copy(tail, data[start+devBytes:])

@@ -58,6 +58,25 @@ func (d *Device) StandIn() bool { return d.d.Info().StandIn }
 // Alloc allocates n octets of device memory.
 func (d *Device) Alloc(n int64) (DeviceBuffer, error) { return d.d.Alloc(n) }
 
+// stager takes an idle stager, or makes one.
+func (d *Device) stager() (*gpu.Stager, error) {
+	select {
+	case st := <-d.stagers:
+		return st, nil
+	default:
+		return d.d.NewStager(StagingSize)
+	}
+}
+
+// idle returns a stager to the pool (or frees it when the pool is full).
+func (d *Device) idle(st *gpu.Stager) {
+	select {
+	case d.stagers <- st:
+	default:
+		st.Close()
+	}
+}
+
 // WriteRange writes n octets of buf at off to w through a double-buffered
 // pinned stager: the device copy of the next piece runs while this one is
 // written, so the range leaves in order with no copy beyond the staging.
@@ -66,29 +85,66 @@ func (d *Device) WriteRange(w io.Writer, buf DeviceBuffer, off, n int64) (int64,
 	if !ok {
 		return 0, errors.New("tier: not a buffer of this device")
 	}
-	var st *gpu.Stager
-	select {
-	case st = <-d.stagers:
-	default:
-		var err error
-		if st, err = d.d.NewStager(StagingSize); err != nil {
-			return 0, err
-		}
+	st, err := d.stager()
+	if err != nil {
+		return 0, err
 	}
-	defer func() {
-		select {
-		case d.stagers <- st:
-		default:
-			st.Close()
-		}
-	}()
+	defer d.idle(st)
 	var total int64
-	err := st.WriteTo(gb, []gpu.Region{{Off: off, Len: n}}, func(p []byte) error {
+	err = st.WriteTo(gb, []gpu.Region{{Off: off, Len: n}}, func(p []byte) error {
 		k, err := w.Write(p)
 		total += int64(k)
 		return err
 	})
 	return total, err
+}
+
+// Uploader copies octets into device buffers through double-buffered
+// pinned staging: each Write returns once its copy is queued, so the
+// caller receives the next octets while it runs. One goroutine at a time.
+type Uploader struct {
+	d   *Device
+	st  *gpu.Stager
+	err error
+}
+
+// Uploader takes an uploader; Close gives it back.
+func (d *Device) Uploader() (*Uploader, error) {
+	st, err := d.stager()
+	if err != nil {
+		return nil, err
+	}
+	return &Uploader{d: d, st: st}, nil
+}
+
+// Write queues the copy of p to buf at off.
+func (u *Uploader) Write(buf DeviceBuffer, off int64, p []byte) error {
+	if u.err != nil {
+		return u.err
+	}
+	gb, ok := buf.(*gpu.Buffer)
+	if !ok {
+		u.err = errors.New("tier: not a buffer of this device")
+		return u.err
+	}
+	for len(p) > 0 {
+		n := min(len(p), int(u.st.Size()))
+		if u.err = u.st.Upload(gb, off, p[:n]); u.err != nil {
+			return u.err
+		}
+		off, p = off+int64(n), p[n:]
+	}
+	return nil
+}
+
+// Close waits for the queued copies and returns the first error of any
+// Write or copy.
+func (u *Uploader) Close() error {
+	if err := u.st.Flush(); u.err == nil {
+		u.err = err
+	}
+	u.d.idle(u.st)
+	return u.err
 }
 
 // Close releases the device and its staging memory.
