@@ -103,10 +103,11 @@ func (d *Device) Close() error {
 
 // Buffer is device memory.
 type Buffer struct {
-	d    *Device
-	ptr  C.uint64_t
-	n    int64
-	once sync.Once
+	d        *Device
+	ptr      C.uint64_t
+	n        int64
+	imported bool // mapped from another process: Free unmaps
+	once     sync.Once
 }
 
 // Alloc allocates n octets of device memory.
@@ -161,7 +162,13 @@ func (b *Buffer) CopyFrom(off int64, src *Buffer, srcOff, n int64) error {
 
 // Free releases the buffer; later calls do nothing.
 func (b *Buffer) Free() {
-	b.once.Do(func() { C.kvsp_cuda_free(b.d.ord, b.ptr) })
+	b.once.Do(func() {
+		if b.imported {
+			C.kvsp_cuda_ipc_close(b.d.ord, b.ptr)
+			return
+		}
+		C.kvsp_cuda_free(b.d.ord, b.ptr)
+	})
 }
 
 // HostBuffer is pinned (page-locked) host memory, allocated by the driver:
@@ -288,4 +295,42 @@ func (b *Buffer) CopyInAsync(off int64, src Pinned, srcOff, n int64, s *Stream) 
 		return nil
 	}
 	return check("cuMemcpyHtoDAsync", C.kvsp_cuda_htod_async(b.d.ord, b.ptr+C.uint64_t(off), unsafe.Pointer(&mem[srcOff]), C.size_t(n), s.s))
+}
+
+// IPCKind is how this build's buffers are shared between processes.
+func (d *Device) IPCKind() string { return IPCCUDA }
+
+// AllocShared allocates device memory another process can import (every
+// CUDA allocation can be).
+func (d *Device) AllocShared(n int64) (*Buffer, error) { return d.Alloc(n) }
+
+// Export returns the buffer's IPC handle.
+func (b *Buffer) Export() (IPCHandle, error) {
+	var h IPCHandle
+	h.FD = -1
+	if b.imported {
+		return h, errors.New("gpu: an imported buffer cannot be exported again")
+	}
+	var raw [C.KVSP_CUDA_IPC_HANDLE_SIZE]C.uchar
+	if err := check("cuIpcGetMemHandle", C.kvsp_cuda_ipc_get(b.d.ord, b.ptr, &raw[0])); err != nil {
+		return h, err
+	}
+	for i := range h.CUDA {
+		h.CUDA[i] = byte(raw[i])
+	}
+	return h, nil
+}
+
+// Import maps another process's exported buffer of n octets; Free unmaps
+// it (the exporter keeps the memory).
+func (d *Device) Import(h IPCHandle, n int64) (*Buffer, error) {
+	var raw [C.KVSP_CUDA_IPC_HANDLE_SIZE]C.uchar
+	for i := range h.CUDA {
+		raw[i] = C.uchar(h.CUDA[i])
+	}
+	var p C.uint64_t
+	if err := check("cuIpcOpenMemHandle", C.kvsp_cuda_ipc_open(d.ord, &raw[0], &p)); err != nil {
+		return nil, err
+	}
+	return &Buffer{d: d, ptr: p, n: n, imported: true}, nil
 }

@@ -77,3 +77,18 @@ func pcieMbitPerS(gen, width int) uint64 {
 	}
 	return uint64(perLane * float64(width))
 }
+
+// IPCHandle lets another process on the node use a buffer (an engine's KV
+// pool, exported to the holder and the agent). A CUDA build fills CUDA
+// (cuIpcGetMemHandle); the nogpu stand-in, whose shared buffers live in a
+// memfd, fills FD, which travels over a Unix socket (SCM_RIGHTS).
+type IPCHandle struct {
+	CUDA [64]byte
+	FD   int
+}
+
+// IPC kinds, as Device.IPCKind names them.
+const (
+	IPCCUDA  = "cuda-ipc"
+	IPCMemfd = "memfd"
+)

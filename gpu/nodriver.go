@@ -90,3 +90,15 @@ func (b *Buffer) CopyInAsync(off int64, src Pinned, srcOff, n int64, s *Stream) 
 
 // Telemetry reads the device's figures.
 func (d *Device) Telemetry() (Telemetry, error) { return Telemetry{}, ErrNoDevice }
+
+// IPCKind is how buffers are shared: none in this build.
+func (d *Device) IPCKind() string { return "" }
+
+// AllocShared allocates shareable device memory.
+func (d *Device) AllocShared(n int64) (*Buffer, error) { return nil, ErrNoDevice }
+
+// Export returns the buffer's IPC handle.
+func (b *Buffer) Export() (IPCHandle, error) { return IPCHandle{FD: -1}, ErrNoDevice }
+
+// Import maps another process's buffer.
+func (d *Device) Import(h IPCHandle, n int64) (*Buffer, error) { return nil, ErrNoDevice }

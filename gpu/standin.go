@@ -5,6 +5,8 @@ package gpu
 import (
 	"fmt"
 	"sync"
+
+	"golang.org/x/sys/unix"
 )
 
 // Device is the stand-in device: buffers in host memory, allocations
@@ -34,11 +36,14 @@ func (d *Device) Info() Info {
 // Close releases the device.
 func (d *Device) Close() error { return nil }
 
-// Buffer is device memory.
+// Buffer is device memory: Go memory, or a shared mapping of a memfd
+// (AllocShared, Import).
 type Buffer struct {
-	d    *Device
-	mem  []byte
-	once sync.Once
+	d        *Device
+	mem      []byte
+	fd       int  // the memfd of a shared buffer, -1 otherwise
+	imported bool // mapped from another process's export: not counted
+	once     sync.Once
 }
 
 // Alloc allocates n octets of device memory.
@@ -49,7 +54,7 @@ func (d *Device) Alloc(n int64) (*Buffer, error) {
 		return nil, fmt.Errorf("%w: %d octets asked, %d free", ErrOutOfMemory, n, d.limit-d.used)
 	}
 	d.used += n
-	return &Buffer{d: d, mem: make([]byte, n)}, nil
+	return &Buffer{d: d, mem: make([]byte, n), fd: -1}, nil
 }
 
 // Len returns the buffer's size.
@@ -74,14 +79,83 @@ func (b *Buffer) CopyOut(dst []byte, off int64) error {
 	return nil
 }
 
-// Free releases the buffer; later calls do nothing.
+// Free releases the buffer (unmapping a shared one); later calls do
+// nothing.
 func (b *Buffer) Free() {
 	b.once.Do(func() {
-		b.d.mu.Lock()
-		b.d.used -= int64(len(b.mem))
-		b.d.mu.Unlock()
+		if !b.imported {
+			b.d.mu.Lock()
+			b.d.used -= int64(len(b.mem))
+			b.d.mu.Unlock()
+		}
+		if b.fd >= 0 {
+			unix.Munmap(b.mem)
+			unix.Close(b.fd)
+		}
 		b.mem = nil
 	})
+}
+
+// IPCKind is how the stand-in's buffers are shared: memfd.
+func (d *Device) IPCKind() string { return IPCMemfd }
+
+// AllocShared allocates n octets in a memfd, mapped shared, so another
+// process that receives the descriptor (Export) maps the same memory.
+func (d *Device) AllocShared(n int64) (*Buffer, error) {
+	if n <= 0 {
+		return nil, fmt.Errorf("gpu: allocation of %d octets", n)
+	}
+	d.mu.Lock()
+	if d.used+n > d.limit {
+		d.mu.Unlock()
+		return nil, fmt.Errorf("%w: %d octets asked, %d free", ErrOutOfMemory, n, d.limit-d.used)
+	}
+	d.used += n
+	d.mu.Unlock()
+	fd, err := unix.MemfdCreate("kvsp-pool", unix.MFD_CLOEXEC)
+	if err == nil {
+		err = unix.Ftruncate(fd, n)
+	}
+	var mem []byte
+	if err == nil {
+		mem, err = unix.Mmap(fd, 0, int(n), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	}
+	if err != nil {
+		if fd > 0 {
+			unix.Close(fd)
+		}
+		d.mu.Lock()
+		d.used -= n
+		d.mu.Unlock()
+		return nil, fmt.Errorf("gpu: shared allocation: %w", err)
+	}
+	return &Buffer{d: d, mem: mem, fd: fd}, nil
+}
+
+// Export returns the buffer's memfd (the caller sends it, the buffer keeps
+// it).
+func (b *Buffer) Export() (IPCHandle, error) {
+	if b.fd < 0 || b.imported {
+		return IPCHandle{FD: -1}, fmt.Errorf("gpu: only a buffer from AllocShared can be exported")
+	}
+	return IPCHandle{FD: b.fd}, nil
+}
+
+// Import maps n octets of the memfd h.FD (received from the exporter);
+// the buffer owns the descriptor and closes it on Free.
+func (d *Device) Import(h IPCHandle, n int64) (*Buffer, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(h.FD, &st); err != nil {
+		return nil, fmt.Errorf("gpu: import: %w", err)
+	}
+	if n <= 0 || st.Size < n {
+		return nil, fmt.Errorf("gpu: import of %d octets from a %d-octet memfd", n, st.Size)
+	}
+	mem, err := unix.Mmap(h.FD, 0, int(n), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("gpu: import: %w", err)
+	}
+	return &Buffer{d: d, mem: mem, fd: h.FD, imported: true}, nil
 }
 
 // MemInfo returns the stand-in's free and total memory.
