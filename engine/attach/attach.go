@@ -1,0 +1,380 @@
+// Package attach is kvsp's engine attach protocol: how an inference engine
+// on the node (a vLLM-style engine with a Python connector, or a Go one)
+// hands its paged KV pool to the holder, and says which of its pages hold
+// which blocks, so the holder serves those blocks straight out of the
+// engine's memory. The protocol is documented in docs/engine-attach.md;
+// this package is its Go implementation, both sides.
+//
+// The transport is a Unix stream socket. Each frame is a 4-octet
+// big-endian length and a JSON object of that length; the hello frame of
+// a memfd pool carries the pool's descriptor (SCM_RIGHTS). The server
+// accepts peers of its own user only (SO_PEERCRED), unless configured
+// with others.
+package attach
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"slices"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kvsp/kvsp"
+)
+
+// Version is the protocol version of this package.
+const Version = 1
+
+// MaxFrame bounds a frame (a publish of many blocks fits easily).
+const MaxFrame = 4 << 20
+
+// Memory kinds of a pool.
+const (
+	MemoryCUDA  = "cuda-ipc" // Pool.Handle is a CUDA IPC memory handle
+	MemoryMemfd = "memfd"    // the hello frame carries the memfd
+)
+
+// Pool describes an engine's paged KV pool: one region of Size octets, in
+// which the K section of (layer l, page p) starts at
+// l*LayerStride + p*PageStride and its V section VOffset octets later.
+// A section is PageTokens rows of kv_heads x head_dim elements, token
+// after token (a kvsp-layout-1 section when PageTokens is the model's
+// block_tokens, which version 1 requires: a block is one page).
+type Pool struct {
+	Memory      string `json:"memory"`
+	Device      int    `json:"device"`
+	Handle      []byte `json:"handle,omitempty"`
+	Size        int64  `json:"size"`
+	Pages       int    `json:"pages"`
+	PageTokens  int    `json:"page_tokens"`
+	LayerStride int64  `json:"layer_stride"`
+	VOffset     int64  `json:"v_offset"`
+	PageStride  int64  `json:"page_stride"`
+}
+
+// Hello opens a session: the engine's model and its pool.
+type Hello struct {
+	Type     string        `json:"type"` // "hello"
+	Version  int           `json:"version"`
+	Engine   string        `json:"engine"`
+	CompatID kvsp.CompatID `json:"compat_id"`
+	Pool     Pool          `json:"pool"`
+}
+
+// Placement says that page Page holds block BlockKey (all its layers).
+type Placement struct {
+	BlockKey kvsp.BlockKey `json:"block_key"`
+	Page     int           `json:"page"`
+}
+
+// message is any frame after hello.
+type message struct {
+	Type      string          `json:"type"` // publish, unpublish, ok, error, welcome
+	ScopeID   *kvsp.ScopeID   `json:"scope_id,omitempty"`
+	Blocks    []Placement     `json:"blocks,omitempty"`
+	BlockKeys []kvsp.BlockKey `json:"block_keys,omitempty"`
+	Error     string          `json:"error,omitempty"`
+	Version   int             `json:"version,omitempty"`
+}
+
+// Check validates a pool against the model's geometry: version 1 needs
+// pages of block_tokens tokens, sections inside the pool, and no overlap
+// between a page's K and V.
+func (p *Pool) Check(layers, blockTokens int, sectionLen int64) error {
+	switch {
+	case p.Memory != MemoryCUDA && p.Memory != MemoryMemfd:
+		return fmt.Errorf("attach: pool memory %q: want %s or %s", p.Memory, MemoryCUDA, MemoryMemfd)
+	case p.Memory == MemoryCUDA && len(p.Handle) != 64:
+		return fmt.Errorf("attach: a %s pool needs its 64-octet handle", MemoryCUDA)
+	case p.PageTokens != blockTokens:
+		return fmt.Errorf("attach: pages of %d tokens: version 1 needs the model's block_tokens (%d)", p.PageTokens, blockTokens)
+	case p.Pages <= 0 || p.Size <= 0 || p.LayerStride < 0 || p.PageStride < sectionLen || p.VOffset < sectionLen:
+		return errors.New("attach: pool: pages, size and strides must describe sections that do not overlap (v_offset and page_stride at least a section)")
+	}
+	if end := int64(layers-1)*p.LayerStride + int64(p.Pages-1)*p.PageStride + p.VOffset + sectionLen; end > p.Size {
+		return fmt.Errorf("attach: pool: sections reach octet %d of a %d-octet pool", end, p.Size)
+	}
+	return nil
+}
+
+// Section returns the offsets in the pool of the K and V sections of
+// (layer, page).
+func (p *Pool) Section(layer, page int) (k, v int64) {
+	k = int64(layer)*p.LayerStride + int64(page)*p.PageStride
+	return k, k + p.VOffset
+}
+
+// conn is one side of a session.
+type conn struct {
+	c *net.UnixConn
+}
+
+func (c conn) write(v any, fds ...int) error {
+	body, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	if len(body) > MaxFrame {
+		return fmt.Errorf("attach: a frame of %d octets", len(body))
+	}
+	frame := binary.BigEndian.AppendUint32(make([]byte, 0, 4+len(body)), uint32(len(body)))
+	frame = append(frame, body...)
+	var oob []byte
+	if len(fds) > 0 {
+		oob = unix.UnixRights(fds...)
+	}
+	n, _, err := c.c.WriteMsgUnix(frame, oob, nil)
+	if err == nil && n < len(frame) {
+		_, err = c.c.Write(frame[n:])
+	}
+	return err
+}
+
+// read reads one frame into v, with the descriptors it carried.
+func (c conn) read(v any) ([]int, error) {
+	var hdr [4]byte
+	oob := make([]byte, unix.CmsgSpace(4*4))
+	n, oobn, _, _, err := c.c.ReadMsgUnix(hdr[:], oob)
+	if err != nil {
+		return nil, err
+	}
+	var fds []int
+	if oobn > 0 {
+		msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+		if err != nil {
+			return nil, fmt.Errorf("attach: control message: %w", err)
+		}
+		for _, m := range msgs {
+			got, err := unix.ParseUnixRights(&m)
+			if err != nil {
+				return nil, fmt.Errorf("attach: control message: %w", err)
+			}
+			fds = append(fds, got...)
+		}
+	}
+	closeAll := func() {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+	}
+	if _, err := io.ReadFull(c.c, hdr[n:]); err != nil {
+		closeAll()
+		return nil, err
+	}
+	size := binary.BigEndian.Uint32(hdr[:])
+	if size > MaxFrame {
+		closeAll()
+		return nil, fmt.Errorf("attach: a frame of %d octets (at most %d)", size, MaxFrame)
+	}
+	body := make([]byte, size)
+	if _, err := io.ReadFull(c.c, body); err != nil {
+		closeAll()
+		return nil, err
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		closeAll()
+		return nil, fmt.Errorf("attach: frame: %w", err)
+	}
+	return fds, nil
+}
+
+// Engine is the engine's side of a session (a connector).
+type Engine struct {
+	c conn
+}
+
+// Dial opens a session at the socket path: hello with the pool (fd: its
+// memfd, or -1), answered by welcome or an error.
+func Dial(path string, h *Hello, fd int) (*Engine, error) {
+	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("attach: %w", err)
+	}
+	e := &Engine{c: conn{c}}
+	h.Type, h.Version = "hello", Version
+	var fds []int
+	if fd >= 0 {
+		fds = []int{fd}
+	}
+	if err := e.c.write(h, fds...); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("attach: hello: %w", err)
+	}
+	if err := e.reply("welcome"); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return e, nil
+}
+
+func (e *Engine) reply(want string) error {
+	var m message
+	fds, err := e.c.read(&m)
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+	switch {
+	case err != nil:
+		return fmt.Errorf("attach: %w", err)
+	case m.Type == "error":
+		return fmt.Errorf("attach: refused: %s", m.Error)
+	case m.Type != want:
+		return fmt.Errorf("attach: %q where %q was due", m.Type, want)
+	}
+	return nil
+}
+
+// Publish says which pages hold which blocks of a scope; once it returns,
+// the holder serves them.
+func (e *Engine) Publish(scope kvsp.ScopeID, blocks []Placement) error {
+	if err := e.c.write(&message{Type: "publish", ScopeID: &scope, Blocks: blocks}); err != nil {
+		return err
+	}
+	return e.reply("ok")
+}
+
+// Unpublish withdraws blocks; once it returns, no read of their pages is
+// in flight and none will start: the engine may reuse the pages.
+func (e *Engine) Unpublish(keys []kvsp.BlockKey) error {
+	if err := e.c.write(&message{Type: "unpublish", BlockKeys: keys}); err != nil {
+		return err
+	}
+	return e.reply("ok")
+}
+
+// Close ends the session: the holder stops serving everything it
+// published (after reads in flight).
+func (e *Engine) Close() error { return e.c.c.Close() }
+
+// Handler is the holder's side of sessions.
+type Handler interface {
+	// Attach accepts a session's pool (fd: the memfd it carried, or -1,
+	// owned by the handler from here on).
+	Attach(s *Session, h *Hello, fd int) error
+	// Publish starts serving blocks out of the session's pages.
+	Publish(s *Session, scope kvsp.ScopeID, blocks []Placement) error
+	// Unpublish stops serving blocks; it returns once no read of their
+	// pages is in flight.
+	Unpublish(s *Session, keys []kvsp.BlockKey) error
+	// Detach ends a session: as Unpublish of everything it published.
+	Detach(s *Session)
+}
+
+// Session is a connected engine, as the handler sees it; Value is the
+// handler's.
+type Session struct {
+	Hello Hello
+	Value any
+}
+
+// Server accepts engine sessions on a Unix socket.
+type Server struct {
+	Handler Handler
+	// UIDs are the user ids allowed besides the server's own.
+	UIDs []int
+}
+
+// Serve accepts sessions until ln is closed.
+func (srv *Server) Serve(ln *net.UnixListener) error {
+	for {
+		c, err := ln.AcceptUnix()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			return err
+		}
+		go srv.session(c)
+	}
+}
+
+// peerAllowed checks the peer's user (SO_PEERCRED).
+func (srv *Server) peerAllowed(c *net.UnixConn) error {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil {
+		return err
+	}
+	if cerr != nil {
+		return cerr
+	}
+	if int(cred.Uid) != unix.Getuid() && !slices.Contains(srv.UIDs, int(cred.Uid)) {
+		return fmt.Errorf("attach: user %d may not attach", cred.Uid)
+	}
+	return nil
+}
+
+func (srv *Server) session(c *net.UnixConn) {
+	defer c.Close()
+	cn := conn{c}
+	if err := srv.peerAllowed(c); err != nil {
+		cn.write(&message{Type: "error", Error: err.Error()})
+		return
+	}
+	var h Hello
+	fds, err := cn.read(&h)
+	if err != nil {
+		return
+	}
+	fd := -1
+	for i, f := range fds { // one descriptor at most: the pool's
+		if i == 0 && h.Pool.Memory == MemoryMemfd {
+			fd = f
+			continue
+		}
+		unix.Close(f)
+	}
+	if h.Type != "hello" || h.Version != Version {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+		cn.write(&message{Type: "error", Error: fmt.Sprintf("want hello of version %d", Version)})
+		return
+	}
+	if h.Pool.Memory == MemoryMemfd && fd < 0 {
+		cn.write(&message{Type: "error", Error: "a memfd pool's hello carries its descriptor"})
+		return
+	}
+	s := &Session{Hello: h}
+	if err := srv.Handler.Attach(s, &h, fd); err != nil {
+		cn.write(&message{Type: "error", Error: err.Error()})
+		return
+	}
+	defer srv.Handler.Detach(s)
+	if cn.write(&message{Type: "welcome", Version: Version}) != nil {
+		return
+	}
+	for {
+		var m message
+		fds, err := cn.read(&m)
+		for _, f := range fds {
+			unix.Close(f)
+		}
+		if err != nil {
+			return
+		}
+		switch {
+		case m.Type == "publish" && m.ScopeID != nil:
+			err = srv.Handler.Publish(s, *m.ScopeID, m.Blocks)
+		case m.Type == "unpublish":
+			err = srv.Handler.Unpublish(s, m.BlockKeys)
+		default:
+			err = fmt.Errorf("unexpected %q", m.Type)
+		}
+		reply := &message{Type: "ok"}
+		if err != nil {
+			reply = &message{Type: "error", Error: err.Error()}
+		}
+		if cn.write(reply) != nil {
+			return
+		}
+	}
+}
