@@ -303,6 +303,8 @@ func (h *Holder) getBlock(w http.ResponseWriter, r *http.Request) error {
 			return fmt.Errorf("%w: layers %d-%d", kvsp.ErrLayersUnavailable, first, last)
 		}
 		body = v
+	} else if p.att != nil { // in an attached engine's pages
+		body = attachedRange{d: h.store.dev.d, e: e, at: p.att, i: int(first - hdr.FirstLayer), j: int(last-hdr.FirstLayer) + 1}
 	} else { // split between device and host memory
 		body = splitRange{d: h.store.dev.d, e: e, p: p, i: int(first - hdr.FirstLayer), j: int(last-hdr.FirstLayer) + 1}
 	}

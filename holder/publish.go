@@ -20,6 +20,8 @@ func (h *Holder) record(e *entry) (*kvsp.ReplicaRecord, bool) {
 	res := []kvsp.Residency{{Tier: kvsp.TierHost, Layers: kvsp.LayerRange{0, g.Layers - 1}, ReadMbitPerS: h.cfg.ReadMbitPerS}}
 	h.store.mu.Lock()
 	switch {
+	case e.att != nil: // an attached engine's device memory
+		res[0] = kvsp.Residency{Tier: kvsp.TierDevice, Layers: kvsp.LayerRange{0, g.Layers - 1}, ReadMbitPerS: h.cfg.DeviceReadMbitPerS}
 	case e.dev != nil: // split: exactly which layers are where
 		d := uint32(e.devLayers)
 		res[0] = kvsp.Residency{Tier: kvsp.TierDevice, Layers: kvsp.LayerRange{0, d - 1}, ReadMbitPerS: h.cfg.DeviceReadMbitPerS}

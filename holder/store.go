@@ -47,6 +47,9 @@ type entry struct {
 	tail      []byte
 	devElem   *list.Element
 
+	att  *attached     // served from an attached engine's pages
+	idle chan struct{} // closed when refs reach 0 after an attached entry left
+
 	mu        sync.Mutex
 	published time.Time // expiry of the record at the IS; zero: not published
 	ranges    map[[2]uint32]container.Digest
@@ -512,6 +515,7 @@ type parts struct {
 	dev       tier.DeviceBuffer
 	devLayers int
 	tail      []byte
+	att       *attached
 }
 
 // acquire returns the entry's octets: from host memory, split between
@@ -520,8 +524,8 @@ type parts struct {
 // until then an eviction or demotion does not reuse their memory.
 func (s *store) acquire(e *entry, g container.Geometry) (p parts, release func(), err error) {
 	s.mu.Lock()
-	if e.blk != nil || e.dev != nil {
-		p = parts{blk: e.blk, dev: e.dev, devLayers: e.devLayers, tail: e.tail}
+	if e.blk != nil || e.dev != nil || e.att != nil {
+		p = parts{blk: e.blk, dev: e.dev, devLayers: e.devLayers, tail: e.tail, att: e.att}
 		e.refs++
 		if e.devElem != nil {
 			s.dev.lru.MoveToFront(e.devElem)
@@ -541,6 +545,10 @@ func (s *store) unref(e *entry) {
 	if e.refs > 0 {
 		return
 	}
+	if e.idle != nil {
+		close(e.idle)
+		e.idle = nil
+	}
 	if e.orphan != nil {
 		s.bufs.put(e.orphan)
 		e.orphan = nil
@@ -556,6 +564,10 @@ func (s *store) unref(e *entry) {
 func (s *store) materialize(e *entry, p parts) (*container.Block, func(), error) {
 	if p.blk != nil {
 		return p.blk, func() {}, nil
+	}
+	if p.att != nil {
+		blk, err := p.att.a.read(p.att)
+		return blk, func() {}, err
 	}
 	blk, err := s.assembleParts(e, p)
 	if err != nil {

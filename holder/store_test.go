@@ -3,6 +3,7 @@ package holder
 import (
 	"bytes"
 	"testing"
+	"time"
 
 	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/container"
@@ -57,5 +58,42 @@ func TestRecycledMemoryWaitsForReaders(t *testing.T) {
 	d := bigBlock(t, s, 0xdd)
 	if &d.Bytes()[:1][0] != &a.Bytes()[:1][0] {
 		t.Fatal("released memory was not recycled")
+	}
+}
+
+// TestUnpublishWaitsForReaders: an attached entry that leaves while a GET
+// reads it hands back a channel that closes only when that GET releases it
+// (the engine may reuse the page after unpublish returns); with no reader,
+// nothing to wait for; new GETs no longer find it.
+func TestUnpublishWaitsForReaders(t *testing.T) {
+	s := newStore(1<<20, newLeases(LeaseQuota{Octets: 1, MaxTTL: time.Second, MaxLeases: 1}), nil)
+	id := blockID{key: kvsp.BlockKey{1}}
+	e := &entry{id: id, att: &attached{}}
+	if !s.addAttached(e) || s.addAttached(e) {
+		t.Fatal("addAttached: once, not twice")
+	}
+	p, release, err := s.acquire(e, container.Geometry{})
+	if err != nil || p.att == nil {
+		t.Fatalf("acquire: %+v %v", p, err)
+	}
+	idle := s.removeAttached(e)
+	if idle == nil || s.get(id) != nil {
+		t.Fatal("a read in flight: removal must wait, and the entry must be gone")
+	}
+	select {
+	case <-idle:
+		t.Fatal("closed while the GET still reads")
+	default:
+	}
+	release()
+	select {
+	case <-idle:
+	case <-time.After(time.Second):
+		t.Fatal("not closed when the last GET finished")
+	}
+	e2 := &entry{id: blockID{key: kvsp.BlockKey{2}}, att: &attached{}}
+	s.addAttached(e2)
+	if s.removeAttached(e2) != nil {
+		t.Fatal("nothing in flight: nothing to wait for")
 	}
 }

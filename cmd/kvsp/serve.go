@@ -29,6 +29,7 @@ import (
 	"github.com/kvsp/kvsp/controlplane/index"
 	"github.com/kvsp/kvsp/controlplane/instance"
 	"github.com/kvsp/kvsp/controlplane/placement"
+	"github.com/kvsp/kvsp/engine/attach"
 	"github.com/kvsp/kvsp/engine/sim"
 	"github.com/kvsp/kvsp/holder"
 	"github.com/kvsp/kvsp/holder/tier"
@@ -220,6 +221,21 @@ func mountRoles(srv *server.Server, cfg *config.Config, log *slog.Logger, reg pr
 				defer cancel()
 				h.Close(ctx) // withdraws its records
 			}}, closers...)
+			if sock := hcfg.AttachSocket; sock != "" {
+				os.Remove(sock) // a previous run's
+				ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+				if err == nil {
+					err = os.Chmod(sock, 0o600)
+				}
+				if err != nil {
+					closeAll()
+					return nil, fmt.Errorf("holders[%d].attach_socket: %w", i, err)
+				}
+				done := make(chan struct{})
+				go func() { (&attach.Server{Handler: h.AttachHandler()}).Serve(ln); close(done) }()
+				closers = append([]func(){func() { ln.Close(); <-done; os.Remove(sock) }}, closers...)
+				log.Info("engines attach here", "socket", sock, "holder", hcfg.Base)
+			}
 			if err := h.Mount(srv.Mount(basePath(hcfg.Base))); err != nil {
 				closeAll()
 				return nil, err

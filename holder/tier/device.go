@@ -99,6 +99,47 @@ func (d *Device) WriteRange(w io.Writer, buf DeviceBuffer, off, n int64) (int64,
 	return total, err
 }
 
+// Region is a span of a device buffer.
+type Region = gpu.Region
+
+// WriteRegions writes the regions of buf, in order, to w through the
+// double-buffered pinned staging (as WriteRange).
+func (d *Device) WriteRegions(w io.Writer, buf DeviceBuffer, regions []Region) (int64, error) {
+	gb, ok := buf.(*gpu.Buffer)
+	if !ok {
+		return 0, errors.New("tier: not a buffer of this device")
+	}
+	st, err := d.stager()
+	if err != nil {
+		return 0, err
+	}
+	defer d.idle(st)
+	var total int64
+	err = st.WriteTo(gb, regions, func(p []byte) error {
+		k, err := w.Write(p)
+		total += int64(k)
+		return err
+	})
+	return total, err
+}
+
+// IPCKind is how this device's memory is shared between processes
+// (gpu.IPCCUDA or gpu.IPCMemfd).
+func (d *Device) IPCKind() string { return d.d.IPCKind() }
+
+// Import maps n octets of another process's memory: a CUDA IPC handle, or
+// a memfd (fd, which the buffer owns from here on). Free unmaps it.
+func (d *Device) Import(handle []byte, fd int, n int64) (DeviceBuffer, error) {
+	h := gpu.IPCHandle{FD: fd}
+	if len(handle) > 0 {
+		if len(handle) != len(h.CUDA) {
+			return nil, errors.New("tier: an IPC handle of the wrong size")
+		}
+		copy(h.CUDA[:], handle)
+	}
+	return d.d.Import(h, n)
+}
+
 // Uploader copies octets into device buffers through double-buffered
 // pinned staging: each Write returns once its copy is queued, so the
 // caller receives the next octets while it runs. One goroutine at a time.

@@ -119,6 +119,9 @@ type Holder struct {
 	// MasterKeyFile wraps the local-storage tier's data keys; when absent
 	// one is generated in the tier's path (mode 0600).
 	MasterKeyFile string `yaml:"master_key_file"`
+	// AttachSocket, with a device tier, is the Unix socket (created 0600)
+	// where engines on the node attach their KV pools (docs/engine-attach.md).
+	AttachSocket string `yaml:"attach_socket"`
 }
 
 // Tier is one storage tier of a holder.
@@ -291,6 +294,7 @@ func (c *Config) resolve() {
 			h.Tiers[j].Path = c.Path(h.Tiers[j].Path)
 		}
 		h.MasterKeyFile = c.Path(h.MasterKeyFile)
+		h.AttachSocket = c.Path(h.AttachSocket)
 	}
 	for i := range c.Instances {
 		c.Instances[i].Engine.Descriptor = c.Path(c.Instances[i].Engine.Descriptor)
@@ -497,6 +501,15 @@ func (c *Config) validate() error {
 			}
 			if t.Layers < 0 || t.Device < 0 {
 				return fieldErr(tf, "device and layers cannot be negative")
+			}
+		}
+		if h.AttachSocket != "" {
+			hasDevice := false
+			for _, t := range h.Tiers {
+				hasDevice = hasDevice || t.Name == kvsp.TierDevice
+			}
+			if !hasDevice {
+				return fieldErr(f+".attach_socket", "an engine's memory is served by the device tier: configure one")
 			}
 		}
 		q := &h.LeaseQuota

@@ -1,0 +1,121 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/container"
+	"github.com/kvsp/kvsp/engine/attach"
+	"github.com/kvsp/kvsp/gpu"
+)
+
+// TestEngineAttachThroughServe (the GPU issue's attach path, end to end on
+// the nogpu stand-in): `kvsp serve` with a device tier and an attach
+// socket; an engine attaches its memfd pool, publishes a block by page,
+// and a client GETs it over mutual TLS: the octets are the container of
+// the engine's page, verified by its Repr-Digest.
+func TestEngineAttachThroughServe(t *testing.T) {
+	if d, err := gpu.Open(0); err != nil {
+		if errors.Is(err, gpu.ErrNoDevice) {
+			t.Skipf("no device in this build (%v): make test runs it on the stand-in", err)
+		}
+		t.Fatal(err)
+	} else {
+		d.Close()
+	}
+	dir := t.TempDir()
+	cfg := writeFile(t, dir, "kvsp.yaml", strings.Replace(testConfig,
+		"tiers: [{name: host, capacity: 1GiB, read_mbit_per_s: 400000}, {name: local-storage, capacity: 10GiB, path: store}]",
+		"tiers: [{name: device, capacity: 1GiB, device: 0}, {name: host, capacity: 1GiB, read_mbit_per_s: 400000}]\n    attach_socket: attach.sock", 1))
+	writeFile(t, dir, "descriptor.json", appendixDescriptor)
+	if code, _, errs := runCLI(t, "certs", "--config", cfg); code != 0 {
+		t.Fatal(errs)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() { done <- serve(ctx, []string{"--config", cfg}, io.Discard, nil, ready) }()
+	var addr string
+	select {
+	case addr = <-ready:
+	case err := <-done:
+		t.Fatalf("serve: %v", err)
+	}
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+	}()
+	if fi, err := os.Stat(filepath.Join(dir, "attach.sock")); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("attach socket: %v %v", fi, err)
+	}
+
+	// The appendix model: 32 layers of 4 tokens x 8 heads x 128 bf16.
+	const sec, layers, pages = 8192, 32, 2
+	pool := attach.Pool{Memory: attach.MemoryMemfd, Pages: pages, PageTokens: 4, PageStride: sec, VOffset: pages * sec,
+		LayerStride: 2 * pages * sec, Size: layers * 2 * pages * sec}
+	mem := make([]byte, pool.Size)
+	rng := rand.New(rand.NewPCG(5, 6))
+	for i := range mem {
+		mem[i] = byte(rng.Uint32())
+	}
+	g := container.Geometry{Layers: layers, BlockTokens: 4, KVHeads: 8, HeadDim: 128, Elem: container.BF16}
+	hdr, _ := container.NewHeader(container.CodecRaw, 0, layers, g)
+	var want bytes.Buffer
+	w := container.NewWriter(&want, hdr)
+	for l := range layers {
+		k, v := pool.Section(l, 1)
+		w.WriteLayer(mem[k:k+sec], mem[v:v+sec])
+	}
+	w.Close()
+	fd, err := unix.MemfdCreate("engine-pool", unix.MFD_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	unix.Write(fd, mem)
+	compat, _ := kvsp.ParseCompatID("5ed5c2f238839655d7c4029e12b7f31caf9e7421f4edb4057feee6dab760ee0f")
+	e, err := attach.Dial(filepath.Join(dir, "attach.sock"), &attach.Hello{Engine: "test", CompatID: compat, Pool: pool}, fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	keyFile, _ := os.ReadFile(filepath.Join(dir, "scope-a.key"))
+	sk, _ := kvsp.ScopeKeyFromFile(keyFile)
+	key := kvsp.BlockKey{0xab, 1}
+	if err := e.Publish(sk.ID(), []attach.Placement{{BlockKey: key, Page: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	pair, _ := tls.LoadX509KeyPair(filepath.Join(dir, "client.pem"), filepath.Join(dir, "client.key"))
+	ca, _ := os.ReadFile(filepath.Join(dir, "ca.pem"))
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(ca)
+	tr := &http.Transport{TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: roots, Certificates: []tls.Certificate{pair}}, ForceAttemptHTTP2: true}
+	defer tr.CloseIdleConnections()
+	hc := &http.Client{Transport: tr, Timeout: 5 * time.Second}
+	resp, err := hc.Get("https://" + addr + "/h1/blocks/" + compat.String() + "/" + sk.ID().String() + "/" + key.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	d, _ := container.OpenBlock(want.Bytes(), g)
+	if resp.StatusCode != 200 || !bytes.Equal(body, want.Bytes()) || resp.Header.Get("Repr-Digest") != container.ReprDigest(d.ContainerDigest()) {
+		t.Fatalf("GET of the engine's page: %d, %d octets, equal %v, %q", resp.StatusCode, len(body), bytes.Equal(body, want.Bytes()), resp.Header.Get("Repr-Digest"))
+	}
+}
