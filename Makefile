@@ -4,6 +4,8 @@ FUZZTIME  ?= 10s
 BENCHTIME ?= 1s
 COUNT     ?= 1
 STATICCHECK_VERSION ?= v0.8.2
+# go-nvml's cgo wrappers name NVML functions its header deprecates.
+export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 BIN       := $(CURDIR)/bin
 
 
