@@ -2,7 +2,9 @@ package attach
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
+	"io"
 	"net"
 	"path/filepath"
 	"strings"
@@ -173,4 +175,46 @@ func TestPoolCheck(t *testing.T) {
 			t.Errorf("%s: accepted", name)
 		}
 	}
+}
+
+// TestBadFrames: a peer that sends an oversized frame, a frame that is not
+// JSON, a hello of another version, or an unknown message gets an error or
+// a closed connection; the server keeps serving the next session.
+func TestBadFrames(t *testing.T) {
+	r := &recorder{published: map[kvsp.BlockKey]int{}, detached: make(chan struct{})}
+	path := serve(t, r)
+	send := func(frame []byte) string {
+		c, err := net.Dial("unix", path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		c.Write(frame)
+		c.(*net.UnixConn).CloseWrite()
+		reply, _ := io.ReadAll(c)
+		return string(reply)
+	}
+	frame := func(body string) []byte {
+		return append(binary.BigEndian.AppendUint32(nil, uint32(len(body))), body...)
+	}
+	for name, f := range map[string][]byte{
+		"oversized":     binary.BigEndian.AppendUint32(nil, MaxFrame+1),
+		"not JSON":      frame("{hello"),
+		"short":         {0, 0},
+		"version 2":     frame(`{"type":"hello","version":2}`),
+		"not a hello":   frame(`{"type":"publish","version":1}`),
+		"publish first": frame(`{"type":"publish","scope_id":"00000000000000000000000000000000","blocks":[]}`),
+	} {
+		if reply := send(f); strings.Contains(reply, "welcome") {
+			t.Errorf("%s: welcomed: %q", name, reply)
+		}
+	}
+	// Still serving.
+	e, err := Dial(path, &Hello{CompatID: kvsp.CompatID{1}, Pool: pool}, memfd(t, make([]byte, pool.Size)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Close()
+	<-r.detached
 }
