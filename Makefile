@@ -9,7 +9,7 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 BIN       := $(CURDIR)/bin
 
 
-.PHONY: help deps bench-holder build build-nogpu build-gpu test-gpu test vet test-race test-nocgo lint fmt-check staticcheck fuzz bench demo check
+.PHONY: help deps bench-holder build build-nogpu build-gpu ptx test-gpu test vet test-race test-nocgo lint fmt-check staticcheck fuzz bench demo check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -21,11 +21,22 @@ build: ## build every package and the kvsp binary into bin/
 build-nogpu: ## build without cgo, as CI's CPU fallback
 	CGO_ENABLED=0 $(GO) build -tags nogpu,nordma ./...
 
-build-gpu: ## the CUDA path: the shim compiled against the real cuda.h (prototypes checked), the cgo GPU build and its vet
+build-gpu: ## the CUDA path: the shim compiled against the real cuda.h (prototypes checked), the committed PTX checked against nvcc and ptxas (sm_80, sm_90), the cgo GPU build and its vet
+	@./scripts/nvcc.sh >/dev/null
 	@inc="$$(./scripts/cuda-headers.sh)" && echo "cuda.h from $$inc" && \
 	  cc -std=gnu11 -Wall -Wextra -Werror -DKVSP_WITH_CUDA_H -I"$$inc" -c csrc/kvsp_cuda.c -o /dev/null
+	nvcc $(NVCCFLAGS) -o $(BIN)/kvsp_gather.ptx csrc/kvsp_gather.cu
+	@cmp -s $(BIN)/kvsp_gather.ptx gpu/kvsp_gather.ptx || { echo "gpu/kvsp_gather.ptx is not what nvcc makes of csrc/kvsp_gather.cu: run make ptx"; exit 1; }
+	ptxas -arch=sm_80 gpu/kvsp_gather.ptx -o /dev/null
+	ptxas -arch=sm_90 gpu/kvsp_gather.ptx -o /dev/null
 	CGO_ENABLED=1 $(GO) build ./...
 	CGO_ENABLED=1 $(GO) vet ./gpu/ ./holder/... ./cmd/...
+
+NVCCFLAGS := -ptx -arch=compute_80 -O3
+
+ptx: ## rebuild gpu/kvsp_gather.ptx from csrc/kvsp_gather.cu (nvcc 11.8 from Debian non-free, installed when missing)
+	@./scripts/nvcc.sh >/dev/null
+	nvcc $(NVCCFLAGS) -o gpu/kvsp_gather.ptx csrc/kvsp_gather.cu
 
 test-gpu: ## stripped test and benchmark binaries of the GPU path in bin/gpu-check/, with the script that runs them on a GPU machine
 	@mkdir -p $(BIN)/gpu-check

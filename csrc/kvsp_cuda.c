@@ -47,6 +47,7 @@ typedef struct CUipcMemHandle_st {
 	X(cuDevicePrimaryCtxRetain, (CUcontext *, CUdevice))                                                \
 	X(cuDevicePrimaryCtxRelease_v2, (CUdevice))                                                         \
 	X(cuCtxSetCurrent, (CUcontext))                                                                     \
+	X(cuCtxSynchronize, (void))                                                                         \
 	X(cuMemGetInfo_v2, (size_t *, size_t *))                                                            \
 	X(cuMemAlloc_v2, (CUdeviceptr *, size_t))                                                           \
 	X(cuMemFree_v2, (CUdeviceptr))                                                                      \
@@ -223,6 +224,8 @@ int kvsp_cuda_close(int ordinal) {
 
 int kvsp_cuda_mem_info(int ordinal, size_t *free_bytes, size_t *total) { CALL(cu.cuMemGetInfo_v2(free_bytes, total)); }
 
+int kvsp_cuda_sync(int ordinal) { CALL(cu.cuCtxSynchronize()); }
+
 int kvsp_cuda_pci_bus_id(int ordinal, char *id, int len) {
 	if (load_status != 0) {
 		return KVSP_CUDA_NO_DRIVER;
@@ -332,4 +335,15 @@ int kvsp_cuda_module_function(int ordinal, void *module, const char *name, void 
 int kvsp_cuda_launch(int ordinal, void *fn, unsigned grid_x, unsigned grid_y, unsigned block_x, unsigned shared,
                      void *stream, void **params) {
 	CALL(cu.cuLaunchKernel((CUfunction)fn, grid_x, grid_y, 1, block_x, 1, 1, shared, (CUstream)stream, params, NULL));
+}
+
+int kvsp_cuda_launch_paged(int ordinal, void *fn, uint64_t pool, uint64_t sections, uint64_t table, int page_tokens,
+                           long long layer_stride, long long v_offset, long long page_stride, int first, int tokens,
+                           int row_bytes, int layers, void *stream) {
+	/* The kernels' parameters, in order: see csrc/kvsp_gather.cu. */
+	CUdeviceptr p = (CUdeviceptr)pool, s = (CUdeviceptr)sections, t = (CUdeviceptr)table;
+	void *params[] = {&p, &s, &t, &page_tokens, &layer_stride, &v_offset, &page_stride, &first, &tokens, &row_bytes};
+	unsigned threads = row_bytes >= 16 * 128 ? 128 : (unsigned)((row_bytes + 15) / 16 + 31) / 32 * 32;
+	CALL(cu.cuLaunchKernel((CUfunction)fn, (unsigned)tokens, (unsigned)(2 * layers), 1, threads, 1, 1, 0, (CUstream)stream,
+	                       params, NULL));
 }

@@ -29,6 +29,7 @@ int kvsp_cuda_device_count(int *n);
 int kvsp_cuda_open(int ordinal, char *name, int namelen, size_t *total);
 int kvsp_cuda_close(int ordinal);
 int kvsp_cuda_mem_info(int ordinal, size_t *free_bytes, size_t *total);
+int kvsp_cuda_sync(int ordinal); /* waits for all the device's work */
 int kvsp_cuda_pci_bus_id(int ordinal, char *id, int len);
 const char *kvsp_cuda_error(int code);
 
@@ -69,5 +70,11 @@ int kvsp_cuda_module_unload(int ordinal, void *module);
 int kvsp_cuda_module_function(int ordinal, void *module, const char *name, void **fn);
 int kvsp_cuda_launch(int ordinal, void *fn, unsigned grid_x, unsigned grid_y, unsigned block_x, unsigned shared,
                      void *stream, void **params);
+
+/* The paged gather/scatter kernels (csrc/kvsp_gather.cu): one thread block
+ * per (token, layer x K/V). */
+int kvsp_cuda_launch_paged(int ordinal, void *fn, uint64_t pool, uint64_t sections, uint64_t table, int page_tokens,
+                           long long layer_stride, long long v_offset, long long page_stride, int first, int tokens,
+                           int row_bytes, int layers, void *stream);
 
 #endif

@@ -57,6 +57,7 @@ type Device struct {
 	info Info
 	mu   sync.Mutex
 	open bool
+	kern kernels // the paged gather/scatter module, loaded on first use
 }
 
 // Open opens device ordinal. The first call loads the driver.
@@ -90,6 +91,9 @@ func (d *Device) MemInfo() (free, total int64, err error) {
 	return int64(f), int64(t), err
 }
 
+// Sync waits for all the device's work (every stream).
+func (d *Device) Sync() error { return check("cuCtxSynchronize", C.kvsp_cuda_sync(d.ord)) }
+
 // Close releases the device's context (once). Buffers must be freed first.
 func (d *Device) Close() error {
 	d.mu.Lock()
@@ -98,6 +102,9 @@ func (d *Device) Close() error {
 		return nil
 	}
 	d.open = false
+	if d.kern.scratch != nil {
+		d.kern.scratch.Free()
+	}
 	return check("close", C.kvsp_cuda_close(d.ord))
 }
 

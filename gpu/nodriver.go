@@ -102,3 +102,16 @@ func (b *Buffer) Export() (IPCHandle, error) { return IPCHandle{FD: -1}, ErrNoDe
 
 // Import maps another process's buffer.
 func (d *Device) Import(h IPCHandle, n int64) (*Buffer, error) { return nil, ErrNoDevice }
+
+// Gather copies a sequence's tokens from a paged pool into sections.
+func (d *Device) Gather(dst, pool *Buffer, p Paged, table []int32, first, tokens int, s *Stream) error {
+	return ErrNoDevice
+}
+
+// Scatter copies sections into a sequence's tokens in a paged pool.
+func (d *Device) Scatter(pool, src *Buffer, p Paged, table []int32, first, tokens int, s *Stream) error {
+	return ErrNoDevice
+}
+
+// Sync waits for the device's work.
+func (d *Device) Sync() error { return ErrNoDevice }

@@ -244,3 +244,26 @@ func (d *Device) Telemetry() (Telemetry, error) {
 	free, total, _ := d.MemInfo()
 	return Telemetry{MemoryUsed: total - free, MemoryTotal: total, Source: "stand-in"}, nil
 }
+
+// Gather copies tokens [first, first+tokens) of a sequence from the paged
+// pool into dst as kvsp-layout-1 sections (for each layer, K then V).
+func (d *Device) Gather(dst, pool *Buffer, p Paged, table []int32, first, tokens int, s *Stream) error {
+	if err := p.check(pool.Len(), dst.Len(), table, first, tokens); err != nil {
+		return err
+	}
+	p.offsets(table, first, tokens, func(po, so int64) { copy(dst.mem[so:so+int64(p.RowBytes)], pool.mem[po:]) })
+	return nil
+}
+
+// Scatter copies kvsp-layout-1 sections from src into tokens [first,
+// first+tokens) of a sequence in the paged pool.
+func (d *Device) Scatter(pool, src *Buffer, p Paged, table []int32, first, tokens int, s *Stream) error {
+	if err := p.check(pool.Len(), src.Len(), table, first, tokens); err != nil {
+		return err
+	}
+	p.offsets(table, first, tokens, func(po, so int64) { copy(pool.mem[po:po+int64(p.RowBytes)], src.mem[so:]) })
+	return nil
+}
+
+// Sync waits for the device's work (the stand-in's is done already).
+func (d *Device) Sync() error { return nil }

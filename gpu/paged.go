@@ -1,0 +1,55 @@
+package gpu
+
+import "fmt"
+
+// Paged describes an engine's paged KV pool (docs/engine-attach.md): the
+// row of (layer l, K or V, page p, row r), RowBytes octets (kv_heads x
+// head_dim elements), is at l*LayerStride + kv*VOffset + p*PageStride +
+// r*RowBytes. A sequence's token t is row t%PageTokens of page
+// table[t/PageTokens].
+type Paged struct {
+	Layers, PageTokens, RowBytes     int
+	LayerStride, VOffset, PageStride int64
+}
+
+// SectionsLen is the octets of tokens rows of every layer's K and V in
+// kvsp-layout-1 (a block's payload when tokens is block_tokens).
+func (p Paged) SectionsLen(tokens int) int64 {
+	return int64(p.Layers) * 2 * int64(tokens) * int64(p.RowBytes)
+}
+
+// check validates a gather or scatter of tokens [first, first+tokens)
+// between a pool of poolLen octets and sections of secLen octets.
+func (p Paged) check(poolLen, secLen int64, table []int32, first, tokens int) error {
+	if p.Layers <= 0 || p.PageTokens <= 0 || p.RowBytes <= 0 || first < 0 || tokens <= 0 {
+		return fmt.Errorf("gpu: paged copy of %d tokens from %d: bad geometry %+v", tokens, first, p)
+	}
+	if secLen < p.SectionsLen(tokens) {
+		return fmt.Errorf("gpu: %d octets of sections for %d", secLen, p.SectionsLen(tokens))
+	}
+	last := (first + tokens - 1) / p.PageTokens
+	if last >= len(table) {
+		return fmt.Errorf("gpu: the table lists %d pages, token %d needs %d", len(table), first+tokens-1, last+1)
+	}
+	rows := int64(p.PageTokens) * int64(p.RowBytes)
+	for _, page := range table[first/p.PageTokens : last+1] {
+		end := int64(p.Layers-1)*p.LayerStride + p.VOffset + int64(page)*p.PageStride + rows
+		if page < 0 || end > poolLen || p.LayerStride < 0 || p.VOffset < 0 || p.PageStride < 0 {
+			return fmt.Errorf("gpu: page %d reaches octet %d of a %d-octet pool", page, end, poolLen)
+		}
+	}
+	return nil
+}
+
+// offsets calls fn with the pool and section offsets of every row of the
+// copy, in section order (the reference the kernels implement).
+func (p Paged) offsets(table []int32, first, tokens int, fn func(poolOff, secOff int64)) {
+	for y := 0; y < 2*p.Layers; y++ {
+		layer, kv := int64(y>>1), int64(y&1)
+		for x := range tokens {
+			t := first + x
+			poolOff := layer*p.LayerStride + kv*p.VOffset + int64(table[t/p.PageTokens])*p.PageStride + int64(t%p.PageTokens)*int64(p.RowBytes)
+			fn(poolOff, (int64(y)*int64(tokens)+int64(x))*int64(p.RowBytes))
+		}
+	}
+}
