@@ -40,16 +40,3 @@ func (p Paged) check(poolLen, secLen int64, table []int32, first, tokens int) er
 	}
 	return nil
 }
-
-// offsets calls fn with the pool and section offsets of every row of the
-// copy, in section order (the reference the kernels implement).
-func (p Paged) offsets(table []int32, first, tokens int, fn func(poolOff, secOff int64)) {
-	for y := 0; y < 2*p.Layers; y++ {
-		layer, kv := int64(y>>1), int64(y&1)
-		for x := range tokens {
-			t := first + x
-			poolOff := layer*p.LayerStride + kv*p.VOffset + int64(table[t/p.PageTokens])*p.PageStride + int64(t%p.PageTokens)*int64(p.RowBytes)
-			fn(poolOff, (int64(y)*int64(tokens)+int64(x))*int64(p.RowBytes))
-		}
-	}
-}

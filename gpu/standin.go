@@ -267,3 +267,16 @@ func (d *Device) Scatter(pool, src *Buffer, p Paged, table []int32, first, token
 
 // Sync waits for the device's work (the stand-in's is done already).
 func (d *Device) Sync() error { return nil }
+
+// offsets calls fn with the pool and section offsets of every row of the
+// copy, in section order (what csrc/kvsp_gather.cu's kernels do, one row per thread block).
+func (p Paged) offsets(table []int32, first, tokens int, fn func(poolOff, secOff int64)) {
+	for y := 0; y < 2*p.Layers; y++ {
+		layer, kv := int64(y>>1), int64(y&1)
+		for x := range tokens {
+			t := first + x
+			poolOff := layer*p.LayerStride + kv*p.VOffset + int64(table[t/p.PageTokens])*p.PageStride + int64(t%p.PageTokens)*int64(p.RowBytes)
+			fn(poolOff, (int64(y)*int64(tokens)+int64(x))*int64(p.RowBytes))
+		}
+	}
+}
