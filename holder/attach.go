@@ -36,10 +36,42 @@ type attachment struct {
 	blocks map[blockID]*entry
 }
 
-// attached is where an entry's octets are: 2 regions (K, V) per layer.
+// attached is where an entry's octets are: when pages are blocks, 2
+// regions (K, V) per layer of the pool; otherwise the block's pages and
+// the row of its first token, gathered on the device for each read.
 type attached struct {
 	a       *attachment
 	regions []tier.Region
+	table   []int32
+	first   int
+}
+
+// source returns the buffer and the 2 regions per layer a read copies
+// from: the pool itself, or the block gathered into device memory (freed
+// by release).
+func (at *attached) source() (tier.DeviceBuffer, []tier.Region, func(), error) {
+	if at.regions != nil {
+		return at.a.buf, at.regions, func() {}, nil
+	}
+	a := at.a
+	d := a.h.store.dev.d
+	g := a.g
+	p := tier.Paged{Layers: int(g.Layers), PageTokens: a.pool.PageTokens, RowBytes: int(g.RawSectionLen()) / int(g.BlockTokens),
+		LayerStride: a.pool.LayerStride, VOffset: a.pool.VOffset, PageStride: a.pool.PageStride}
+	sections, err := d.Alloc(p.SectionsLen(int(g.BlockTokens)))
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if err := d.Gather(sections, a.buf, p, at.table, at.first, int(g.BlockTokens)); err != nil {
+		sections.Free()
+		return nil, nil, nil, err
+	}
+	sec := int64(g.RawSectionLen())
+	regions := make([]tier.Region, 2*g.Layers)
+	for i := range regions {
+		regions[i] = tier.Region{Off: int64(i) * sec, Len: sec}
+	}
+	return sections, regions, sections.Free, nil
 }
 
 // AttachHandler is the holder's side of the engine attach protocol; serve
@@ -64,7 +96,7 @@ func (x attachHandler) Attach(s *attach.Session, hello *attach.Hello, fd int) er
 	if !ok {
 		return fail(fmt.Errorf("this holder serves no model of compat_id %s", hello.CompatID))
 	}
-	if err := hello.Pool.Check(int(g.Layers), int(g.BlockTokens), int64(g.RawSectionLen())); err != nil {
+	if err := hello.Pool.Check(int(g.Layers), int64(g.RawSectionLen())/int64(g.BlockTokens)); err != nil {
 		return fail(err)
 	}
 	if kind := h.store.dev.d.IPCKind(); hello.Pool.Memory != kind {
@@ -83,18 +115,27 @@ func (x attachHandler) Attach(s *attach.Session, hello *attach.Hello, fd int) er
 // layer and container digests), then published.
 func (x attachHandler) Publish(s *attach.Session, scope kvsp.ScopeID, blocks []attach.Placement) error {
 	a := s.Value.(*attachment)
-	for _, b := range blocks {
-		if b.Page < 0 || b.Page >= a.pool.Pages {
-			return fmt.Errorf("page %d is outside the pool's %d", b.Page, a.pool.Pages)
+	bt := int(a.g.BlockTokens)
+	tables := make([][]int32, len(blocks))
+	firsts := make([]int, len(blocks))
+	for i, b := range blocks {
+		var err error
+		if tables[i], firsts[i], err = b.Table(a.pool.Pages, a.pool.PageTokens, bt); err != nil {
+			return err
 		}
 	}
-	for _, b := range blocks {
+	for i, b := range blocks {
 		id := blockID{compat: a.compat, scope: scope, key: b.BlockKey}
-		sec := int64(a.g.RawSectionLen())
-		at := &attached{a: a, regions: make([]tier.Region, 0, 2*a.g.Layers)}
-		for l := range int(a.g.Layers) {
-			k, v := a.pool.Section(l, b.Page)
-			at.regions = append(at.regions, tier.Region{Off: k, Len: sec}, tier.Region{Off: v, Len: sec})
+		at := &attached{a: a}
+		if a.pool.PageTokens == bt { // a page is the block's sections
+			sec := int64(a.g.RawSectionLen())
+			at.regions = make([]tier.Region, 0, 2*a.g.Layers)
+			for l := range int(a.g.Layers) {
+				k, v := a.pool.Section(l, int(tables[i][0]))
+				at.regions = append(at.regions, tier.Region{Off: k, Len: sec}, tier.Region{Off: v, Len: sec})
+			}
+		} else {
+			at.table, at.first = tables[i], firsts[i]
 		}
 		blk, err := a.read(at)
 		if err != nil {
@@ -119,10 +160,15 @@ func (a *attachment) read(at *attached) (*container.Block, error) {
 	if err != nil {
 		return nil, err
 	}
+	src, regions, release, err := at.source()
+	if err != nil {
+		return nil, fmt.Errorf("gathering the engine's pages: %w", err)
+	}
+	defer release()
 	var buf bytes.Buffer
 	buf.Write(hdr.Append(nil))
-	if _, err := a.h.store.dev.d.WriteRegions(&buf, a.buf, at.regions); err != nil {
-		return nil, fmt.Errorf("reading the engine's page: %w", err)
+	if _, err := a.h.store.dev.d.WriteRegions(&buf, src, regions); err != nil {
+		return nil, fmt.Errorf("reading the engine's pages: %w", err)
 	}
 	return container.OpenBlock(buf.Bytes(), a.g)
 }
@@ -221,11 +267,16 @@ func (r attachedRange) Len() int64 {
 // WriteTo writes the range's container: its header, then its layers
 // straight from the engine's pages through the pinned staging.
 func (r attachedRange) WriteTo(w io.Writer) (int64, error) {
+	src, regions, release, err := r.at.source()
+	if err != nil {
+		return 0, err
+	}
+	defer release()
 	n, err := w.Write(r.header(make([]byte, 0, container.HeaderLen(r.j-r.i))))
 	if err != nil {
 		return int64(n), err
 	}
-	m, err := r.d.WriteRegions(w, r.at.a.buf, r.at.regions[2*r.i:2*r.j])
+	m, err := r.d.WriteRegions(w, src, regions[2*r.i:2*r.j])
 	return int64(n) + m, err
 }
 

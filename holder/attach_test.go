@@ -128,3 +128,72 @@ func (f *fixture) gone(t *testing.T, k kvsp.BlockKey) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestAttachedPagesOtherThanBlocks: pages of 2 tokens (a block spans two,
+// out of order) and pages of 8 (a block is half of one, from row 4): the
+// holder gathers the block's rows on the device (the stand-in's gather)
+// and serves the same container a PUT of that KV would store.
+func TestAttachedPagesOtherThanBlocks(t *testing.T) {
+	dev, err := tier.OpenDevice(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := start(t, 8*blockSize(), func(c *holder.Config) {
+		c.Device, c.DeviceCapacity, c.DeviceLayers, c.DeviceReadMbitPerS = dev, 2*blockSize(), 4, 2000000
+	})
+	sock := filepath.Join(t.TempDir(), "attach.sock")
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan struct{})
+	go func() { (&attach.Server{Handler: f.h.AttachHandler()}).Serve(ln); close(served) }()
+	defer func() { ln.Close(); <-served }()
+	row := int64(geom.RawSectionLen()) / int64(geom.BlockTokens)
+	for i, c := range []struct {
+		pageTokens, pages int
+		place             attach.Placement
+	}{
+		{2, 6, attach.Placement{Pages: []int{4, 1}}},
+		{8, 2, attach.Placement{Pages: []int{1}, Offset: 4}},
+	} {
+		k := byte(10 + i)
+		data, blk := makeBlock(uint64(k)+700, 0, 4)
+		pool := attach.Pool{Memory: attach.MemoryMemfd, Pages: c.pages, PageTokens: c.pageTokens, PageStride: int64(c.pageTokens) * row}
+		pool.VOffset = int64(c.pages) * pool.PageStride
+		pool.LayerStride = 2 * pool.VOffset
+		pool.Size = int64(geom.Layers) * pool.LayerStride
+		mem := make([]byte, pool.Size)
+		for l := range int(geom.Layers) {
+			kk, vv, _ := blk.Layer(uint32(l))
+			for kv, sec := range [][]byte{kk, vv} {
+				for tok := range int(geom.BlockTokens) {
+					at := c.place.Offset + tok
+					off := int64(l)*pool.LayerStride + int64(kv)*pool.VOffset + int64(c.place.Pages[at/c.pageTokens])*pool.PageStride + int64(at%c.pageTokens)*row
+					copy(mem[off:off+row], sec[int64(tok)*row:])
+				}
+			}
+		}
+		fd, err := unix.MemfdCreate("engine-pool", unix.MFD_CLOEXEC)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Close(fd)
+		unix.Write(fd, mem)
+		e, err := attach.Dial(sock, &attach.Hello{Engine: "paged", CompatID: compat, Pool: pool}, fd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		c.place.BlockKey = ref(k).Key
+		if err := e.Publish(scope, []attach.Placement{c.place}); err != nil {
+			t.Fatal(err)
+		}
+		if st, _, body := f.raw(t, kvsptest.ClientA, "GET", path(ref(k)), nil, nil); st != 200 || !bytes.Equal(body, data) {
+			t.Fatalf("pages of %d tokens: %d, equal to the block's container %v", c.pageTokens, st, bytes.Equal(body, data))
+		}
+		if n := readAll(t, f.hold[kvsptest.ClientA], ref(k), blk, &kvsp.LayerRange{2, 3}); n != 2 {
+			t.Fatalf("pages of %d tokens, layers 2-3: %d sections", c.pageTokens, n)
+		}
+	}
+}

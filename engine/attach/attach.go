@@ -39,11 +39,12 @@ const (
 )
 
 // Pool describes an engine's paged KV pool: one region of Size octets, in
-// which the K section of (layer l, page p) starts at
-// l*LayerStride + p*PageStride and its V section VOffset octets later.
-// A section is PageTokens rows of kv_heads x head_dim elements, token
-// after token (a kvsp-layout-1 section when PageTokens is the model's
-// block_tokens, which version 1 requires: a block is one page).
+// which the K rows of (layer l, page p) start at l*LayerStride +
+// p*PageStride and its V rows VOffset octets later: PageTokens rows of
+// kv_heads x head_dim elements, token after token. When PageTokens is the
+// model's block_tokens a page is a block's kvsp-layout-1 section per
+// layer and K/V; otherwise blocks are gathered from their pages on the
+// device (gpu.Paged).
 type Pool struct {
 	Memory      string `json:"memory"`
 	Device      int    `json:"device"`
@@ -65,10 +66,38 @@ type Hello struct {
 	Pool     Pool          `json:"pool"`
 }
 
-// Placement says that page Page holds block BlockKey (all its layers).
+// Placement says where block BlockKey's tokens are (all its layers): page
+// Page, when pages are blocks; otherwise the sequence's Pages from the
+// one holding the block's first token, whose row in Pages[0] is Offset.
 type Placement struct {
 	BlockKey kvsp.BlockKey `json:"block_key"`
 	Page     int           `json:"page"`
+	Pages    []int         `json:"pages,omitempty"`
+	Offset   int           `json:"offset,omitempty"`
+}
+
+// Table returns the pages holding the block's blockTokens tokens and the
+// row of its first token, checked against a pool of pages pages of
+// pageTokens tokens.
+func (b *Placement) Table(pages, pageTokens, blockTokens int) ([]int32, int, error) {
+	src := b.Pages
+	if src == nil {
+		if pageTokens != blockTokens || b.Offset != 0 {
+			return nil, 0, errors.New("attach: pages of another size than a block need pages and offset")
+		}
+		src = []int{b.Page}
+	}
+	if b.Offset < 0 || b.Offset >= pageTokens || len(src) != (b.Offset+blockTokens+pageTokens-1)/pageTokens {
+		return nil, 0, fmt.Errorf("attach: %d pages from row %d do not hold a block of %d tokens exactly", len(src), b.Offset, blockTokens)
+	}
+	table := make([]int32, len(src))
+	for i, p := range src {
+		if p < 0 || p >= pages {
+			return nil, 0, fmt.Errorf("attach: page %d is outside the pool's %d", p, pages)
+		}
+		table[i] = int32(p)
+	}
+	return table, b.Offset, nil
 }
 
 // message is any frame after hello.
@@ -81,17 +110,17 @@ type message struct {
 	Version   int             `json:"version,omitempty"`
 }
 
-// Check validates a pool against the model's geometry: version 1 needs
-// pages of block_tokens tokens, sections inside the pool, and no overlap
-// between a page's K and V.
-func (p *Pool) Check(layers, blockTokens int, sectionLen int64) error {
+// Check validates a pool against the model's geometry (rows of rowBytes
+// octets): pages inside the pool, a page's K and V rows apart.
+func (p *Pool) Check(layers int, rowBytes int64) error {
+	sectionLen := int64(p.PageTokens) * rowBytes
 	switch {
 	case p.Memory != MemoryCUDA && p.Memory != MemoryMemfd:
 		return fmt.Errorf("attach: pool memory %q: want %s or %s", p.Memory, MemoryCUDA, MemoryMemfd)
 	case p.Memory == MemoryCUDA && len(p.Handle) != 64:
 		return fmt.Errorf("attach: a %s pool needs its 64-octet handle", MemoryCUDA)
-	case p.PageTokens != blockTokens:
-		return fmt.Errorf("attach: pages of %d tokens: version 1 needs the model's block_tokens (%d)", p.PageTokens, blockTokens)
+	case p.PageTokens <= 0:
+		return errors.New("attach: page_tokens: at least 1")
 	case p.Pages <= 0 || p.Size <= 0 || p.LayerStride < 0 || p.PageStride < sectionLen || p.VOffset < sectionLen:
 		return errors.New("attach: pool: pages, size and strides must describe sections that do not overlap (v_offset and page_stride at least a section)")
 	}

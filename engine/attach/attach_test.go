@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -155,7 +156,7 @@ func TestHelloRefused(t *testing.T) {
 func TestPoolCheck(t *testing.T) {
 	const sec = 256 // 16 tokens x 2 heads x 4 dim x 2 octets
 	ok := Pool{Memory: MemoryMemfd, Size: 2 * 2 * 4 * sec, Pages: 4, PageTokens: 16, LayerStride: 2 * 4 * sec, VOffset: 4 * sec, PageStride: sec}
-	if err := ok.Check(2, 16, sec); err != nil {
+	if err := ok.Check(2, sec/16); err != nil {
 		t.Fatalf("a vLLM-style [2, pages, ...] pool per layer: %v", err)
 	}
 	if k, v := ok.Section(1, 2); k != 2*4*sec+2*sec || v != k+4*sec {
@@ -165,13 +166,14 @@ func TestPoolCheck(t *testing.T) {
 		"memory":       func(p *Pool) { p.Memory = "rdma" },
 		"cuda handle":  func(p *Pool) { p.Memory = MemoryCUDA },
 		"page tokens":  func(p *Pool) { p.PageTokens = 32 },
+		"no tokens":    func(p *Pool) { p.PageTokens = 0 },
 		"small stride": func(p *Pool) { p.PageStride = sec - 1 },
 		"k/v overlap":  func(p *Pool) { p.VOffset = sec / 2 },
 		"too small":    func(p *Pool) { p.Size-- },
 	} {
 		p := ok
 		mut(&p)
-		if p.Check(2, 16, sec) == nil {
+		if p.Check(2, sec/16) == nil {
 			t.Errorf("%s: accepted", name)
 		}
 	}
@@ -217,4 +219,32 @@ func TestBadFrames(t *testing.T) {
 	}
 	e.Close()
 	<-r.detached
+}
+
+// TestPlacementTable: a block is one page when pages are blocks, or the
+// pages from the one holding its first token; the table must hold exactly
+// the block's tokens, inside the pool.
+func TestPlacementTable(t *testing.T) {
+	for name, c := range map[string]struct {
+		p                              Placement
+		pages, pageTokens, blockTokens int
+		table                          []int32
+		first                          int
+		ok                             bool
+	}{
+		"a page is a block":         {Placement{Page: 3}, 8, 16, 16, []int32{3}, 0, true},
+		"pages of 16, block of 64":  {Placement{Pages: []int{5, 1, 7, 2}}, 8, 16, 64, []int32{5, 1, 7, 2}, 0, true},
+		"block of 16 in two pages":  {Placement{Pages: []int{4, 6}, Offset: 8}, 8, 16, 16, []int32{4, 6}, 8, true},
+		"block inside a page of 64": {Placement{Pages: []int{2}, Offset: 32}, 8, 64, 16, []int32{2}, 32, true},
+		"page without pages":        {Placement{Page: 1}, 8, 16, 64, nil, 0, false},
+		"one page too many":         {Placement{Pages: []int{1, 2, 3}}, 8, 16, 32, nil, 0, false},
+		"too few":                   {Placement{Pages: []int{1}, Offset: 8}, 8, 16, 16, nil, 0, false},
+		"outside the pool":          {Placement{Pages: []int{1, 8}}, 8, 16, 32, nil, 0, false},
+		"offset past the page":      {Placement{Pages: []int{1}, Offset: 16}, 8, 16, 16, nil, 0, false},
+	} {
+		table, first, err := c.p.Table(c.pages, c.pageTokens, c.blockTokens)
+		if (err == nil) != c.ok || c.ok && (!slices.Equal(table, c.table) || first != c.first) {
+			t.Errorf("%s: %v %d %v", name, table, first, err)
+		}
+	}
 }

@@ -3,6 +3,7 @@ package tier
 import (
 	"errors"
 	"io"
+	"sync"
 
 	"github.com/kvsp/kvsp/gpu"
 )
@@ -13,6 +14,9 @@ import (
 type Device struct {
 	d       *gpu.Device
 	stagers chan *gpu.Stager // idle, for WriteRange
+
+	kmu sync.Mutex  // the kernels' stream, one gather at a time
+	ks  *gpu.Stream // nil until the first
 }
 
 // StagingSize is the device-to-host copy unit of WriteRange: large enough
@@ -188,8 +192,38 @@ func (u *Uploader) Close() error {
 	return u.err
 }
 
+// Paged is an engine pool's layout on the device (gpu.Paged).
+type Paged = gpu.Paged
+
+// Gather copies tokens [first, first+tokens) of a sequence, whose pages
+// table lists, from an engine's paged pool into dst as kvsp-layout-1
+// sections (each layer's K, then V), with the device's gather kernel.
+func (d *Device) Gather(dst, pool DeviceBuffer, p Paged, table []int32, first, tokens int) error {
+	gd, ok1 := dst.(*gpu.Buffer)
+	gp, ok2 := pool.(*gpu.Buffer)
+	if !ok1 || !ok2 {
+		return errors.New("tier: not a buffer of this device")
+	}
+	d.kmu.Lock()
+	defer d.kmu.Unlock()
+	if d.ks == nil {
+		s, err := d.d.NewStream()
+		if err != nil {
+			return err
+		}
+		d.ks = s
+	}
+	return d.d.Gather(gd, gp, p, table, first, tokens, d.ks)
+}
+
 // Close releases the device and its staging memory.
 func (d *Device) Close() error {
+	d.kmu.Lock()
+	if d.ks != nil {
+		d.ks.Close()
+		d.ks = nil
+	}
+	d.kmu.Unlock()
 	for {
 		select {
 		case st := <-d.stagers:
