@@ -25,6 +25,7 @@ build-gpu: ## the CUDA path: the shim compiled against the real cuda.h (prototyp
 	@./scripts/nvcc.sh >/dev/null
 	@inc="$$(./scripts/cuda-headers.sh)" && echo "cuda.h from $$inc" && \
 	  cc -std=gnu11 -Wall -Wextra -Werror -DKVSP_WITH_CUDA_H -I"$$inc" -c csrc/kvsp_cuda.c -o /dev/null
+	@mkdir -p $(BIN)
 	nvcc $(NVCCFLAGS) -o $(BIN)/kvsp_gather.ptx csrc/kvsp_gather.cu
 	@cmp -s $(BIN)/kvsp_gather.ptx gpu/kvsp_gather.ptx || { echo "gpu/kvsp_gather.ptx is not what nvcc makes of csrc/kvsp_gather.cu: run make ptx"; exit 1; }
 	ptxas -arch=sm_80 gpu/kvsp_gather.ptx -o /dev/null
