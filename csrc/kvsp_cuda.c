@@ -70,6 +70,7 @@ typedef struct CUipcMemHandle_st {
 	X(cuIpcGetMemHandle, (CUipcMemHandle *, CUdeviceptr))                                               \
 	X(cuIpcOpenMemHandle_v2, (CUdeviceptr *, CUipcMemHandle, unsigned int))                             \
 	X(cuIpcCloseMemHandle, (CUdeviceptr))                                                               \
+	X(cuMemGetAddressRange_v2, (CUdeviceptr *, size_t *, CUdeviceptr))                                  \
 	X(cuModuleLoadData, (CUmodule *, const void *))                                                     \
 	X(cuModuleUnload, (CUmodule))                                                                       \
 	X(cuModuleGetFunction, (CUfunction *, CUmodule, const char *))                                      \
@@ -308,13 +309,23 @@ int kvsp_cuda_ipc_get(int ordinal, uint64_t dptr, unsigned char handle[KVSP_CUDA
 	return rc;
 }
 
-int kvsp_cuda_ipc_open(int ordinal, const unsigned char handle[KVSP_CUDA_IPC_HANDLE_SIZE], uint64_t *dptr) {
+int kvsp_cuda_ipc_open(int ordinal, const unsigned char handle[KVSP_CUDA_IPC_HANDLE_SIZE], uint64_t *dptr, size_t *size) {
 	CUipcMemHandle h;
-	CUdeviceptr p = 0;
+	CUdeviceptr p = 0, base = 0;
 	memcpy(h.reserved, handle, KVSP_CUDA_IPC_HANDLE_SIZE);
+	*size = 0;
 	int rc = current(ordinal);
 	if (rc == 0) {
 		rc = (int)cu.cuIpcOpenMemHandle_v2(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+	}
+	if (rc == 0) { /* the allocation's real size: the importer's claim is not trusted */
+		rc = (int)cu.cuMemGetAddressRange_v2(&base, size, p);
+		if (rc == 0) {
+			*size -= (size_t)(p - base);
+		} else {
+			cu.cuIpcCloseMemHandle(p);
+			p = 0;
+		}
 	}
 	*dptr = (uint64_t)p;
 	return rc;

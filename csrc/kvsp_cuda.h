@@ -61,7 +61,7 @@ int kvsp_cuda_event_destroy(int ordinal, void *event);
 
 /* CUDA IPC: export device memory to another process on the node. */
 int kvsp_cuda_ipc_get(int ordinal, uint64_t dptr, unsigned char handle[KVSP_CUDA_IPC_HANDLE_SIZE]);
-int kvsp_cuda_ipc_open(int ordinal, const unsigned char handle[KVSP_CUDA_IPC_HANDLE_SIZE], uint64_t *dptr);
+int kvsp_cuda_ipc_open(int ordinal, const unsigned char handle[KVSP_CUDA_IPC_HANDLE_SIZE], uint64_t *dptr, size_t *size);
 int kvsp_cuda_ipc_close(int ordinal, uint64_t dptr);
 
 /* Modules (PTX) and kernel launches. */

@@ -328,16 +328,22 @@ func (b *Buffer) Export() (IPCHandle, error) {
 	return h, nil
 }
 
-// Import maps another process's exported buffer of n octets; Free unmaps
-// it (the exporter keeps the memory).
+// Import maps another process's exported buffer of n octets (at most the
+// allocation's real size, which the driver reports); Free unmaps it (the
+// exporter keeps the memory).
 func (d *Device) Import(h IPCHandle, n int64) (*Buffer, error) {
 	var raw [C.KVSP_CUDA_IPC_HANDLE_SIZE]C.uchar
 	for i := range h.CUDA {
 		raw[i] = C.uchar(h.CUDA[i])
 	}
 	var p C.uint64_t
-	if err := check("cuIpcOpenMemHandle", C.kvsp_cuda_ipc_open(d.ord, &raw[0], &p)); err != nil {
+	var size C.size_t
+	if err := check("cuIpcOpenMemHandle", C.kvsp_cuda_ipc_open(d.ord, &raw[0], &p, &size)); err != nil {
 		return nil, err
+	}
+	if n <= 0 || int64(size) < n {
+		C.kvsp_cuda_ipc_close(d.ord, p)
+		return nil, fmt.Errorf("gpu: import of %d octets from a %d-octet allocation", n, int64(size))
 	}
 	return &Buffer{d: d, ptr: p, n: n, imported: true}, nil
 }

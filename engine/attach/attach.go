@@ -18,6 +18,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
+	"math/bits"
 	"net"
 	"slices"
 
@@ -124,10 +126,36 @@ func (p *Pool) Check(layers int, rowBytes int64) error {
 	case p.Pages <= 0 || p.Size <= 0 || p.LayerStride < 0 || p.PageStride < sectionLen || p.VOffset < sectionLen:
 		return errors.New("attach: pool: pages, size and strides must describe sections that do not overlap (v_offset and page_stride at least a section)")
 	}
-	if end := int64(layers-1)*p.LayerStride + int64(p.Pages-1)*p.PageStride + p.VOffset + sectionLen; end > p.Size {
-		return fmt.Errorf("attach: pool: sections reach octet %d of a %d-octet pool", end, p.Size)
+	// The last row's end, computed without overflow: a peer's numbers may
+	// be anything.
+	end, ok := mulAdd(int64(layers-1), p.LayerStride, 0)
+	if ok {
+		end, ok = mulAdd(int64(p.Pages-1), p.PageStride, end)
+	}
+	if ok {
+		end, ok = mulAdd(1, p.VOffset, end)
+	}
+	if ok {
+		end, ok = mulAdd(1, sectionLen, end)
+	}
+	if !ok || end > p.Size {
+		return fmt.Errorf("attach: pool: its sections reach past the pool's %d octets", p.Size)
 	}
 	return nil
+}
+
+// mulAdd returns a*b + c for non-negative operands, and false when it
+// does not fit in an int64.
+func mulAdd(a, b, c int64) (int64, bool) {
+	if a < 0 || b < 0 || c < 0 {
+		return 0, false
+	}
+	hi, lo := bits.Mul64(uint64(a), uint64(b))
+	if hi != 0 || lo > math.MaxInt64 {
+		return 0, false
+	}
+	sum := int64(lo) + c
+	return sum, sum >= 0
 }
 
 // Section returns the offsets in the pool of the K and V sections of

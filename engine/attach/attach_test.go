@@ -170,6 +170,7 @@ func TestPoolCheck(t *testing.T) {
 		"small stride": func(p *Pool) { p.PageStride = sec - 1 },
 		"k/v overlap":  func(p *Pool) { p.VOffset = sec / 2 },
 		"too small":    func(p *Pool) { p.Size-- },
+		"overflow":     func(p *Pool) { p.PageStride = 1 << 62 },
 	} {
 		p := ok
 		mut(&p)
