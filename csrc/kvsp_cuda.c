@@ -259,14 +259,32 @@ int kvsp_cuda_host_register(int ordinal, void *p, size_t n) {
 
 int kvsp_cuda_host_unregister(int ordinal, void *p) { CALL(cu.cuMemHostUnregister(p)); }
 
+/* The synchronous copies return only once the octets are in place: from
+ * pageable memory cuMemcpyHtoD may return once they are staged, and
+ * cuMemcpyDtoD before it ran, both on the legacy stream, which the
+ * shim's non-blocking streams do not wait for. */
 int kvsp_cuda_htod(int ordinal, uint64_t dst, const void *src, size_t n) {
-	CALL(cu.cuMemcpyHtoD_v2((CUdeviceptr)dst, src, n));
+	int rc = current(ordinal);
+	if (rc == 0) {
+		rc = (int)cu.cuMemcpyHtoD_v2((CUdeviceptr)dst, src, n);
+	}
+	if (rc == 0) {
+		rc = (int)cu.cuStreamSynchronize(NULL);
+	}
+	return rc;
 }
 
 int kvsp_cuda_dtoh(int ordinal, void *dst, uint64_t src, size_t n) { CALL(cu.cuMemcpyDtoH_v2(dst, (CUdeviceptr)src, n)); }
 
 int kvsp_cuda_dtod(int ordinal, uint64_t dst, uint64_t src, size_t n) {
-	CALL(cu.cuMemcpyDtoD_v2((CUdeviceptr)dst, (CUdeviceptr)src, n));
+	int rc = current(ordinal);
+	if (rc == 0) {
+		rc = (int)cu.cuMemcpyDtoD_v2((CUdeviceptr)dst, (CUdeviceptr)src, n);
+	}
+	if (rc == 0) {
+		rc = (int)cu.cuStreamSynchronize(NULL);
+	}
+	return rc;
 }
 
 int kvsp_cuda_htod_async(int ordinal, uint64_t dst, const void *src, size_t n, void *stream) {

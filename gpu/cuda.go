@@ -139,7 +139,8 @@ func (b *Buffer) span(off, n int64) error {
 	return nil
 }
 
-// CopyIn copies src to the buffer at off (host to device, synchronous).
+// CopyIn copies src to the buffer at off (host to device), returning once
+// the octets are in device memory (visible to every stream).
 func (b *Buffer) CopyIn(off int64, src []byte) error {
 	if err := b.span(off, int64(len(src))); err != nil || len(src) == 0 {
 		return err
@@ -156,7 +157,7 @@ func (b *Buffer) CopyOut(dst []byte, off int64) error {
 }
 
 // CopyFrom copies n octets of src at srcOff to the buffer at off (device
-// to device).
+// to device), returning once done.
 func (b *Buffer) CopyFrom(off int64, src *Buffer, srcOff, n int64) error {
 	if err := b.span(off, n); err != nil {
 		return err

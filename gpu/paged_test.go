@@ -92,5 +92,13 @@ func TestPagedGatherScatter(t *testing.T) {
 		if d.Gather(sec, pool, p, []int32{3, 0, pages}, first, tokens, s) == nil {
 			t.Fatal("a page outside the pool was accepted")
 		}
+		huge := p
+		huge.PageTokens = 1 << 61
+		if d.Gather(sec, pool, huge, table, first, tokens, s) == nil {
+			t.Fatal("pages of 2^61 tokens were accepted")
+		}
+		if d.Gather(sec, pool, p, table, 1<<60, tokens, s) == nil {
+			t.Fatal("a first token of 2^60 was accepted")
+		}
 	}
 }

@@ -124,6 +124,7 @@ func (x attachHandler) Publish(s *attach.Session, scope kvsp.ScopeID, blocks []a
 			return err
 		}
 	}
+	var added []*entry
 	for i, b := range blocks {
 		id := blockID{compat: a.compat, scope: scope, key: b.BlockKey}
 		at := &attached{a: a}
@@ -139,19 +140,31 @@ func (x attachHandler) Publish(s *attach.Session, scope kvsp.ScopeID, blocks []a
 		}
 		blk, err := a.read(at)
 		if err != nil {
+			x.rollback(a, added) // all of the frame or none: the engine may reuse its pages on an error
 			return err
 		}
 		e := newEntry(id, blk, a.g)
 		e.blk, e.size, e.att = nil, 0, at
 		if !x.h.store.addAttached(e) {
-			continue // stored already (a PUT of the same block): that copy serves
+			continue // stored already (a PUT of the same block, or this session's): that copy serves
 		}
 		a.mu.Lock()
 		a.blocks[id] = e
 		a.mu.Unlock()
+		added = append(added, e)
 		x.h.enqueue(e, false)
 	}
 	return nil
+}
+
+// rollback unpublishes the blocks a failed publish frame added.
+func (x attachHandler) rollback(a *attachment, added []*entry) {
+	a.mu.Lock()
+	for _, e := range added {
+		delete(a.blocks, e.id)
+	}
+	a.mu.Unlock()
+	x.remove(added)
 }
 
 // read copies a block out of the pool, in front of its header.
@@ -176,14 +189,16 @@ func (a *attachment) read(at *attached) (*container.Block, error) {
 // Unpublish stops serving blocks, waiting for the GETs that read them.
 func (x attachHandler) Unpublish(s *attach.Session, keys []kvsp.BlockKey) error {
 	a := s.Value.(*attachment)
+	want := make(map[kvsp.BlockKey]bool, len(keys))
+	for _, k := range keys {
+		want[k] = true
+	}
 	var gone []*entry
 	a.mu.Lock()
-	for _, k := range keys {
-		for id, e := range a.blocks {
-			if id.key == k {
-				gone = append(gone, e)
-				delete(a.blocks, id)
-			}
+	for id, e := range a.blocks {
+		if want[id.key] {
+			gone = append(gone, e)
+			delete(a.blocks, id)
 		}
 	}
 	a.mu.Unlock()

@@ -255,6 +255,10 @@ func (h *Holder) getBlock(w http.ResponseWriter, r *http.Request) error {
 		return fmt.Errorf("%w: layers %d-%d", kvsp.ErrLayersUnavailable, first, last)
 	}
 	p, release, err := h.store.acquire(e, g)
+	if errors.Is(err, errGone) {
+		h.m.getMisses.Inc()
+		return err
+	}
 	if err != nil {
 		// Tampered with at rest: drop it, withdraw it, and fail this GET
 		// rather than serve wrong bytes.

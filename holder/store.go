@@ -518,12 +518,19 @@ type parts struct {
 	att       *attached
 }
 
+// errGone: the entry left the store between a lookup and its acquire.
+var errGone = fmt.Errorf("%w: block", kvsp.ErrNotFound)
+
 // acquire returns the entry's octets: from host memory, split between
 // device and host memory, or read back from disk and verified
 // (tier.ErrCorrupt when that fails). The caller calls release when done:
 // until then an eviction or demotion does not reuse their memory.
 func (s *store) acquire(e *entry, g container.Geometry) (p parts, release func(), err error) {
 	s.mu.Lock()
+	if e.att != nil && s.m[e.id] != e { // unpublished since it was found: its pages are the engine's again
+		s.mu.Unlock()
+		return p, nil, errGone
+	}
 	if e.blk != nil || e.dev != nil || e.att != nil {
 		p = parts{blk: e.blk, dev: e.dev, devLayers: e.devLayers, tail: e.tail, att: e.att}
 		e.refs++

@@ -2,6 +2,7 @@ package holder
 
 import (
 	"bytes"
+	"errors"
 	"testing"
 	"time"
 
@@ -95,5 +96,9 @@ func TestUnpublishWaitsForReaders(t *testing.T) {
 	s.addAttached(e2)
 	if s.removeAttached(e2) != nil {
 		t.Fatal("nothing in flight: nothing to wait for")
+	}
+	// A GET that found the entry before it left does not get to read it.
+	if _, _, err := s.acquire(e2, container.Geometry{}); !errors.Is(err, errGone) {
+		t.Fatalf("acquire after removal: %v", err)
 	}
 }

@@ -31,6 +31,12 @@ import (
 // Version is the protocol version of this package.
 const Version = 1
 
+// Bounds of a pool, so that every offset fits the kernels' arithmetic.
+const (
+	MaxPageTokens = 1 << 16
+	MaxPages      = 1 << 24
+)
+
 // MaxFrame bounds a frame (a publish of many blocks fits easily).
 const MaxFrame = 4 << 20
 
@@ -115,6 +121,10 @@ type message struct {
 // Check validates a pool against the model's geometry (rows of rowBytes
 // octets): pages inside the pool, a page's K and V rows apart.
 func (p *Pool) Check(layers int, rowBytes int64) error {
+	if p.PageTokens <= 0 || p.PageTokens > MaxPageTokens || p.Pages <= 0 || p.Pages > MaxPages || layers <= 0 || layers > 1<<16 ||
+		rowBytes <= 0 || rowBytes > 1<<24 {
+		return fmt.Errorf("attach: pool: pages (at most %d) of page_tokens (at most %d) for %d layers of %d-octet rows", MaxPages, MaxPageTokens, layers, rowBytes)
+	}
 	sectionLen := int64(p.PageTokens) * rowBytes
 	switch {
 	case p.Memory != MemoryCUDA && p.Memory != MemoryMemfd:

@@ -171,6 +171,7 @@ func TestPoolCheck(t *testing.T) {
 		"k/v overlap":  func(p *Pool) { p.VOffset = sec / 2 },
 		"too small":    func(p *Pool) { p.Size-- },
 		"overflow":     func(p *Pool) { p.PageStride = 1 << 62 },
+		"huge pages":   func(p *Pool) { p.PageTokens = 1 << 61 },
 	} {
 		p := ok
 		mut(&p)
