@@ -3,6 +3,7 @@ package instance_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"os"
 	"reflect"
@@ -38,6 +39,7 @@ type group struct {
 	asPC   *client.Client // the controller's identity
 	front  *client.Client // a client with the scope
 	stuck  *stuckInstance
+	flaky  *flakyInstance
 }
 
 // stuckInstance answers plans only when the caller gives up, and counts
@@ -66,8 +68,38 @@ func (s *stuckInstance) mount(r *server.Router) {
 	})
 }
 
+// flakyInstance is ii3 behind a link that loses its first commits.
+type flakyInstance struct {
+	mu      sync.Mutex
+	agent   *instance.Agent
+	dropped int
+}
+
+func (f *flakyInstance) mount(r *server.Router) {
+	r.Handle("POST", "reshard", server.Route{Roles: []server.Role{server.RoleController}}, func(w http.ResponseWriter, r *http.Request) error {
+		var q kvsp.Reshard
+		if err := server.DecodeJSON(r, &q); err != nil {
+			return err
+		}
+		f.mu.Lock()
+		lose := q.Kind == kvsp.ReshardCommit && f.dropped < 4
+		if lose {
+			f.dropped++
+		}
+		f.mu.Unlock()
+		if lose {
+			return fmt.Errorf("%w: the commit was lost", kvsp.ErrUnavailable)
+		}
+		ack, err := f.agent.Reshard(r.Context(), &q)
+		if err != nil {
+			return err
+		}
+		return server.WriteJSON(w, http.StatusOK, ack)
+	})
+}
+
 func newGroup(t *testing.T) *group {
-	w := &group{agents: map[string]*instance.Agent{}, engs: map[string]*sim.Engine{}, stuck: &stuckInstance{}}
+	w := &group{agents: map[string]*instance.Agent{}, engs: map[string]*sim.Engine{}, stuck: &stuckInstance{}, flaky: &flakyInstance{}}
 	p := kvsptest.NewPKI(t)
 	mem := index.NewMemory(time.Second)
 	t.Cleanup(func() { mem.Close() })
@@ -75,6 +107,7 @@ func newGroup(t *testing.T) *group {
 	w.srv = kvsptest.StartServer(t, p, kvsptest.Options{}, func(s *server.Server) {
 		svc.Mount(s.Mount("/is/"))
 		w.stuck.mount(s.Mount("/stuck/"))
+		w.flaky.mount(s.Mount("/flaky/"))
 	})
 	w.url = w.srv.URL
 	u := w.url
@@ -127,6 +160,9 @@ func newGroup(t *testing.T) *group {
 			t.Fatal(err)
 		}
 		a.Mount(w.srv.Server.Mount("/" + name + "/"))
+		if name == "ii3" {
+			w.flaky.agent = a
+		}
 		w.agents[u("/"+name+"/")], w.engs[u("/"+name+"/")] = a, eng
 		wg.Go(func() { a.Run(ctx) })
 	}
@@ -372,5 +408,32 @@ func TestReshardPlanConflicts(t *testing.T) {
 		Tokens: prompt(1)[:16]})
 	if !errors.Is(err, kvsp.ErrPlanConflict) {
 		t.Fatalf("PUT maps/{map}: a first map at version 2: %v", err)
+	}
+}
+
+// TestReshardLostCommitIsResent: a member whose link lost every try of a
+// commit (the PC went on at v+1) is sent that commit again before the next
+// plan, and the next reshard goes through: no member stays behind with an
+// open plan.
+func TestReshardLostCommitIsResent(t *testing.T) {
+	w := newGroup(t)
+	ctx := context.Background()
+	tokens := prompt(8)[:128]
+	rg := &rig{srv: w.srv, compat: w.compat, scopeKey: w.scope, g: w.g, url: w.url, front: w.asPC}
+	rg.src = w.asPC.Holder(w.url("/h1/"))
+	rg.fill(t, tokens, 8)
+	v1 := w.shardMap(1, 0, 64, "/ii1/", 64, 128, "/flaky/")
+	if _, err := w.pc.Reshard(ctx, &placement.ReshardRequest{Next: v1, ScopeID: w.scope.ID(), CompatID: w.compat, Tokens: tokens, Deadline: 5 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := w.agents[w.url("/ii3/")].ShardRanges("c3f8e1"); v != 0 {
+		t.Fatalf("the flaky member is at v%d: its commit should have been lost", v)
+	}
+	v2 := w.shardMap(2, 0, 64, "/ii1/", 64, 96, "/flaky/", 96, 128, "/ii2/")
+	if _, err := w.pc.Reshard(ctx, &placement.ReshardRequest{Next: v2, ScopeID: w.scope.ID(), CompatID: w.compat, Deadline: 5 * time.Second}); err != nil {
+		t.Fatalf("the reshard after a lost commit: %v", err)
+	}
+	if v, r := w.agents[w.url("/ii3/")].ShardRanges("c3f8e1"); v != 2 || !reflect.DeepEqual(r, []kvsp.TokenRange{{64, 96}}) {
+		t.Fatalf("the flaky member at v%d holds %v", v, r)
 	}
 }

@@ -46,6 +46,10 @@ type ReshardResult struct {
 	FetchedBytes map[string]uint64
 }
 
+// MaxReshardDeadline bounds a plan's deadline_ms: below the PC's client
+// timeout, so that a member's answer (or its absence) is what decides.
+const MaxReshardDeadline = 8 * time.Second
+
 // ErrReshardAborted: a member did not acknowledge its plan in time; every
 // member was sent an abort and the map stays at its version (R-RSH-11).
 var ErrReshardAborted = fmt.Errorf("%w: the reshard was aborted", kvsp.ErrUnavailable)
@@ -102,6 +106,9 @@ func (c *Controller) Reshard(ctx context.Context, q *ReshardRequest) (*ReshardRe
 	if q.Deadline <= 0 {
 		q.Deadline = 2 * time.Second
 	}
+	if q.Deadline > MaxReshardDeadline {
+		return nil, fmt.Errorf("%w: deadline_ms: at most %d", kvsp.ErrInvalid, MaxReshardDeadline.Milliseconds())
+	}
 	e := c.shardEntry(q.Next.Map)
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -136,6 +143,21 @@ func (c *Controller) Reshard(ctx context.Context, q *ReshardRequest) (*ReshardRe
 	}
 	if last != uint64(len(keys))*b {
 		return nil, fmt.Errorf("%w: shard map: the shards must cover the context's %d complete blocks", kvsp.ErrInvalid, len(keys))
+	}
+
+	// The decisions outlive the request that asked for them: a commit or
+	// abort not sent would leave members with an open plan.
+	dctx := context.WithoutCancel(ctx)
+	// A member that missed the commit of the current version (a lost
+	// message) gets it again first: commits are idempotent.
+	if cur.Map.Version > 0 {
+		var members []string
+		for _, s := range cur.Map.Shards {
+			if !slices.Contains(members, s.Instance) {
+				members = append(members, s.Instance)
+			}
+		}
+		c.broadcast(dctx, members, &kvsp.Reshard{Kind: kvsp.ReshardCommit, Map: cur.Map.Map, Commit: cur.Map.Version})
 	}
 
 	plans := PlanReshard(cur.Map, q.Next)
@@ -185,7 +207,7 @@ func (c *Controller) Reshard(ctx context.Context, q *ReshardRequest) (*ReshardRe
 	if failed != nil {
 		c.m.reshards.WithLabelValues("aborted").Inc()
 		c.log.Warn("reshard aborted", "map", q.Next.Map, "to", q.Next.Version, "err", failed)
-		c.broadcast(ctx, members, &kvsp.Reshard{Kind: kvsp.ReshardAbort, Map: q.Next.Map, Abort: q.Next.Version})
+		c.broadcast(dctx, members, &kvsp.Reshard{Kind: kvsp.ReshardAbort, Map: q.Next.Map, Abort: q.Next.Version})
 		return nil, fmt.Errorf("%w: %w", ErrReshardAborted, failed)
 	}
 
@@ -194,12 +216,12 @@ func (c *Controller) Reshard(ctx context.Context, q *ReshardRequest) (*ReshardRe
 	if c.cfg.State != nil {
 		if err := c.cfg.State.PutShardMap(next); err != nil {
 			c.log.Error("controller state not written; aborting the reshard", "err", err)
-			c.broadcast(ctx, members, &kvsp.Reshard{Kind: kvsp.ReshardAbort, Map: q.Next.Map, Abort: q.Next.Version})
+			c.broadcast(dctx, members, &kvsp.Reshard{Kind: kvsp.ReshardAbort, Map: q.Next.Map, Abort: q.Next.Version})
 			return nil, fmt.Errorf("%w: the controller's state could not be written", kvsp.ErrUnavailable)
 		}
 	}
 	e.ctx = next
-	c.broadcast(ctx, members, &kvsp.Reshard{Kind: kvsp.ReshardCommit, Map: q.Next.Map, Commit: q.Next.Version})
+	c.broadcast(dctx, members, &kvsp.Reshard{Kind: kvsp.ReshardCommit, Map: q.Next.Map, Commit: q.Next.Version})
 	c.m.reshards.WithLabelValues("committed").Inc()
 	return res, nil
 }
