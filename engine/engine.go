@@ -106,8 +106,9 @@ type KV interface {
 	// (a sequence shard's memory stays in place, R-RSH-5); it reports
 	// false when the block is not resident.
 	Pin(key kvsp.BlockKey) bool
-	// Unpin undoes one Pin.
-	Unpin(key kvsp.BlockKey)
+	// Unpin undoes one Pin; it reports whether the block is still pinned
+	// (by another user: a block shared by two sharded contexts).
+	Unpin(key kvsp.BlockKey) (stillPinned bool)
 }
 
 // Errors of engines.

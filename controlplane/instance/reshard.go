@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/engine"
 	"github.com/kvsp/kvsp/server"
 )
 
@@ -23,6 +24,7 @@ type shard struct {
 	planned uint64     // the highest version a plan was received for
 	scope   kvsp.ScopeID
 	owned   map[uint64]kvsp.BlockKey // block index (token / B) -> key
+	cached  map[kvsp.BlockKey]bool   // owned blocks that were resident before this map took them: never dropped by it
 	pending *openPlan
 }
 
@@ -30,7 +32,16 @@ type shard struct {
 type openPlan struct {
 	plan    kvsp.Reshard
 	fetched map[uint64]kvsp.BlockKey // loaded (and pinned) for plan.To
+	cached  map[kvsp.BlockKey]bool   // fetched blocks that were resident already (no transfer)
 	moved   uint64
+}
+
+// release unpins a block of this map and drops it from the engine unless
+// another user still pins it or it was resident before the map took it.
+func release(kv engine.KV, key kvsp.BlockKey, cached bool) {
+	if !kv.Unpin(key) && !cached {
+		kv.Drop(key)
+	}
 }
 
 // reshardMargin is the part of deadline_ms the instance keeps to answer
@@ -43,7 +54,7 @@ func (a *Agent) shardOf(m string) *shard {
 	defer a.mu.Unlock()
 	s := a.shards[m]
 	if s == nil {
-		s = &shard{owned: map[uint64]kvsp.BlockKey{}}
+		s = &shard{owned: map[uint64]kvsp.BlockKey{}, cached: map[kvsp.BlockKey]bool{}}
 		a.shards[m] = s
 	}
 	return s
@@ -75,13 +86,17 @@ func (a *Agent) Reshard(ctx context.Context, r *kvsp.Reshard) (*kvsp.ReshardAck,
 		kv := a.cfg.Engine.KV()
 		for _, x := range p.plan.Release { // R-RSH-10: the memory is freed
 			for i := x[0] / a.blockTokens(); i < x[1]/a.blockTokens(); i++ {
-				kv.Unpin(s.owned[i])
-				kv.Drop(s.owned[i])
+				k := s.owned[i]
+				release(kv, k, s.cached[k])
 				delete(s.owned, i)
+				delete(s.cached, k)
 			}
 		}
 		for i, k := range p.fetched {
 			s.owned[i] = k
+			if p.cached[k] {
+				s.cached[k] = true
+			}
 		}
 		s.version, s.pending = p.plan.To, nil
 		a.m.reshards.WithLabelValues("committed").Inc()
@@ -178,7 +193,7 @@ func (a *Agent) checkPlan(s *shard, r *kvsp.Reshard) error {
 // holder, then at any holder the IS names; verified layer by layer) and
 // pins them. Retained ranges are never touched (R-RSH-6).
 func (a *Agent) fetchRanges(ctx context.Context, r *kvsp.Reshard) (*openPlan, error) {
-	p := &openPlan{plan: *r, fetched: map[uint64]kvsp.BlockKey{}}
+	p := &openPlan{plan: *r, fetched: map[uint64]kvsp.BlockKey{}, cached: map[kvsp.BlockKey]bool{}}
 	x := &directive{d: kvsp.PrefetchDirective{Directive: kvsp.NewUUID(), ScopeID: r.ScopeID, CompatID: r.CompatID, LeaseMs: max(r.DeadlineMs, 1000)},
 		pending: true, purpose: "reshard"}
 	var index []uint64
@@ -195,16 +210,21 @@ func (a *Agent) fetchRanges(ctx context.Context, r *kvsp.Reshard) (*openPlan, er
 	if len(x.d.Blocks) == 0 {
 		return p, nil
 	}
+	kv := a.cfg.Engine.KV()
+	for _, b := range x.d.Blocks {
+		if kv.Has(b.BlockKey) {
+			p.cached[b.BlockKey] = true // no transfer; and the engine's, not this plan's, to drop
+		}
+	}
 	a.addIndexSources(ctx, &x.d)
 	a.run(ctx, x)
 	p.moved = x.moved.Load()
-	kv := a.cfg.Engine.KV()
 	st := x.status()
 	for i, b := range x.d.Blocks {
 		if i >= len(st.Loaded) || !kv.Pin(b.BlockKey) {
 			for j := range i {
-				kv.Unpin(x.d.Blocks[j].BlockKey)
-				kv.Drop(x.d.Blocks[j].BlockKey)
+				k := x.d.Blocks[j].BlockKey
+				release(kv, k, p.cached[k])
 			}
 			if ctx.Err() != nil {
 				return nil, fmt.Errorf("%w: the plan's ranges could not be loaded before its deadline", kvsp.ErrUnavailable)
@@ -243,8 +263,7 @@ func (a *Agent) addIndexSources(ctx context.Context, d *kvsp.PrefetchDirective) 
 func (a *Agent) discard(s *shard) {
 	kv := a.cfg.Engine.KV()
 	for _, k := range s.pending.fetched {
-		kv.Unpin(k)
-		kv.Drop(k)
+		release(kv, k, s.pending.cached[k])
 	}
 	s.pending = nil
 }

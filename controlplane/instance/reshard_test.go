@@ -437,3 +437,35 @@ func TestReshardLostCommitIsResent(t *testing.T) {
 		t.Fatalf("the flaky member at v%d holds %v", v, r)
 	}
 }
+
+// TestReshardSharedBlocksStay: two contexts with the same prefix share its
+// blocks on ii1; when one map moves away from ii1, the blocks the other
+// still holds stay in ii1's engine (pins are counted, R-RSH-5).
+func TestReshardSharedBlocksStay(t *testing.T) {
+	w := newGroup(t)
+	ctx := context.Background()
+	tokens := prompt(8)[:64]
+	keys, _ := kvsp.BlockKeys(w.scope, w.compat, 16, tokens)
+	rg := &rig{srv: w.srv, compat: w.compat, scopeKey: w.scope, g: w.g, url: w.url, front: w.asPC}
+	rg.src = w.asPC.Holder(w.url("/h1/"))
+	rg.fill(t, tokens, 4)
+	for _, m := range []string{"mapA", "mapB"} {
+		next := kvsp.ShardMap{Map: m, Version: 1, Shards: []kvsp.Shard{{Tokens: kvsp.TokenRange{0, 64}, Instance: w.url("/ii1/")}}}
+		if _, err := w.pc.Reshard(ctx, &placement.ReshardRequest{Next: next, ScopeID: w.scope.ID(), CompatID: w.compat, Tokens: tokens, Deadline: 5 * time.Second}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	away := kvsp.ShardMap{Map: "mapA", Version: 2, Shards: []kvsp.Shard{{Tokens: kvsp.TokenRange{0, 64}, Instance: w.url("/ii2/")}}}
+	if _, err := w.pc.Reshard(ctx, &placement.ReshardRequest{Next: away, ScopeID: w.scope.ID(), CompatID: w.compat, Deadline: 5 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	kv1 := w.engs[w.url("/ii1/")].KV()
+	for i, k := range keys {
+		if !kv1.Has(k) {
+			t.Fatalf("block %d of mapB left ii1 when mapA moved away", i)
+		}
+	}
+	if v, r := w.agents[w.url("/ii1/")].ShardRanges("mapB"); v != 1 || !reflect.DeepEqual(r, []kvsp.TokenRange{{0, 64}}) {
+		t.Fatalf("mapB at ii1: v%d %v", v, r)
+	}
+}

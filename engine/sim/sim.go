@@ -368,12 +368,17 @@ func (m *kv) Pin(key kvsp.BlockKey) bool {
 	return true
 }
 
-func (m *kv) Unpin(key kvsp.BlockKey) {
+func (m *kv) Unpin(key kvsp.BlockKey) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if b := m.blocks[key]; b != nil && b.pins > 0 {
+	b := m.blocks[key]
+	if b == nil {
+		return false
+	}
+	if b.pins > 0 {
 		b.pins--
 	}
+	return b.pins > 0
 }
 
 func (m *kv) ReadLayer(key kvsp.BlockKey, layer uint32, k, v []byte) error {

@@ -240,8 +240,9 @@ func TestPinnedBlocksStay(t *testing.T) {
 	if err := write(4); !errors.Is(err, engine.ErrKVFull) {
 		t.Fatalf("all pinned: %v, want ErrKVFull", err)
 	}
-	kv.Unpin(kvsp.BlockKey{1})
-	kv.Unpin(kvsp.BlockKey{1})
+	if !kv.Unpin(kvsp.BlockKey{1}) || kv.Unpin(kvsp.BlockKey{1}) {
+		t.Fatal("Unpin must say whether the block is still pinned")
+	}
 	if err := write(4); err != nil || kv.Has(kvsp.BlockKey{1}) {
 		t.Fatalf("unpinned block not evictable: %v", err)
 	}
