@@ -97,6 +97,10 @@ func New(cfg Config) (*Client, error) {
 // Close releases idle connections.
 func (c *Client) Close() { c.close() }
 
+// onceKey marks a context whose requests are sent once: an idempotent
+// method whose repetition is still costly (a reshard).
+type onceKey struct{}
+
 // idempotent reports the methods that may be retried (RFC 9110 9.2.2).
 func idempotent(method string) bool {
 	return method == http.MethodGet || method == http.MethodPut || method == http.MethodDelete || method == http.MethodHead
@@ -117,7 +121,7 @@ func retryable(resp *http.Response, err error) bool {
 // methods, and returns the response of the last attempt.
 func (c *Client) do(ctx context.Context, method, url string, hdr http.Header, body []byte) (*http.Response, error) {
 	attempts := 1
-	if idempotent(method) {
+	if idempotent(method) && ctx.Value(onceKey{}) == nil {
 		attempts = c.attempts
 	}
 	var (

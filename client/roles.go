@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/url"
 	"sync/atomic"
@@ -75,13 +76,16 @@ func (c *Client) Controller(base string, others ...string) *Controller {
 }
 
 // call runs do against each PC in turn from the current one, until one
-// answers (success, or an error other than unreachable or 503).
-func (x *Controller) call(ctx context.Context, do func(base string) error) error {
+// answers: it moves on when a PC is a standby (503 with the standby
+// member) or when the request never reached it (no connection); an
+// idempotent request also moves on after any transport error. A leader's
+// own error is final.
+func (x *Controller) call(ctx context.Context, idempotent bool, do func(base string) error) error {
 	start := int(x.cur.Load())
 	var err error
 	for i := range x.bases {
 		k := (start + i) % len(x.bases)
-		if err = do(x.bases[k]); !failOver(ctx, err) {
+		if err = do(x.bases[k]); !failOver(ctx, err, idempotent) {
 			x.cur.Store(int32(k))
 			return err
 		}
@@ -90,23 +94,28 @@ func (x *Controller) call(ctx context.Context, do func(base string) error) error
 }
 
 // failOver reports an error after which another PC of the group may be
-// tried: nothing reached a leader.
-func failOver(ctx context.Context, err error) bool {
+// tried: nothing was done by a leader.
+func failOver(ctx context.Context, err error, idempotent bool) bool {
 	if err == nil || ctx.Err() != nil {
 		return false
 	}
 	var p *kvsp.Problem
 	if errors.As(err, &p) {
-		return p.Status == http.StatusServiceUnavailable
+		standby, _ := p.Extensions["standby"].(bool)
+		return p.Status == http.StatusServiceUnavailable && standby
 	}
-	return true // transport: refused, reset, timed out
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return true // the request never left
+	}
+	return idempotent
 }
 
 // PutStatus sends an Instance Status Record; the answer carries the state
 // the PC assigns (R-ST-9, A-19).
 func (x *Controller) PutStatus(ctx context.Context, s *kvsp.InstanceStatus) (*kvsp.StateBody, error) {
 	var out kvsp.StateBody
-	err := x.call(ctx, func(base string) error {
+	err := x.call(ctx, true, func(base string) error {
 		_, _, err := x.c.doJSON(ctx, http.MethodPut, join(base, "instances/"+kvsp.ResourceID(s.Instance)+"/status"), s, &out)
 		return err
 	})
@@ -120,7 +129,7 @@ func (x *Controller) PutStatus(ctx context.Context, s *kvsp.InstanceStatus) (*kv
 // place; not retried at the same PC: each call creates a session).
 func (x *Controller) Place(ctx context.Context, q *kvsp.PlaceRequest) (*kvsp.PlaceResponse, error) {
 	var out kvsp.PlaceResponse
-	err := x.call(ctx, func(base string) error {
+	err := x.call(ctx, false, func(base string) error {
 		_, _, err := x.c.doJSON(ctx, http.MethodPost, join(base, "place"), q, &out)
 		return err
 	})
@@ -135,7 +144,8 @@ func (x *Controller) Place(ctx context.Context, q *kvsp.PlaceRequest) (*kvsp.Pla
 // committed.
 func (x *Controller) UpdateMap(ctx context.Context, u *kvsp.MapUpdate) (*kvsp.MapUpdateResult, error) {
 	var out kvsp.MapUpdateResult
-	err := x.call(ctx, func(base string) error {
+	ctx = context.WithValue(ctx, onceKey{}, true) // a reshard is not repeated behind the caller's back
+	err := x.call(ctx, false, func(base string) error {
 		_, _, err := x.c.doJSON(ctx, http.MethodPut, join(base, "maps/"+url.PathEscape(u.Map.Map)), u, &out)
 		return err
 	})
@@ -149,7 +159,7 @@ func (x *Controller) UpdateMap(ctx context.Context, u *kvsp.MapUpdate) (*kvsp.Ma
 //
 func (x *Controller) PutCheckpoint(ctx context.Context, cp *kvsp.Checkpoint) (*kvsp.CheckpointAck, error) {
 	var out kvsp.CheckpointAck
-	err := x.call(ctx, func(base string) error {
+	err := x.call(ctx, true, func(base string) error {
 		_, _, err := x.c.doJSON(ctx, http.MethodPut, join(base, "sessions/"+cp.Session.String()+"/checkpoint"), cp, &out)
 		return err
 	})

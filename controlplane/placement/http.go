@@ -59,15 +59,21 @@ func (c *Controller) leading(h server.HandlerFunc) server.HandlerFunc {
 			return h(w, r)
 		}
 		if l := c.leader.Load(); l != nil && *l != c.cfg.Self && c.cfg.Self != "" {
-			if self, err := url.Parse(c.cfg.Self); err == nil && strings.HasPrefix(r.URL.Path, self.Path) {
-				w.Header().Set("Location", *l+strings.TrimPrefix(r.URL.Path, self.Path))
+			if self, err := url.Parse(c.cfg.Self); err == nil && strings.HasPrefix(r.URL.EscapedPath(), self.EscapedPath()) {
+				loc := *l + strings.TrimPrefix(r.URL.EscapedPath(), self.EscapedPath())
+				if r.URL.RawQuery != "" {
+					loc += "?" + r.URL.RawQuery
+				}
+				w.Header().Set("Location", loc)
 				w.Header().Set("Cache-Control", "no-store")
 				w.WriteHeader(http.StatusTemporaryRedirect)
 				return nil
 			}
 		}
 		w.Header().Set("Retry-After", "1")
-		return ErrNotLeader
+		// The standby member tells clients of the group to try another
+		// PC (client.Controller fails over on it, and only on it).
+		return kvsp.NewProblem(kvsp.ErrUnavailable, "this controller is a standby of its group").With("standby", true)
 	}
 }
 

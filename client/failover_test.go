@@ -1,0 +1,56 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"sync/atomic"
+	"testing"
+
+	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/client"
+	"github.com/kvsp/kvsp/internal/kvsptest"
+	"github.com/kvsp/kvsp/server"
+)
+
+// TestControllerGroupFailover: a client of a PC group moves on from a
+// standby (503 with the standby member) and from a PC it cannot reach,
+// and sticks to the one that answered; a leader's own 503 (no capacity)
+// is final and is not sent to the others.
+func TestControllerGroupFailover(t *testing.T) {
+	pki := kvsptest.NewPKI(t)
+	var standbyCalls, leaderCalls atomic.Int32
+	srv := kvsptest.StartServer(t, pki, kvsptest.Options{}, func(s *server.Server) {
+		s.Mount("/standby/").Handle("POST", "place", server.Route{}, func(w http.ResponseWriter, r *http.Request) error {
+			standbyCalls.Add(1)
+			return kvsp.NewProblem(kvsp.ErrUnavailable, "a standby").With("standby", true)
+		})
+		s.Mount("/leader/").Handle("POST", "place", server.Route{}, func(w http.ResponseWriter, r *http.Request) error {
+			if leaderCalls.Add(1) > 1 {
+				return kvsp.NewProblem(kvsp.ErrUnavailable, "no capacity")
+			}
+			return server.WriteJSON(w, http.StatusOK, &kvsp.PlaceResponse{Session: kvsp.NewUUID(), Epoch: 1, Instance: "https://ii/"})
+		})
+	})
+	c, err := client.New(client.Config{TLS: pki.ClientTLS(pki.Leaf(kvsptest.ClientA)), Attempts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	q := &kvsp.PlaceRequest{ScopeID: kvsp.ScopeID{1}, CompatID: kvsp.CompatID{1}, Tokens: []uint32{1}, MaxTokens: 1}
+	unreachable := "https://127.0.0.1:1/pc/"
+	ctl := c.Controller(unreachable, srv.URL("/standby/"), srv.URL("/leader/"))
+	if _, err := ctl.Place(context.Background(), q); err != nil {
+		t.Fatalf("through an unreachable PC and a standby to the leader: %v", err)
+	}
+	if standbyCalls.Load() != 1 || leaderCalls.Load() != 1 {
+		t.Fatalf("calls: standby %d, leader %d", standbyCalls.Load(), leaderCalls.Load())
+	}
+	// Sticky: the next call goes to the leader first; its 503 is final.
+	if _, err := ctl.Place(context.Background(), q); !errors.Is(err, kvsp.ErrUnavailable) {
+		t.Fatalf("the leader's own 503: %v", err)
+	}
+	if standbyCalls.Load() != 1 || leaderCalls.Load() != 2 {
+		t.Fatalf("the leader's 503 was sent on: standby %d, leader %d", standbyCalls.Load(), leaderCalls.Load())
+	}
+}
