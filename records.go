@@ -972,6 +972,11 @@ type Reshard struct {
 	// A-26).
 	ScopeID  ScopeID  `json:"scope_id,omitzero"`
 	CompatID CompatID `json:"compat_id,omitzero"`
+	// Plan, a kvsp extension member of all three messages, identifies one
+	// reshard: an instance applies a commit or abort that names a plan
+	// only to that plan (a deposed PC's abort cannot discard its
+	// successor's plan for the same version).
+	Plan UUID `json:"plan,omitzero"`
 }
 
 // ReshardAck is kvsp's body of a 200 to POST reshard (A-26 leaves it
@@ -1048,19 +1053,22 @@ func (r *Reshard) MarshalJSONTo(enc *jsontext.Encoder) error {
 			Release    []TokenRange   `json:"release"`
 			ScopeID    ScopeID        `json:"scope_id,omitzero"`
 			CompatID   CompatID       `json:"compat_id,omitzero"`
+			Plan       UUID           `json:"plan,omitzero"`
 		}
 		return json.MarshalEncode(enc, plan{r.Map, r.From, r.To, r.DeadlineMs,
-			nonNil(r.Retain), nonNil(r.Fetch), nonNil(r.Release), r.ScopeID, r.CompatID})
+			nonNil(r.Retain), nonNil(r.Fetch), nonNil(r.Release), r.ScopeID, r.CompatID, r.Plan})
 	case ReshardCommit:
 		return json.MarshalEncode(enc, struct {
 			Map    string `json:"map"`
 			Commit uint64 `json:"commit"`
-		}{r.Map, r.Commit})
+			Plan   UUID   `json:"plan,omitzero"`
+		}{r.Map, r.Commit, r.Plan})
 	case ReshardAbort:
 		return json.MarshalEncode(enc, struct {
 			Map   string `json:"map"`
 			Abort uint64 `json:"abort"`
-		}{r.Map, r.Abort})
+			Plan  UUID   `json:"plan,omitzero"`
+		}{r.Map, r.Abort, r.Plan})
 	}
 	return invalidf("reshard: no kind set")
 }

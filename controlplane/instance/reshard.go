@@ -79,7 +79,7 @@ func (a *Agent) Reshard(ctx context.Context, r *kvsp.Reshard) (*kvsp.ReshardAck,
 		switch {
 		case s.version == r.Commit && s.pending == nil: // committed already
 			return ack(0), nil
-		case s.pending == nil || s.pending.plan.To != r.Commit:
+		case s.pending == nil || s.pending.plan.To != r.Commit || !samePlan(r.Plan, s.pending.plan.Plan):
 			return nil, kvsp.NewProblem(kvsp.ErrPlanConflict, "no acknowledged plan for this version").With("version", s.version)
 		}
 		p := s.pending
@@ -103,6 +103,8 @@ func (a *Agent) Reshard(ctx context.Context, r *kvsp.Reshard) (*kvsp.ReshardAck,
 		return ack(0), nil
 	case kvsp.ReshardAbort:
 		switch {
+		case s.pending != nil && s.pending.plan.To == r.Abort && !samePlan(r.Plan, s.pending.plan.Plan):
+			return nil, kvsp.NewProblem(kvsp.ErrPlanConflict, "the open plan for this version is another one").With("version", s.version)
 		case s.pending != nil && s.pending.plan.To == r.Abort:
 			a.discard(s)
 			a.m.reshards.WithLabelValues("aborted").Inc()
@@ -146,6 +148,10 @@ func (a *Agent) Reshard(ctx context.Context, r *kvsp.Reshard) (*kvsp.ReshardAck,
 }
 
 func (a *Agent) blockTokens() uint64 { return uint64(a.g.BlockTokens) }
+
+// samePlan: a message that names no plan (another PC's, or a commit sent
+// again) applies to the open one; one that names a plan, only to it.
+func samePlan(msg, open kvsp.UUID) bool { return msg.IsZero() || msg == open }
 
 // checkPlan: ranges are multiples of B; retain and release are
 // exactly the ranges held at the current version, so that nothing held is

@@ -384,11 +384,17 @@ func TestReshardPlanConflicts(t *testing.T) {
 			t.Errorf("%s: %v, want 409 kvsp-plan-conflict", name, err)
 		}
 	}
-	// An empty first plan is acknowledged, and its commit moves to 1.
-	if _, err := ii.Reshard(ctx, plan(0, 1)); err != nil {
+	// An empty first plan is acknowledged; an abort that names another
+	// plan (a deposed PC's) does not touch it; its commit moves to 1.
+	first := plan(0, 1)
+	first.Plan = kvsp.NewUUID()
+	if _, err := ii.Reshard(ctx, first); err != nil {
 		t.Fatal(err)
 	}
-	if ack, err := ii.Reshard(ctx, &kvsp.Reshard{Kind: kvsp.ReshardCommit, Map: "m1", Commit: 1}); err != nil || ack.Version != 1 {
+	if _, err := ii.Reshard(ctx, &kvsp.Reshard{Kind: kvsp.ReshardAbort, Map: "m1", Abort: 1, Plan: kvsp.NewUUID()}); !errors.Is(err, kvsp.ErrPlanConflict) {
+		t.Fatalf("another plan's abort: %v", err)
+	}
+	if ack, err := ii.Reshard(ctx, &kvsp.Reshard{Kind: kvsp.ReshardCommit, Map: "m1", Commit: 1, Plan: first.Plan}); err != nil || ack.Version != 1 {
 		t.Fatalf("commit: %+v %v", ack, err)
 	}
 	if _, err := ii.Reshard(ctx, plan(0, 1)); !errors.Is(err, kvsp.ErrPlanConflict) {

@@ -162,8 +162,9 @@ func (c *Controller) Reshard(ctx context.Context, q *ReshardRequest) (*ReshardRe
 
 	plans := PlanReshard(cur.Map, q.Next)
 	deadlineMs := uint64(max(1, q.Deadline.Milliseconds()))
+	planID := kvsp.NewUUID()
 	for inst, p := range plans {
-		p.DeadlineMs, p.ScopeID, p.CompatID = deadlineMs, q.ScopeID, q.CompatID
+		p.DeadlineMs, p.ScopeID, p.CompatID, p.Plan = deadlineMs, q.ScopeID, q.CompatID, planID
 		for i := range p.Fetch {
 			f := &p.Fetch[i]
 			f.BlockKeys = keys[f.Tokens[0]/b : f.Tokens[1]/b]
@@ -207,7 +208,7 @@ func (c *Controller) Reshard(ctx context.Context, q *ReshardRequest) (*ReshardRe
 	if failed != nil {
 		c.m.reshards.WithLabelValues("aborted").Inc()
 		c.log.Warn("reshard aborted", "map", q.Next.Map, "to", q.Next.Version, "err", failed)
-		c.broadcast(dctx, members, &kvsp.Reshard{Kind: kvsp.ReshardAbort, Map: q.Next.Map, Abort: q.Next.Version})
+		c.broadcast(dctx, members, &kvsp.Reshard{Kind: kvsp.ReshardAbort, Map: q.Next.Map, Abort: q.Next.Version, Plan: planID})
 		return nil, fmt.Errorf("%w: %w", ErrReshardAborted, failed)
 	}
 
@@ -216,12 +217,12 @@ func (c *Controller) Reshard(ctx context.Context, q *ReshardRequest) (*ReshardRe
 	if c.cfg.State != nil {
 		if err := c.cfg.State.PutShardMap(next); err != nil {
 			c.log.Error("controller state not written; aborting the reshard", "err", err)
-			c.broadcast(dctx, members, &kvsp.Reshard{Kind: kvsp.ReshardAbort, Map: q.Next.Map, Abort: q.Next.Version})
+			c.broadcast(dctx, members, &kvsp.Reshard{Kind: kvsp.ReshardAbort, Map: q.Next.Map, Abort: q.Next.Version, Plan: planID})
 			return nil, fmt.Errorf("%w: the controller's state could not be written", kvsp.ErrUnavailable)
 		}
 	}
 	e.ctx = next
-	c.broadcast(dctx, members, &kvsp.Reshard{Kind: kvsp.ReshardCommit, Map: q.Next.Map, Commit: q.Next.Version})
+	c.broadcast(dctx, members, &kvsp.Reshard{Kind: kvsp.ReshardCommit, Map: q.Next.Map, Commit: q.Next.Version, Plan: planID})
 	c.m.reshards.WithLabelValues("committed").Inc()
 	return res, nil
 }
