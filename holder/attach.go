@@ -296,10 +296,12 @@ func (r attachedRange) WriteTo(w io.Writer) (int64, error) {
 }
 
 // Digest returns the range's container digest (one pass over its octets).
-func (r attachedRange) Digest() container.Digest {
+func (r attachedRange) Digest() (container.Digest, error) {
 	h := sha256.New()
-	r.WriteTo(h)
+	if _, err := r.WriteTo(h); err != nil { // a hash.Hash never fails: a device read did
+		return container.Digest{}, err
+	}
 	var d container.Digest
 	h.Sum(d[:0])
-	return d
+	return d, nil
 }

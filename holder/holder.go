@@ -299,26 +299,36 @@ func (h *Holder) getBlock(w http.ResponseWriter, r *http.Request) error {
 	var body interface {
 		io.WriterTo
 		Len() int64
-		Digest() container.Digest
+		Digest() (container.Digest, error)
 	}
 	if p.blk != nil {
 		v, err := p.blk.Range(first, last)
 		if err != nil {
 			return fmt.Errorf("%w: layers %d-%d", kvsp.ErrLayersUnavailable, first, last)
 		}
-		body = v
+		body = hostRange{v}
 	} else if p.att != nil { // in an attached engine's pages
 		body = attachedRange{d: h.store.dev.d, e: e, at: p.att, i: int(first - hdr.FirstLayer), j: int(last-hdr.FirstLayer) + 1}
 	} else { // split between device and host memory
 		body = splitRange{d: h.store.dev.d, e: e, p: p, i: int(first - hdr.FirstLayer), j: int(last-hdr.FirstLayer) + 1}
 	}
-	wh.Set("Repr-Digest", container.ReprDigest(e.rangeDigest(first, last, body.Digest)))
+	d, err := e.rangeDigest(first, last, body.Digest)
+	if err != nil {
+		return fmt.Errorf("%w: reading the block from device memory: %v", kvsp.ErrUnavailable, err)
+	}
+	wh.Set("Repr-Digest", container.ReprDigest(d))
 	wh.Set("Content-Length", strconv.FormatInt(body.Len(), 10))
 	n, err := body.WriteTo(w)
 	h.m.gets.Inc()
 	h.m.bytesServed.Add(float64(n))
 	return err
 }
+
+// hostRange is a range of a block in host memory.
+type hostRange struct{ container.View }
+
+// Digest returns the range's container digest.
+func (r hostRange) Digest() (container.Digest, error) { return r.View.Digest(), nil }
 
 // transcode re-encodes a raw view into codec c; transcoded representations
 // are protected by Repr-Digest only (R-BLK-11).

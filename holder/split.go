@@ -59,10 +59,12 @@ func (r splitRange) WriteTo(w io.Writer) (int64, error) {
 }
 
 // Digest returns the range's container digest (one pass over its octets).
-func (r splitRange) Digest() container.Digest {
+func (r splitRange) Digest() (container.Digest, error) {
 	h := sha256.New()
-	r.WriteTo(h) // a hash.Hash never fails; a device copy error leaves a digest no client accepts
+	if _, err := r.WriteTo(h); err != nil { // a hash.Hash never fails: a device read did
+		return container.Digest{}, err
+	}
 	var d container.Digest
 	h.Sum(d[:0])
-	return d
+	return d, nil
 }

@@ -57,18 +57,21 @@ type entry struct {
 
 // rangeDigest returns the Repr-Digest of layers first..last, computed
 // once (by compute) per range; the whole block's is stored.
-func (e *entry) rangeDigest(first, last uint32, compute func() container.Digest) container.Digest {
+func (e *entry) rangeDigest(first, last uint32, compute func() (container.Digest, error)) (container.Digest, error) {
 	if first == e.hdr.FirstLayer && last == e.hdr.LastLayer() {
-		return e.whole
+		return e.whole, nil
 	}
 	k := [2]uint32{first, last}
 	e.mu.Lock()
 	d, ok := e.ranges[k]
 	e.mu.Unlock()
 	if ok {
-		return d
+		return d, nil
 	}
-	d = compute()
+	d, err := compute()
+	if err != nil { // a device read failed: nothing is cached
+		return d, err
+	}
 	e.mu.Lock()
 	if e.ranges == nil {
 		e.ranges = map[[2]uint32]container.Digest{}
@@ -77,7 +80,7 @@ func (e *entry) rangeDigest(first, last uint32, compute func() container.Digest)
 		e.ranges[k] = d
 	}
 	e.mu.Unlock()
-	return d
+	return d, nil
 }
 
 // store is the host tier (blocks in Go memory, with a capacity in octets)
