@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/client"
 	"github.com/kvsp/kvsp/container"
 	"github.com/kvsp/kvsp/engine/attach"
 	"github.com/kvsp/kvsp/gpu"
@@ -117,5 +118,150 @@ func TestEngineAttachThroughServe(t *testing.T) {
 	d, _ := container.OpenBlock(want.Bytes(), g)
 	if resp.StatusCode != 200 || !bytes.Equal(body, want.Bytes()) || resp.Header.Get("Repr-Digest") != container.ReprDigest(d.ContainerDigest()) {
 		t.Fatalf("GET of the engine's page: %d, %d octets, equal %v, %q", resp.StatusCode, len(body), bytes.Equal(body, want.Bytes()), resp.Header.Get("Repr-Digest"))
+	}
+}
+
+// TestConnectedEngineGetsPrefetchedBlocks (the agent's side of attach, end
+// to end on the stand-in): an instance whose engine is `connected`; the
+// engine attaches to the agent's socket with a memfd pool of pages of 2
+// tokens (a block takes two) and lends four pages; a block is stored at
+// the holder; a prefetch directive makes the agent fetch it (verified) and
+// write it into two lent pages; the engine claims it, and its own pool
+// holds the block's rows where its layout says.
+func TestConnectedEngineGetsPrefetchedBlocks(t *testing.T) {
+	if d, err := gpu.Open(0); err != nil {
+		if errors.Is(err, gpu.ErrNoDevice) {
+			t.Skipf("no device in this build (%v): make test runs it on the stand-in", err)
+		}
+		t.Fatal(err)
+	} else {
+		d.Close()
+	}
+	dir := t.TempDir()
+	cfg := writeFile(t, dir, "kvsp.yaml", strings.Replace(testConfig,
+		"engine: {kind: sim, descriptor: descriptor.json, prefill_tokens_per_s: 42000, decode_tokens_per_s: 3100}",
+		"engine: {kind: connected, descriptor: descriptor.json, attach_socket: ii.sock}", 1))
+	writeFile(t, dir, "descriptor.json", appendixDescriptor)
+	if code, _, errs := runCLI(t, "certs", "--config", cfg); code != 0 {
+		t.Fatal(errs)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() { done <- serve(ctx, []string{"--config", cfg}, io.Discard, nil, ready) }()
+	var addr string
+	select {
+	case addr = <-ready:
+	case err := <-done:
+		t.Fatalf("serve: %v", err)
+	}
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+	}()
+
+	// The engine's pool: pages of 2 tokens of the appendix model.
+	const row, layers, pages = 2048, 32, 6
+	pool := attach.Pool{Memory: attach.MemoryMemfd, Pages: pages, PageTokens: 2, PageStride: 2 * row}
+	pool.VOffset = pages * pool.PageStride
+	pool.LayerStride = 2 * pool.VOffset
+	pool.Size = layers * pool.LayerStride
+	fd, err := unix.MemfdCreate("engine-pool", unix.MFD_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	unix.Ftruncate(fd, pool.Size)
+	mem, err := unix.Mmap(fd, 0, int(pool.Size), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(mem)
+	compat, _ := kvsp.ParseCompatID("5ed5c2f238839655d7c4029e12b7f31caf9e7421f4edb4057feee6dab760ee0f")
+	en, err := attach.Dial(filepath.Join(dir, "ii.sock"), &attach.Hello{Engine: "test", CompatID: compat, Pool: pool}, fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer en.Close()
+	if err := en.Lend([]int{4, 1, 5, 0}); err != nil {
+		t.Fatal(err)
+	}
+
+	// A block at the holder, PUT by the tool client.
+	g := container.Geometry{Layers: layers, BlockTokens: 4, KVHeads: 8, HeadDim: 128, Elem: container.BF16}
+	hdr, _ := container.NewHeader(container.CodecRaw, 0, layers, g)
+	var blk bytes.Buffer
+	w := container.NewWriter(&blk, hdr)
+	rng := rand.New(rand.NewPCG(9, 9))
+	sections := make([][2][]byte, layers)
+	for l := range layers {
+		for kv := range 2 {
+			sections[l][kv] = make([]byte, 4*row)
+			for i := range sections[l][kv] {
+				sections[l][kv][i] = byte(rng.Uint32())
+			}
+		}
+		w.WriteLayer(sections[l][0], sections[l][1])
+	}
+	dg, _ := w.Close()
+	keyFile, _ := os.ReadFile(filepath.Join(dir, "scope-a.key"))
+	sk, _ := kvsp.ScopeKeyFromFile(keyFile)
+	key := kvsp.BlockKey{0xcd, 2}
+	ca, _ := os.ReadFile(filepath.Join(dir, "ca.pem"))
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(ca)
+	mk := func(name string) *client.Client {
+		pair, _ := tls.LoadX509KeyPair(filepath.Join(dir, name+".pem"), filepath.Join(dir, name+".key"))
+		c, err := client.New(client.Config{TLS: &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: roots, Certificates: []tls.Certificate{pair}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(c.Close)
+		return c
+	}
+	ref := client.BlockRef{Compat: compat, Scope: sk.ID(), Key: key}
+	h1 := "https://" + addr + "/h1/"
+	if err := mk("client").Holder(h1).PutBlock(context.Background(), ref, bytes.NewReader(blk.Bytes()), int64(blk.Len()), dg.Container); err != nil {
+		t.Fatal(err)
+	}
+	// The PC's identity (this process's) sends the directive; the source
+	// is the holder as the agent reaches it.
+	ii := mk("self").Instance("https://" + addr + "/ii1/")
+	d := &kvsp.PrefetchDirective{Directive: kvsp.NewUUID(), ScopeID: sk.ID(), CompatID: compat, DeadlineMs: 10000, LeaseMs: 5000,
+		Blocks: []kvsp.PrefetchBlock{{BlockKey: key, Sources: []string{h1}}}}
+	if _, err := ii.Prefetch(context.Background(), d); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st, err := ii.PrefetchStatus(context.Background(), d.Directive)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.State == kvsp.PrefetchComplete {
+			break
+		}
+		if st.State != kvsp.PrefetchPending || time.Now().After(deadline) {
+			t.Fatalf("prefetch into the engine's pages: %+v", st)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	got, err := en.Claim()
+	if err != nil || len(got) != 1 || got[0].BlockKey != key || len(got[0].Pages) != 2 {
+		t.Fatalf("claim: %+v %v", got, err)
+	}
+	for l := range layers {
+		for kv := range 2 {
+			for tok := range 4 {
+				page := got[0].Pages[tok/2]
+				k, v := pool.Section(l, page)
+				off := []int64{k, v}[kv] + int64(tok%2)*row
+				if !bytes.Equal(mem[off:off+row], sections[l][kv][tok*row:(tok+1)*row]) {
+					t.Fatalf("layer %d %s token %d is not in the engine's page %d", l, []string{"K", "V"}[kv], tok, page)
+				}
+			}
+		}
 	}
 }

@@ -29,7 +29,9 @@ import (
 	"github.com/kvsp/kvsp/controlplane/index"
 	"github.com/kvsp/kvsp/controlplane/instance"
 	"github.com/kvsp/kvsp/controlplane/placement"
+	"github.com/kvsp/kvsp/engine"
 	"github.com/kvsp/kvsp/engine/attach"
+	"github.com/kvsp/kvsp/engine/connected"
 	"github.com/kvsp/kvsp/engine/sim"
 	"github.com/kvsp/kvsp/holder"
 	"github.com/kvsp/kvsp/holder/tier"
@@ -319,11 +321,12 @@ func mountRoles(srv *server.Server, cfg *config.Config, log *slog.Logger, reg pr
 		}
 		for i := range cfg.Instances {
 			x := &cfg.Instances[i]
-			a, err := newInstance(x, ic, keys, log, prometheus.WrapRegistererWith(prometheus.Labels{"ii": x.Base}, reg))
+			a, stop, err := newInstance(x, ic, keys, log, prometheus.WrapRegistererWith(prometheus.Labels{"ii": x.Base}, reg))
 			if err != nil {
 				closeAll()
 				return nil, fmt.Errorf("instances[%d]: %w", i, err)
 			}
+			closers = append([]func(){stop}, closers...)
 			if err := a.Mount(srv.Mount(basePath(x.Base))); err != nil {
 				closeAll()
 				return nil, err
@@ -338,23 +341,64 @@ func mountRoles(srv *server.Server, cfg *config.Config, log *slog.Logger, reg pr
 	return closeAll, nil
 }
 
-// newInstance builds an instance agent over its engine (the simulated
-// engine: real engines attach through package engine).
-func newInstance(x *config.Instance, c *client.Client, keys []kvsp.ScopeKey, log *slog.Logger, reg prometheus.Registerer) (*instance.Agent, error) {
+// newInstance builds an instance agent over its engine: the simulated
+// engine, or a real one that attaches at the engine's socket (package
+// connected); stop ends what it started.
+func newInstance(x *config.Instance, c *client.Client, keys []kvsp.ScopeKey, log *slog.Logger, reg prometheus.Registerer) (*instance.Agent, func(), error) {
 	d, err := loadDescriptor(x.Engine.Descriptor)
 	if err != nil {
-		return nil, fmt.Errorf("descriptor %s: %w", x.Engine.Descriptor, err)
+		return nil, nil, fmt.Errorf("descriptor %s: %w", x.Engine.Descriptor, err)
 	}
-	eng, err := sim.New(sim.Config{Descriptor: d, PrefillTokensPerS: x.Engine.PrefillTokensPerS, DecodeTokensPerS: x.Engine.DecodeTokensPerS})
-	if err != nil {
-		return nil, err
+	var (
+		eng  engine.Engine
+		stop = func() {}
+	)
+	switch x.Engine.Kind {
+	case "connected":
+		g, err := geometryOf(d)
+		if err != nil {
+			return nil, nil, err
+		}
+		dev, err := tier.OpenDevice(x.Engine.Device)
+		if err != nil {
+			return nil, nil, fmt.Errorf("engine.device: %w", err)
+		}
+		ce, err := connected.New(d, g, dev)
+		if err != nil {
+			dev.Close()
+			return nil, nil, err
+		}
+		sock := x.Engine.AttachSocket
+		os.Remove(sock) // a previous run's
+		ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+		if err == nil {
+			err = os.Chmod(sock, 0o600)
+		}
+		if err != nil {
+			dev.Close()
+			return nil, nil, fmt.Errorf("engine.attach_socket: %w", err)
+		}
+		done := make(chan struct{})
+		go func() { (&attach.Server{Handler: ce}).Serve(ln); close(done) }()
+		stop = func() { ln.Close(); <-done; os.Remove(sock); dev.Close() }
+		log.Info("the engine attaches here", "socket", sock, "instance", x.Base)
+		eng = ce
+	default:
+		if eng, err = sim.New(sim.Config{Descriptor: d, PrefillTokensPerS: x.Engine.PrefillTokensPerS, DecodeTokensPerS: x.Engine.DecodeTokensPerS}); err != nil {
+			return nil, nil, err
+		}
 	}
 	var links []kvsp.Link
 	for _, l := range x.Links {
 		links = append(links, kvsp.Link{Holder: l.Holder, MbitPerS: l.MbitPerS, RTTUs: l.RTTUs})
 	}
-	return instance.New(instance.Config{Base: x.Base, Engine: eng, Client: c, Controller: x.Controller, Controllers: x.Controllers, Index: x.Index, Holder: x.Holder,
+	a, err := instance.New(instance.Config{Base: x.Base, Engine: eng, Client: c, Controller: x.Controller, Controllers: x.Controllers, Index: x.Index, Holder: x.Holder,
 		Links: links, Scopes: keys, Logger: log, Registerer: reg})
+	if err != nil {
+		stop()
+		return nil, nil, err
+	}
+	return a, stop, nil
 }
 
 // processClient is the client this process calls other roles with, under

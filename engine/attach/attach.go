@@ -110,12 +110,35 @@ func (b *Placement) Table(pages, pageTokens, blockTokens int) ([]int32, int, err
 
 // message is any frame after hello.
 type message struct {
-	Type      string          `json:"type"` // publish, unpublish, ok, error, welcome
+	Type      string          `json:"type"` // publish, unpublish, lend, claim, stats; ok, error, welcome, claimed
 	ScopeID   *kvsp.ScopeID   `json:"scope_id,omitempty"`
 	Blocks    []Placement     `json:"blocks,omitempty"`
 	BlockKeys []kvsp.BlockKey `json:"block_keys,omitempty"`
+	Pages     []int           `json:"pages,omitempty"`
+	Stats     *Stats          `json:"stats,omitempty"`
 	Error     string          `json:"error,omitempty"`
 	Version   int             `json:"version,omitempty"`
+}
+
+// Stats is an engine's load, as the instance agent reports it in its
+// status record.
+type Stats struct {
+	Running           uint64  `json:"running"`
+	Queued            uint64  `json:"queued"`
+	BatchSize         uint64  `json:"batch_size"`
+	KVUtilization     float64 `json:"kv_utilization"`
+	PrefillTokensPerS float64 `json:"prefill_tokens_per_s"`
+	DecodeTokensPerS  float64 `json:"decode_tokens_per_s"`
+}
+
+// Loader is the instance agent's side of a session, besides Handler: the
+// engine lends it free pages, the agent writes prefetched blocks into
+// them, and the engine claims the loaded blocks (their pages are the
+// engine's again, holding those blocks); the engine also reports its load.
+type Loader interface {
+	Lend(s *Session, pages []int) error
+	Claim(s *Session) ([]Placement, error)
+	Report(s *Session, st Stats) error
 }
 
 // Check validates a pool against the model's geometry (rows of rowBytes
@@ -313,6 +336,44 @@ func (e *Engine) Unpublish(keys []kvsp.BlockKey) error {
 	return e.reply("ok")
 }
 
+// Lend gives the agent free pages to load prefetched blocks into.
+func (e *Engine) Lend(pages []int) error {
+	if err := e.c.write(&message{Type: "lend", Pages: pages}); err != nil {
+		return err
+	}
+	return e.reply("ok")
+}
+
+// Claim takes back the blocks the agent loaded since the last claim: their
+// pages hold them now, and are the engine's again.
+func (e *Engine) Claim() ([]Placement, error) {
+	if err := e.c.write(&message{Type: "claim"}); err != nil {
+		return nil, err
+	}
+	var m message
+	fds, err := e.c.read(&m)
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("attach: %w", err)
+	case m.Type == "error":
+		return nil, fmt.Errorf("attach: refused: %s", m.Error)
+	case m.Type != "claimed":
+		return nil, fmt.Errorf("attach: %q where claimed was due", m.Type)
+	}
+	return m.Blocks, nil
+}
+
+// Report sends the engine's load (the agent's status record carries it).
+func (e *Engine) Report(st Stats) error {
+	if err := e.c.write(&message{Type: "stats", Stats: &st}); err != nil {
+		return err
+	}
+	return e.reply("ok")
+}
+
 // Close ends the session: the holder stops serving everything it
 // published (after reads in flight).
 func (e *Engine) Close() error { return e.c.c.Close() }
@@ -428,15 +489,24 @@ func (srv *Server) session(c *net.UnixConn) {
 		if err != nil {
 			return
 		}
+		reply := &message{Type: "ok"}
+		loader, isLoader := srv.Handler.(Loader)
 		switch {
 		case m.Type == "publish" && m.ScopeID != nil:
 			err = srv.Handler.Publish(s, *m.ScopeID, m.Blocks)
 		case m.Type == "unpublish":
 			err = srv.Handler.Unpublish(s, m.BlockKeys)
+		case m.Type == "lend" && isLoader:
+			err = loader.Lend(s, m.Pages)
+		case m.Type == "claim" && isLoader:
+			var blocks []Placement
+			blocks, err = loader.Claim(s)
+			reply = &message{Type: "claimed", Blocks: blocks}
+		case m.Type == "stats" && isLoader && m.Stats != nil:
+			err = loader.Report(s, *m.Stats)
 		default:
 			err = fmt.Errorf("unexpected %q", m.Type)
 		}
-		reply := &message{Type: "ok"}
 		if err != nil {
 			reply = &message{Type: "error", Error: err.Error()}
 		}

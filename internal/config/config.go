@@ -179,10 +179,15 @@ type Link struct {
 
 // Engine configures an instance's engine.
 type Engine struct {
+	// Kind is sim (the simulated engine) or connected (a real engine on
+	// the node attaches its KV pool at AttachSocket, docs/engine-attach.md,
+	// and lends the agent pages; its memory is on Device).
 	Kind              string  `yaml:"kind"`
 	Descriptor        string  `yaml:"descriptor"`
 	PrefillTokensPerS float64 `yaml:"prefill_tokens_per_s"`
 	DecodeTokensPerS  float64 `yaml:"decode_tokens_per_s"`
+	AttachSocket      string  `yaml:"attach_socket"`
+	Device            int     `yaml:"device"`
 }
 
 // Size is a byte count written as an integer or with a KiB, MiB, GiB or
@@ -298,6 +303,7 @@ func (c *Config) resolve() {
 	}
 	for i := range c.Instances {
 		c.Instances[i].Engine.Descriptor = c.Path(c.Instances[i].Engine.Descriptor)
+		c.Instances[i].Engine.AttachSocket = c.Path(c.Instances[i].Engine.AttachSocket)
 	}
 	if c.Controller != nil {
 		if c.Controller.StatePath != "" {
@@ -536,14 +542,20 @@ func (c *Config) validate() error {
 				return err
 			}
 		}
-		if x.Engine.Kind != "sim" {
-			return fieldErr(f+".engine.kind", "%q: want sim", x.Engine.Kind)
+		switch x.Engine.Kind {
+		case "sim":
+			if x.Engine.PrefillTokensPerS <= 0 || x.Engine.DecodeTokensPerS <= 0 {
+				return fieldErr(f+".engine", "prefill_tokens_per_s and decode_tokens_per_s must be positive")
+			}
+		case "connected":
+			if x.Engine.AttachSocket == "" {
+				return fieldErr(f+".engine.attach_socket", "required with kind: connected")
+			}
+		default:
+			return fieldErr(f+".engine.kind", "%q: want sim or connected", x.Engine.Kind)
 		}
 		if err := checkDescriptor(f+".engine.descriptor", x.Engine.Descriptor); err != nil {
 			return err
-		}
-		if x.Engine.PrefillTokensPerS <= 0 || x.Engine.DecodeTokensPerS <= 0 {
-			return fieldErr(f+".engine", "prefill_tokens_per_s and decode_tokens_per_s must be positive")
 		}
 		for j, l := range x.Links {
 			lf := fmt.Sprintf("%s.links[%d]", f, j)

@@ -1,0 +1,308 @@
+// Package connected is an engine.Engine for a real engine on the node that
+// attached its paged KV pool to the instance agent (package attach,
+// docs/engine-attach.md): the agent loads prefetched and resumed blocks
+// straight into pages the engine lent it, and the engine claims them; the
+// engine reports its load. The engine runs its own requests: Generate is
+// not the agent's to serve.
+package connected
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/container"
+	"github.com/kvsp/kvsp/engine"
+	"github.com/kvsp/kvsp/engine/attach"
+	"github.com/kvsp/kvsp/holder/tier"
+)
+
+// ErrNotAttached: no engine is attached (or none lent pages).
+var ErrNotAttached = errors.New("connected: no engine is attached")
+
+// Engine is the agent's view of an attached engine; it is also the
+// handler of the agent's attach socket (attach.Handler and attach.Loader).
+type Engine struct {
+	desc   kvsp.Descriptor
+	compat kvsp.CompatID
+	g      container.Geometry
+	row    int64
+	dev    *tier.Device
+
+	mu     sync.Mutex
+	sess   *attach.Session
+	pool   attach.Pool
+	buf    tier.DeviceBuffer
+	free   []int                     // lent pages holding nothing yet
+	blocks map[kvsp.BlockKey]*loaded // being loaded, or loaded and not claimed
+	stats  engine.Stats
+}
+
+// loaded is a block the agent writes into lent pages.
+type loaded struct {
+	pages   []int
+	written []bool
+	count   int
+	pins    int
+}
+
+// New returns the engine of the model d, whose pools dev imports.
+func New(d kvsp.Descriptor, g container.Geometry, dev *tier.Device) (*Engine, error) {
+	compat, err := d.CompatID()
+	if err != nil {
+		return nil, err
+	}
+	return &Engine{desc: d, compat: compat, g: g, row: int64(g.RawSectionLen()) / int64(g.BlockTokens), dev: dev,
+		blocks: map[kvsp.BlockKey]*loaded{}}, nil
+}
+
+// Descriptor implements engine.Engine.
+func (e *Engine) Descriptor() kvsp.Descriptor { return e.desc }
+
+// Geometry implements engine.Engine.
+func (e *Engine) Geometry() container.Geometry { return e.g }
+
+// Stats implements engine.Engine: the engine's last report.
+func (e *Engine) Stats() engine.Stats {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.stats
+}
+
+// KV implements engine.Engine: the pages the engine lent.
+func (e *Engine) KV() engine.KV { return (*kv)(e) }
+
+// Generate implements engine.Engine: an attached engine serves its own
+// requests, through its own API.
+func (e *Engine) Generate(context.Context, engine.Request, func(engine.Token) error) error {
+	return fmt.Errorf("%w: the attached engine runs its requests itself", kvsp.ErrInvalidState)
+}
+
+// Attach implements attach.Handler: one engine at a time.
+func (e *Engine) Attach(s *attach.Session, h *attach.Hello, fd int) error {
+	closeFD := func() {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+	}
+	if h.CompatID != e.compat {
+		closeFD()
+		return fmt.Errorf("this instance serves compat_id %s", e.compat)
+	}
+	if err := h.Pool.Check(int(e.g.Layers), e.row); err != nil {
+		closeFD()
+		return err
+	}
+	if kind := e.dev.IPCKind(); h.Pool.Memory != kind {
+		closeFD()
+		return fmt.Errorf("this instance's device takes %s memory, not %s", kind, h.Pool.Memory)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.sess != nil {
+		closeFD()
+		return errors.New("an engine is attached already")
+	}
+	buf, err := e.dev.Import(h.Pool.Handle, fd, h.Pool.Size)
+	if err != nil {
+		closeFD()
+		return err
+	}
+	e.sess, e.pool, e.buf = s, h.Pool, buf
+	return nil
+}
+
+// Publish implements attach.Handler: blocks are published at the holder's
+// socket, not the agent's.
+func (e *Engine) Publish(*attach.Session, kvsp.ScopeID, []attach.Placement) error {
+	return errors.New("publish blocks at the holder's attach socket")
+}
+
+// Unpublish implements attach.Handler.
+func (e *Engine) Unpublish(*attach.Session, []kvsp.BlockKey) error {
+	return errors.New("unpublish blocks at the holder's attach socket")
+}
+
+// Detach implements attach.Handler: everything lent is forgotten.
+func (e *Engine) Detach(s *attach.Session) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.sess != s {
+		return
+	}
+	e.buf.Free()
+	e.sess, e.buf, e.free, e.blocks = nil, nil, nil, map[kvsp.BlockKey]*loaded{}
+}
+
+// Lend implements attach.Loader.
+func (e *Engine) Lend(s *attach.Session, pages []int) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	inUse := map[int]bool{}
+	for _, p := range e.free {
+		inUse[p] = true
+	}
+	for _, b := range e.blocks {
+		for _, p := range b.pages {
+			inUse[p] = true
+		}
+	}
+	for _, p := range pages {
+		if p < 0 || p >= e.pool.Pages || inUse[p] {
+			return fmt.Errorf("page %d is outside the pool or lent already", p)
+		}
+		inUse[p] = true
+	}
+	e.free = append(e.free, pages...)
+	return nil
+}
+
+// Claim implements attach.Loader: the blocks loaded whole and not pinned
+// go to the engine with their pages.
+func (e *Engine) Claim(s *attach.Session) ([]attach.Placement, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := []attach.Placement{}
+	for k, b := range e.blocks {
+		if b.count == len(b.written) && b.pins == 0 {
+			out = append(out, attach.Placement{BlockKey: k, Page: b.pages[0], Pages: b.pages})
+			delete(e.blocks, k)
+		}
+	}
+	return out, nil
+}
+
+// Report implements attach.Loader.
+func (e *Engine) Report(s *attach.Session, st attach.Stats) error {
+	if !(st.KVUtilization >= 0 && st.KVUtilization <= 1) {
+		return errors.New("kv_utilization must be in [0, 1]")
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.stats = engine.Stats{Running: st.Running, Queued: st.Queued, BatchSize: st.BatchSize, KVUtilization: st.KVUtilization,
+		PrefillTokensPerS: st.PrefillTokensPerS, DecodeTokensPerS: st.DecodeTokensPerS}
+	return nil
+}
+
+// kv is the engine's lent pages as engine.KV.
+type kv Engine
+
+// pagesPerBlock is how many pages a block takes, from a page's first row.
+func (m *kv) pagesPerBlock() int {
+	return (int(m.g.BlockTokens) + m.pool.PageTokens - 1) / m.pool.PageTokens
+}
+
+// rows calls fn with each run of rows of one section (K or V) of layer in
+// the block's pages: the pool offset, the offset in the section, octets.
+func (m *kv) rows(b *loaded, layer uint32, v bool, fn func(poolOff, secOff, n int64) error) error {
+	pt := m.pool.PageTokens
+	for t := 0; t < int(m.g.BlockTokens); t += pt {
+		n := min(pt, int(m.g.BlockTokens)-t)
+		k, vo := m.pool.Section(int(layer), b.pages[t/pt])
+		off := k
+		if v {
+			off = vo
+		}
+		if err := fn(off, int64(t)*m.row, int64(n)*m.row); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (m *kv) Has(key kvsp.BlockKey) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	b := m.blocks[key]
+	return b != nil && b.count == len(b.written)
+}
+
+func (m *kv) WriteLayer(key kvsp.BlockKey, layer uint32, k, v []byte) error {
+	sec := int64(m.g.RawSectionLen())
+	if layer >= m.g.Layers || int64(len(k)) != sec || int64(len(v)) != sec {
+		return fmt.Errorf("connected: layer %d with sections of %d and %d octets", layer, len(k), len(v))
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.sess == nil {
+		return ErrNotAttached
+	}
+	b := m.blocks[key]
+	if b == nil {
+		n := m.pagesPerBlock()
+		if len(m.free) < n {
+			return engine.ErrKVFull // no lent page left: the engine lends more
+		}
+		b = &loaded{pages: append([]int(nil), m.free[:n]...), written: make([]bool, m.g.Layers)}
+		m.free = m.free[n:]
+		m.blocks[key] = b
+	}
+	for i, sec := range [][]byte{k, v} {
+		err := m.rows(b, layer, i == 1, func(poolOff, secOff, n int64) error {
+			return m.buf.CopyIn(poolOff, sec[secOff:secOff+n])
+		})
+		if err != nil {
+			return err
+		}
+	}
+	if !b.written[layer] {
+		b.written[layer] = true
+		b.count++
+	}
+	return nil
+}
+
+func (m *kv) ReadLayer(key kvsp.BlockKey, layer uint32, k, v []byte) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	b := m.blocks[key]
+	if b == nil || b.count < len(b.written) || layer >= m.g.Layers {
+		return engine.ErrNotResident
+	}
+	for i, sec := range [][]byte{k, v} {
+		err := m.rows(b, layer, i == 1, func(poolOff, secOff, n int64) error {
+			return m.buf.CopyOut(sec[secOff:secOff+n], poolOff)
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (m *kv) Drop(key kvsp.BlockKey) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if b := m.blocks[key]; b != nil {
+		m.free = append(m.free, b.pages...) // lent still, empty again
+		delete(m.blocks, key)
+	}
+}
+
+func (m *kv) Pin(key kvsp.BlockKey) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	b := m.blocks[key]
+	if b == nil || b.count < len(b.written) {
+		return false
+	}
+	b.pins++
+	return true
+}
+
+func (m *kv) Unpin(key kvsp.BlockKey) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	b := m.blocks[key]
+	if b == nil {
+		return false
+	}
+	if b.pins > 0 {
+		b.pins--
+	}
+	return b.pins > 0
+}
