@@ -3,9 +3,11 @@ package client_test
 import (
 	"context"
 	"errors"
+	"net"
 	"net/http"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/client"
@@ -46,6 +48,40 @@ func TestControllerGroupFailover(t *testing.T) {
 	if standbyCalls.Load() != 1 || leaderCalls.Load() != 1 {
 		t.Fatalf("calls: standby %d, leader %d", standbyCalls.Load(), leaderCalls.Load())
 	}
+	// A PC that accepts connections and then says nothing (a hung host):
+	// the request was never written, so the next PC gets it.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	accepted := make(chan struct{})
+	go func() {
+		defer close(accepted)
+		var held []net.Conn
+		defer func() {
+			for _, c := range held {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			held = append(held, c)
+		}
+	}()
+	defer func() { ln.Close(); <-accepted }()
+	quick, err := client.New(client.Config{TLS: pki.ClientTLS(pki.Leaf(kvsptest.ClientA)), Attempts: 1, Timeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer quick.Close()
+	leaderCalls.Store(0)
+	if _, err := quick.Controller("https://"+ln.Addr().String()+"/pc/", srv.URL("/leader/")).Place(context.Background(), q); err != nil {
+		t.Fatalf("past a hung PC: %v", err)
+	}
+	leaderCalls.Store(1)
 	// Sticky: the next call goes to the leader first; its 503 is final.
 	if _, err := ctl.Place(context.Background(), q); !errors.Is(err, kvsp.ErrUnavailable) {
 		t.Fatalf("the leader's own 503: %v", err)

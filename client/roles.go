@@ -5,8 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"sync/atomic"
 
@@ -77,16 +77,24 @@ func (c *Client) Controller(base string, others ...string) *Controller {
 
 // call runs do against each PC in turn from the current one, until one
 // answers: it moves on when a PC is a standby (503 with the standby
-// member) or when the request never reached it (no connection); an
-// idempotent request also moves on after any transport error. A leader's
-// own error is final.
-func (x *Controller) call(ctx context.Context, idempotent bool, do func(base string) error) error {
+// member) or when the request was never written to it (no connection,
+// or one that hung); an idempotent request also moves on after any
+// transport error. A leader's own error is final. The current PC changes
+// only to one that answered.
+func (x *Controller) call(ctx context.Context, idempotent bool, do func(ctx context.Context, base string) error) error {
 	start := int(x.cur.Load())
 	var err error
 	for i := range x.bases {
 		k := (start + i) % len(x.bases)
-		if err = do(x.bases[k]); !failOver(ctx, err, idempotent) {
-			x.cur.Store(int32(k))
+		var wrote atomic.Bool
+		tctx := httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteRequest: func(httptrace.WroteRequestInfo) { wrote.Store(true) }})
+		err = do(tctx, x.bases[k])
+		var p *kvsp.Problem
+		answered := err == nil || errors.As(err, &p)
+		if !failOver(ctx, err, idempotent, wrote.Load()) {
+			if answered {
+				x.cur.Store(int32(k))
+			}
 			return err
 		}
 	}
@@ -95,7 +103,7 @@ func (x *Controller) call(ctx context.Context, idempotent bool, do func(base str
 
 // failOver reports an error after which another PC of the group may be
 // tried: nothing was done by a leader.
-func failOver(ctx context.Context, err error, idempotent bool) bool {
+func failOver(ctx context.Context, err error, idempotent, wrote bool) bool {
 	if err == nil || ctx.Err() != nil {
 		return false
 	}
@@ -104,18 +112,14 @@ func failOver(ctx context.Context, err error, idempotent bool) bool {
 		standby, _ := p.Extensions["standby"].(bool)
 		return p.Status == http.StatusServiceUnavailable && standby
 	}
-	var op *net.OpError
-	if errors.As(err, &op) && op.Op == "dial" {
-		return true // the request never left
-	}
-	return idempotent
+	return !wrote || idempotent // a transport error: the request never left, or may be sent again
 }
 
 // PutStatus sends an Instance Status Record; the answer carries the state
 // the PC assigns (R-ST-9, A-19).
 func (x *Controller) PutStatus(ctx context.Context, s *kvsp.InstanceStatus) (*kvsp.StateBody, error) {
 	var out kvsp.StateBody
-	err := x.call(ctx, true, func(base string) error {
+	err := x.call(ctx, true, func(ctx context.Context, base string) error {
 		_, _, err := x.c.doJSON(ctx, http.MethodPut, join(base, "instances/"+kvsp.ResourceID(s.Instance)+"/status"), s, &out)
 		return err
 	})
@@ -129,7 +133,7 @@ func (x *Controller) PutStatus(ctx context.Context, s *kvsp.InstanceStatus) (*kv
 // place; not retried at the same PC: each call creates a session).
 func (x *Controller) Place(ctx context.Context, q *kvsp.PlaceRequest) (*kvsp.PlaceResponse, error) {
 	var out kvsp.PlaceResponse
-	err := x.call(ctx, false, func(base string) error {
+	err := x.call(ctx, false, func(ctx context.Context, base string) error {
 		_, _, err := x.c.doJSON(ctx, http.MethodPost, join(base, "place"), q, &out)
 		return err
 	})
@@ -145,7 +149,7 @@ func (x *Controller) Place(ctx context.Context, q *kvsp.PlaceRequest) (*kvsp.Pla
 func (x *Controller) UpdateMap(ctx context.Context, u *kvsp.MapUpdate) (*kvsp.MapUpdateResult, error) {
 	var out kvsp.MapUpdateResult
 	ctx = context.WithValue(ctx, onceKey{}, true) // a reshard is not repeated behind the caller's back
-	err := x.call(ctx, false, func(base string) error {
+	err := x.call(ctx, false, func(ctx context.Context, base string) error {
 		_, _, err := x.c.doJSON(ctx, http.MethodPut, join(base, "maps/"+url.PathEscape(u.Map.Map)), u, &out)
 		return err
 	})
@@ -159,7 +163,7 @@ func (x *Controller) UpdateMap(ctx context.Context, u *kvsp.MapUpdate) (*kvsp.Ma
 //
 func (x *Controller) PutCheckpoint(ctx context.Context, cp *kvsp.Checkpoint) (*kvsp.CheckpointAck, error) {
 	var out kvsp.CheckpointAck
-	err := x.call(ctx, true, func(base string) error {
+	err := x.call(ctx, true, func(ctx context.Context, base string) error {
 		_, _, err := x.c.doJSON(ctx, http.MethodPut, join(base, "sessions/"+cp.Session.String()+"/checkpoint"), cp, &out)
 		return err
 	})

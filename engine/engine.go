@@ -30,6 +30,12 @@ type Engine interface {
 	Generate(ctx context.Context, req Request, emit func(Token) error) error
 }
 
+// External is implemented by engines that run their requests themselves
+// (an attached real engine): the agent's generate is refused for them.
+type External interface {
+	External() bool
+}
+
 // Stats is an engine's load and speed.
 type Stats struct {
 	Running, Queued, BatchSize uint64

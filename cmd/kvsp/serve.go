@@ -233,9 +233,10 @@ func mountRoles(srv *server.Server, cfg *config.Config, log *slog.Logger, reg pr
 					closeAll()
 					return nil, fmt.Errorf("holders[%d].attach_socket: %w", i, err)
 				}
+				as := &attach.Server{Handler: h.AttachHandler()}
 				done := make(chan struct{})
-				go func() { (&attach.Server{Handler: h.AttachHandler()}).Serve(ln); close(done) }()
-				closers = append([]func(){func() { ln.Close(); <-done; os.Remove(sock) }}, closers...)
+				go func() { as.Serve(ln); close(done) }()
+				closers = append([]func(){func() { as.Close(); <-done; os.Remove(sock) }}, closers...)
 				log.Info("engines attach here", "socket", sock, "holder", hcfg.Base)
 			}
 			if err := h.Mount(srv.Mount(basePath(hcfg.Base))); err != nil {
@@ -378,9 +379,10 @@ func newInstance(x *config.Instance, c *client.Client, keys []kvsp.ScopeKey, log
 			dev.Close()
 			return nil, nil, fmt.Errorf("engine.attach_socket: %w", err)
 		}
+		as := &attach.Server{Handler: ce}
 		done := make(chan struct{})
-		go func() { (&attach.Server{Handler: ce}).Serve(ln); close(done) }()
-		stop = func() { ln.Close(); <-done; os.Remove(sock); dev.Close() }
+		go func() { as.Serve(ln); close(done) }()
+		stop = func() { as.Close(); <-done; os.Remove(sock); dev.Close() } // sessions end (their pools unmapped) before the device
 		log.Info("the engine attaches here", "socket", sock, "instance", x.Base)
 		eng = ce
 	default:

@@ -86,6 +86,9 @@ func (a *Agent) putState(w http.ResponseWriter, r *http.Request) error {
 // API; the spec leaves it out of scope): one GeneratedToken per line,
 // flushed as produced, then a line with done.
 func (a *Agent) generate(w http.ResponseWriter, r *http.Request) error {
+	if ex, ok := a.cfg.Engine.(engine.External); ok && ex.External() {
+		return fmt.Errorf("%w: this instance's engine runs its requests through its own API", kvsp.ErrInvalidState)
+	}
 	var q kvsp.GenerateRequest
 	if err := server.DecodeJSON(r, &q); err != nil {
 		return err

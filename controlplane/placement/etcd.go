@@ -50,8 +50,9 @@ type fence struct {
 	rev int64
 }
 
-// ErrNotLeader: this controller is not its group's leader.
-var ErrNotLeader = fmt.Errorf("%w: this controller is not the leader of its group", kvsp.ErrUnavailable)
+// ErrNotLeader: this controller is not its group's leader (a 503 whose
+// standby member tells the group's clients to try another).
+var ErrNotLeader error = kvsp.NewProblem(kvsp.ErrUnavailable, "this controller is not the leader of its group").With("standby", true)
 
 // OpenEtcdStore connects to etcd.
 func OpenEtcdStore(cfg EtcdConfig) (*EtcdStore, error) {

@@ -73,7 +73,7 @@ func (c *Controller) leading(h server.HandlerFunc) server.HandlerFunc {
 		w.Header().Set("Retry-After", "1")
 		// The standby member tells clients of the group to try another
 		// PC (client.Controller fails over on it, and only on it).
-		return kvsp.NewProblem(kvsp.ErrUnavailable, "this controller is a standby of its group").With("standby", true)
+		return ErrNotLeader
 	}
 }
 

@@ -203,6 +203,9 @@ func (c *Controller) persist(s *Session) error {
 		return nil
 	}
 	if err := c.cfg.State.PutSession(s); err != nil {
+		if errors.Is(err, ErrNotLeader) { // deposed: the group's clients try the new leader
+			return ErrNotLeader
+		}
 		c.log.Error("controller state not written", "err", err)
 		return fmt.Errorf("%w: the controller's state could not be written", kvsp.ErrUnavailable)
 	}

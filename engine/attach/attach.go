@@ -22,6 +22,7 @@ import (
 	"math/bits"
 	"net"
 	"slices"
+	"sync"
 
 	"golang.org/x/sys/unix"
 
@@ -173,6 +174,14 @@ func (p *Pool) Check(layers int, rowBytes int64) error {
 	}
 	if !ok || end > p.Size {
 		return fmt.Errorf("attach: pool: its sections reach past the pool's %d octets", p.Size)
+	}
+	// A layer's pages end before the next layer's begin.
+	extent, ok := mulAdd(int64(p.Pages-1), p.PageStride, p.VOffset)
+	if ok {
+		extent, ok = mulAdd(1, sectionLen, extent)
+	}
+	if layers > 1 && (!ok || p.LayerStride < extent) {
+		return errors.New("attach: pool: layer_stride is shorter than a layer's pages: layers would overlap")
 	}
 	return nil
 }
@@ -404,10 +413,22 @@ type Server struct {
 	Handler Handler
 	// UIDs are the user ids allowed besides the server's own.
 	UIDs []int
+
+	mu     sync.Mutex
+	ln     *net.UnixListener
+	conns  map[*net.UnixConn]bool
+	closed bool
+	wg     sync.WaitGroup
 }
 
-// Serve accepts sessions until ln is closed.
+// Serve accepts sessions until ln is closed (or Close).
 func (srv *Server) Serve(ln *net.UnixListener) error {
+	srv.mu.Lock()
+	srv.ln = ln
+	if srv.conns == nil {
+		srv.conns = map[*net.UnixConn]bool{}
+	}
+	srv.mu.Unlock()
 	for {
 		c, err := ln.AcceptUnix()
 		if err != nil {
@@ -416,8 +437,41 @@ func (srv *Server) Serve(ln *net.UnixListener) error {
 			}
 			return err
 		}
-		go srv.session(c)
+		srv.mu.Lock()
+		if srv.closed {
+			srv.mu.Unlock()
+			c.Close()
+			return nil
+		}
+		srv.conns[c] = true
+		srv.wg.Add(1)
+		srv.mu.Unlock()
+		go func() {
+			defer srv.wg.Done()
+			srv.session(c)
+			srv.mu.Lock()
+			delete(srv.conns, c)
+			srv.mu.Unlock()
+		}()
 	}
+}
+
+// Close stops accepting, ends every session (their handlers' Detach run)
+// and returns once they have: what the handlers hold can be released
+// after it.
+func (srv *Server) Close() error {
+	srv.mu.Lock()
+	srv.closed = true
+	var err error
+	if srv.ln != nil {
+		err = srv.ln.Close()
+	}
+	for c := range srv.conns {
+		c.Close()
+	}
+	srv.mu.Unlock()
+	srv.wg.Wait()
+	return err
 }
 
 // peerAllowed checks the peer's user (SO_PEERCRED).

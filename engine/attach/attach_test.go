@@ -163,15 +163,16 @@ func TestPoolCheck(t *testing.T) {
 		t.Fatalf("section offsets %d %d", k, v)
 	}
 	for name, mut := range map[string]func(p *Pool){
-		"memory":       func(p *Pool) { p.Memory = "rdma" },
-		"cuda handle":  func(p *Pool) { p.Memory = MemoryCUDA },
-		"page tokens":  func(p *Pool) { p.PageTokens = 32 },
-		"no tokens":    func(p *Pool) { p.PageTokens = 0 },
-		"small stride": func(p *Pool) { p.PageStride = sec - 1 },
-		"k/v overlap":  func(p *Pool) { p.VOffset = sec / 2 },
-		"too small":    func(p *Pool) { p.Size-- },
-		"overflow":     func(p *Pool) { p.PageStride = 1 << 62 },
-		"huge pages":   func(p *Pool) { p.PageTokens = 1 << 61 },
+		"memory":         func(p *Pool) { p.Memory = "rdma" },
+		"cuda handle":    func(p *Pool) { p.Memory = MemoryCUDA },
+		"page tokens":    func(p *Pool) { p.PageTokens = 32 },
+		"no tokens":      func(p *Pool) { p.PageTokens = 0 },
+		"small stride":   func(p *Pool) { p.PageStride = sec - 1 },
+		"k/v overlap":    func(p *Pool) { p.VOffset = sec / 2 },
+		"too small":      func(p *Pool) { p.Size-- },
+		"overflow":       func(p *Pool) { p.PageStride = 1 << 62 },
+		"huge pages":     func(p *Pool) { p.PageTokens = 1 << 61 },
+		"layers overlap": func(p *Pool) { p.LayerStride = 0 },
 	} {
 		p := ok
 		mut(&p)
@@ -248,5 +249,34 @@ func TestPlacementTable(t *testing.T) {
 		if (err == nil) != c.ok || c.ok && (!slices.Equal(table, c.table) || first != c.first) {
 			t.Errorf("%s: %v %d %v", name, table, first, err)
 		}
+	}
+}
+
+// TestServerClose: Close ends the live sessions (Detach runs) before it
+// returns, so their pools can be released after it.
+func TestServerClose(t *testing.T) {
+	r := &recorder{published: map[kvsp.BlockKey]int{}, detached: make(chan struct{})}
+	path := filepath.Join(t.TempDir(), "attach.sock")
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &Server{Handler: r}
+	served := make(chan struct{})
+	go func() { srv.Serve(ln); close(served) }()
+	e, err := Dial(path, &Hello{CompatID: kvsp.CompatID{1}, Pool: pool}, memfd(t, make([]byte, pool.Size)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	srv.Close()
+	<-served
+	select {
+	case <-r.detached:
+	default:
+		t.Fatal("Close returned before the session was detached")
+	}
+	if err := e.Publish(kvsp.ScopeID{1}, nil); err == nil {
+		t.Fatal("a session outlived the server's Close")
 	}
 }

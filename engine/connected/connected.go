@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -48,6 +49,7 @@ type loaded struct {
 	written []bool
 	count   int
 	pins    int
+	settled bool // the loader checked it whole (Has): the engine may claim it
 }
 
 // New returns the engine of the model d, whose pools dev imports.
@@ -81,6 +83,10 @@ func (e *Engine) KV() engine.KV { return (*kv)(e) }
 func (e *Engine) Generate(context.Context, engine.Request, func(engine.Token) error) error {
 	return fmt.Errorf("%w: the attached engine runs its requests itself", kvsp.ErrInvalidState)
 }
+
+// External implements engine.External: the agent refuses generate
+// requests before it answers anything.
+func (e *Engine) External() bool { return true }
 
 // Attach implements attach.Handler: one engine at a time.
 func (e *Engine) Attach(s *attach.Session, h *attach.Hello, fd int) error {
@@ -135,7 +141,7 @@ func (e *Engine) Detach(s *attach.Session) {
 		return
 	}
 	e.buf.Free()
-	e.sess, e.buf, e.free, e.blocks = nil, nil, nil, map[kvsp.BlockKey]*loaded{}
+	e.sess, e.buf, e.free, e.blocks, e.stats = nil, nil, nil, map[kvsp.BlockKey]*loaded{}, engine.Stats{}
 }
 
 // Lend implements attach.Loader.
@@ -161,14 +167,16 @@ func (e *Engine) Lend(s *attach.Session, pages []int) error {
 	return nil
 }
 
-// Claim implements attach.Loader: the blocks loaded whole and not pinned
-// go to the engine with their pages.
+// Claim implements attach.Loader: the blocks loaded whole, checked by the
+// loader and not pinned go to the engine with their pages. (A block a
+// reshard pins stays the agent's while the map holds it: sequence-sharded
+// contexts on a connected engine are the next step.)
 func (e *Engine) Claim(s *attach.Session) ([]attach.Placement, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	out := []attach.Placement{}
 	for k, b := range e.blocks {
-		if b.count == len(b.written) && b.pins == 0 {
+		if b.settled && b.pins == 0 {
 			out = append(out, attach.Placement{BlockKey: k, Page: b.pages[0], Pages: b.pages})
 			delete(e.blocks, k)
 		}
@@ -176,10 +184,17 @@ func (e *Engine) Claim(s *attach.Session) ([]attach.Placement, error) {
 	return out, nil
 }
 
-// Report implements attach.Loader.
+// Report implements attach.Loader: figures the status record could not
+// carry are refused (they would make every status record invalid).
 func (e *Engine) Report(s *attach.Session, st attach.Stats) error {
-	if !(st.KVUtilization >= 0 && st.KVUtilization <= 1) {
+	finite := func(f float64) bool { return f >= 0 && !math.IsInf(f, 0) }
+	switch {
+	case !(st.KVUtilization >= 0 && st.KVUtilization <= 1):
 		return errors.New("kv_utilization must be in [0, 1]")
+	case !finite(st.PrefillTokensPerS) || !finite(st.DecodeTokensPerS):
+		return errors.New("prefill_tokens_per_s and decode_tokens_per_s must be finite, non-negative numbers")
+	case st.Running > kvsp.MaxJSONInt || st.Queued > kvsp.MaxJSONInt || st.BatchSize > kvsp.MaxJSONInt:
+		return fmt.Errorf("running, queued and batch_size are at most %d", uint64(kvsp.MaxJSONInt))
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -218,7 +233,11 @@ func (m *kv) Has(key kvsp.BlockKey) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	b := m.blocks[key]
-	return b != nil && b.count == len(b.written)
+	if b == nil || b.count < len(b.written) {
+		return false
+	}
+	b.settled = true // the loader's check after its last layer: the block is done
+	return true
 }
 
 func (m *kv) WriteLayer(key kvsp.BlockKey, layer uint32, k, v []byte) error {

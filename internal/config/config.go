@@ -523,9 +523,21 @@ func (c *Config) validate() error {
 			return fieldErr(f+".lease_quota", "octets, max_ttl_ms and max_leases are required (R-LS-5, R-LS-6)")
 		}
 	}
+	sockets := map[string]string{}
+	for i, h := range c.Holders {
+		if h.AttachSocket != "" {
+			sockets[h.AttachSocket] = fmt.Sprintf("holders[%d].attach_socket", i)
+		}
+	}
 	for i := range c.Instances {
 		x := &c.Instances[i]
 		f := fmt.Sprintf("instances[%d]", i)
+		if sock := x.Engine.AttachSocket; sock != "" {
+			if prev, dup := sockets[sock]; dup {
+				return fieldErr(f+".engine.attach_socket", "%s is %s already", sock, prev)
+			}
+			sockets[sock] = f + ".engine.attach_socket"
+		}
 		for _, b := range []struct {
 			name string
 			v    string
