@@ -977,6 +977,11 @@ type Reshard struct {
 	// only to that plan (a deposed PC's abort cannot discard its
 	// successor's plan for the same version).
 	Plan UUID `json:"plan,omitzero"`
+	// Term, a kvsp extension member of a plan, orders plans of one version
+	// from successive PCs (the etcd election revision of a group's leader,
+	// the start time of a lone PC): an open plan is replaced only by one of
+	// the same or a later term.
+	Term uint64 `json:"term,omitzero"`
 }
 
 // ReshardAck is kvsp's body of a 200 to POST reshard (A-26 leaves it
@@ -1054,9 +1059,10 @@ func (r *Reshard) MarshalJSONTo(enc *jsontext.Encoder) error {
 			ScopeID    ScopeID        `json:"scope_id,omitzero"`
 			CompatID   CompatID       `json:"compat_id,omitzero"`
 			Plan       UUID           `json:"plan,omitzero"`
+			Term       uint64         `json:"term,omitzero"`
 		}
 		return json.MarshalEncode(enc, plan{r.Map, r.From, r.To, r.DeadlineMs,
-			nonNil(r.Retain), nonNil(r.Fetch), nonNil(r.Release), r.ScopeID, r.CompatID, r.Plan})
+			nonNil(r.Retain), nonNil(r.Fetch), nonNil(r.Release), r.ScopeID, r.CompatID, r.Plan, r.Term})
 	case ReshardCommit:
 		return json.MarshalEncode(enc, struct {
 			Map    string `json:"map"`

@@ -125,7 +125,10 @@ func (a *Agent) Reshard(ctx context.Context, r *kvsp.Reshard) (*kvsp.ReshardAck,
 		if reflect.DeepEqual(&s.pending.plan, r) {
 			return ack(s.pending.moved), nil // the same plan again
 		}
-		a.discard(s) // a new plan for the same version replaces it (a PC that restarted)
+		if r.Term < s.pending.plan.Term { // a deposed PC's: its successor's plan stays
+			return nil, kvsp.NewProblem(kvsp.ErrPlanConflict, "a plan of a later controller term is open for this version").With("version", s.version)
+		}
+		a.discard(s) // a new plan for the same version replaces it (a PC that restarted, or took over)
 	}
 	if err := a.checkPlan(s, r); err != nil {
 		return nil, err

@@ -403,6 +403,18 @@ func TestReshardPlanConflicts(t *testing.T) {
 	if _, err := ii.Reshard(ctx, plan(3, 4)); err != nil {
 		t.Fatalf("a plan from 3 to an instance that holds nothing (it joins): %v", err)
 	}
+	// Open plans of one version from successive PCs: a later term replaces
+	// an open plan, an earlier one (a deposed PC's) does not.
+	at := func(term uint64) *kvsp.Reshard { p := plan(3, 4); p.Plan, p.Term = kvsp.NewUUID(), term; return p }
+	if _, err := ii.Reshard(ctx, at(5)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ii.Reshard(ctx, at(3)); !errors.Is(err, kvsp.ErrPlanConflict) {
+		t.Fatalf("an earlier term's plan over an open one: %v", err)
+	}
+	if _, err := ii.Reshard(ctx, at(7)); err != nil {
+		t.Fatalf("a later term's plan: %v", err)
+	}
 	if _, err := ii.Reshard(ctx, &kvsp.Reshard{Kind: kvsp.ReshardPlan, Map: "m1", From: 1, To: 2}); !errors.Is(err, kvsp.ErrInvalid) {
 		t.Fatalf("plan without deadline_ms: %v, want 400", err)
 	}

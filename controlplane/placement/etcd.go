@@ -217,6 +217,7 @@ func (c *Controller) term(ctx context.Context, s *EtcdStore, self string) error 
 		return err
 	}
 	c.load(st)
+	c.planTerm.Store(e.Rev()) // etcd revisions only grow: a successor's plans come after ours
 	c.leader.Store(&self)
 	c.standby.Store(false)
 	c.m.leader.Set(1)

@@ -99,6 +99,7 @@ type Config struct {
 // Controller is a Placement Controller.
 type Controller struct {
 	started  atomic.Int64 // unix ns of the start, or of the last takeover
+	planTerm atomic.Int64 // orders this PC's reshard plans after its predecessors'
 	standby  atomic.Bool  // a standby of an HA group: serves nothing
 	leader   atomic.Pointer[string]
 	cfg      Config
@@ -155,6 +156,7 @@ func New(cfg Config) (*Controller, error) {
 		c.keys[k.ID()] = k
 	}
 	c.started.Store(time.Now().UnixNano())
+	c.planTerm.Store(time.Now().UnixMilli()) // a restarted PC's plans come after its former self's
 	if cfg.State != nil {
 		c.reg.persist = cfg.State.PutInstanceEpoch
 	}

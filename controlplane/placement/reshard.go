@@ -157,14 +157,16 @@ func (c *Controller) Reshard(ctx context.Context, q *ReshardRequest) (*ReshardRe
 				members = append(members, s.Instance)
 			}
 		}
-		c.broadcast(dctx, members, &kvsp.Reshard{Kind: kvsp.ReshardCommit, Map: cur.Map.Map, Commit: cur.Map.Version})
+		// One short try each: a member that cannot take it fails the plan anyway.
+		c.send(dctx, members, &kvsp.Reshard{Kind: kvsp.ReshardCommit, Map: cur.Map.Map, Commit: cur.Map.Version}, 1, time.Second)
 	}
 
 	plans := PlanReshard(cur.Map, q.Next)
 	deadlineMs := uint64(max(1, q.Deadline.Milliseconds()))
 	planID := kvsp.NewUUID()
+	term := uint64(c.planTerm.Load())
 	for inst, p := range plans {
-		p.DeadlineMs, p.ScopeID, p.CompatID, p.Plan = deadlineMs, q.ScopeID, q.CompatID, planID
+		p.DeadlineMs, p.ScopeID, p.CompatID, p.Plan, p.Term = deadlineMs, q.ScopeID, q.CompatID, planID, term
 		for i := range p.Fetch {
 			f := &p.Fetch[i]
 			f.BlockKeys = keys[f.Tokens[0]/b : f.Tokens[1]/b]
@@ -230,11 +232,17 @@ func (c *Controller) Reshard(ctx context.Context, q *ReshardRequest) (*ReshardRe
 // broadcast sends a commit or abort to every member, retrying each a few
 // times (both are idempotent, A-26).
 func (c *Controller) broadcast(ctx context.Context, members []string, m *kvsp.Reshard) {
+	c.send(ctx, members, m, 4, 2*time.Second)
+}
+
+// send delivers m to every member at once, each with up to tries tries of
+// timeout each.
+func (c *Controller) send(ctx context.Context, members []string, m *kvsp.Reshard, tries int, timeout time.Duration) {
 	var wg sync.WaitGroup
 	for _, inst := range members {
 		wg.Go(func() {
 			var err error
-			for try := range 4 {
+			for try := range tries {
 				if try > 0 {
 					select {
 					case <-ctx.Done():
@@ -242,7 +250,7 @@ func (c *Controller) broadcast(ctx context.Context, members []string, m *kvsp.Re
 					case <-time.After(time.Duration(try) * 50 * time.Millisecond):
 					}
 				}
-				cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+				cctx, cancel := context.WithTimeout(ctx, timeout)
 				_, err = c.cfg.Instances.Reshard(cctx, inst, m)
 				cancel()
 				if err == nil || errors.Is(err, kvsp.ErrPlanConflict) {
