@@ -42,6 +42,7 @@ ptx: ## rebuild gpu/kvsp_gather.ptx from csrc/kvsp_gather.cu (nvcc 11.8 from Deb
 test-gpu: ## stripped test and benchmark binaries of the GPU path in bin/gpu-check/, with the script that runs them on a GPU machine
 	@mkdir -p $(BIN)/gpu-check
 	CGO_ENABLED=1 $(GO) test -c -ldflags='-s -w' -o $(BIN)/gpu-check/gpu.test ./gpu/
+	CGO_ENABLED=1 $(GO) test -c -ldflags='-s -w' -o $(BIN)/gpu-check/holder.test ./holder/
 	cp scripts/gpu-check.sh $(BIN)/gpu-check/run.sh
 	@du -sh $(BIN)/gpu-check
 

@@ -11,5 +11,7 @@ status=0
 echo "== tests"
 timeout 60 ./gpu.test -test.v -test.run '.' -test.count 1 || status=1
 echo "== benchmarks (ratios are to the plain driver copy of the same sizes, same run)"
-timeout 150 ./gpu.test -test.run '^$' -test.bench '.' -test.benchtime 2x -test.count 1 -test.benchmem || status=1
+timeout 120 ./gpu.test -test.run '^$' -test.bench '.' -test.benchtime 2x -test.count 1 -test.benchmem || status=1
+echo "== device-tier GET over TLS (GB/s, cpu-s/GB; the SHA-256 bound of the verifying client)"
+timeout 60 ./holder.test -test.run '^$' -test.bench 'DeviceGet' -test.benchtime 200x -test.count 1 || status=1
 exit $status
