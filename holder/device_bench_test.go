@@ -100,7 +100,7 @@ func BenchmarkDeviceGet(b *testing.B) {
 			close(work)
 			wg.Wait()
 			gb := float64(b.N) * float64(len(data)) / 1e9
-			b.ReportMetric((kvsptest.SelfCPU() - cpu0).Seconds()/gb, "cpu-s/GB")
+			b.ReportMetric((kvsptest.SelfCPU()-cpu0).Seconds()/gb, "cpu-s/GB")
 		})
 	}
 }
