@@ -64,7 +64,7 @@ func newBenchFixtureCap(b testing.TB, n int, capacity int64) *benchFixture {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { f.h.Close(context.Background()) })
-	f.srv = kvsptest.StartServer(b, f.pki, kvsptest.Options{}, func(s *server.Server) { f.h.Mount(s.Mount("/h1/")) })
+	f.srv = kvsptest.StartServer(b, f.pki, kvsptest.Options{HTTP3: true}, func(s *server.Server) { f.h.Mount(s.Mount("/h1/")) })
 	f.data, f.blk = benchBlockBytes()
 	setup, _ := client.New(client.Config{TLS: f.pki.ClientTLS(f.pki.Leaf(kvsptest.ClientA))})
 	defer setup.Close()
@@ -80,7 +80,7 @@ func newBenchFixtureCap(b testing.TB, n int, capacity int64) *benchFixture {
 
 // BenchmarkGet: GETs of 2 MiB blocks over loopback mutual TLS, the client
 // verifying Repr-Digest and every layer digest as an instance does, over
-// HTTP/1.1 and HTTP/2 with 1 and 8 concurrent clients; and a 4-of-32-layer
+// HTTP/1.1, HTTP/2 and HTTP/3 with 1 and 8 concurrent clients; and a 4-of-32-layer
 // range. The bound in the same run: SHA-256 of the block (the client's
 // verification alone). Compare against nginx with scripts/bench-holder.sh.
 func BenchmarkGet(b *testing.B) {
@@ -94,14 +94,14 @@ func BenchmarkGet(b *testing.B) {
 			sha256.Sum256(data)
 		}
 	})
-	for _, proto := range []string{"http1", "h2"} {
+	for _, proto := range []string{"http1", "h2", "h3"} {
 		for _, clients := range []int{1, 8} {
 			b.Run(fmt.Sprintf("%s/clients=%d", proto, clients), func(b *testing.B) {
 				tls := p.ClientTLS(p.Leaf(kvsptest.ClientA))
 				if proto == "http1" {
 					tls.NextProtos = []string{"http/1.1"}
 				}
-				c, _ := client.New(client.Config{TLS: tls})
+				c, _ := client.New(client.Config{TLS: tls, HTTP3: proto == "h3"})
 				defer c.Close()
 				hc := c.Holder(srv.URL("/h1/"))
 				b.SetBytes(int64(len(data)))
