@@ -14,6 +14,7 @@ import (
 type Device struct {
 	d       *gpu.Device
 	stagers chan *gpu.Stager // idle, for WriteRange
+	inUse   chan struct{}    // a slot per stager in use: pinned staging is bounded
 
 	kmu sync.Mutex  // the kernels' stream, one gather at a time
 	ks  *gpu.Stream // nil until the first
@@ -24,8 +25,12 @@ type Device struct {
 const StagingSize = 1 << 20
 
 // maxIdleStagers bounds the pinned staging memory kept between GETs
-// (2 x StagingSize each).
-const maxIdleStagers = 16
+// (2 x StagingSize each); maxStagers bounds the stagers in use at once
+// (more device reads wait for one).
+const (
+	maxIdleStagers = 16
+	maxStagers     = 64
+)
 
 // DeviceBuffer is a region of device memory.
 type DeviceBuffer interface {
@@ -43,7 +48,7 @@ func OpenDevice(ordinal int) (*Device, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Device{d: d, stagers: make(chan *gpu.Stager, maxIdleStagers)}, nil
+	return &Device{d: d, stagers: make(chan *gpu.Stager, maxIdleStagers), inUse: make(chan struct{}, maxStagers)}, nil
 }
 
 // DeviceTelemetry is a device's own report of its memory and host link
@@ -62,13 +67,19 @@ func (d *Device) StandIn() bool { return d.d.Info().StandIn }
 // Alloc allocates n octets of device memory.
 func (d *Device) Alloc(n int64) (DeviceBuffer, error) { return d.d.Alloc(n) }
 
-// stager takes an idle stager, or makes one.
+// stager takes an idle stager, or makes one, once fewer than maxStagers
+// are in use.
 func (d *Device) stager() (*gpu.Stager, error) {
+	d.inUse <- struct{}{}
 	select {
 	case st := <-d.stagers:
 		return st, nil
 	default:
-		return d.d.NewStager(StagingSize)
+		st, err := d.d.NewStager(StagingSize)
+		if err != nil {
+			<-d.inUse
+		}
+		return st, err
 	}
 }
 
@@ -79,6 +90,7 @@ func (d *Device) idle(st *gpu.Stager) {
 	default:
 		st.Close()
 	}
+	<-d.inUse
 }
 
 // WriteRange writes n octets of buf at off to w through a double-buffered
