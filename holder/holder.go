@@ -428,8 +428,8 @@ func (h *Holder) putBlock(w http.ResponseWriter, r *http.Request) (err error) {
 		// a device tier, its first layers are copied to device memory as
 		// they arrive.
 		opts := container.ReadOptions{Alloc: func(n int) []byte { buf = h.store.bufs.get(n); return buf }}
-		if dev := h.store.dev; dev != nil {
-			opts.Header = func(hd *container.Header) { pre = dev.preload(hd) }
+		if h.store.dev != nil {
+			opts.Header = func(hd *container.Header) { pre = h.store.preload(hd) }
 			opts.Layer = func(i int, octets []byte) {
 				if pre != nil {
 					pre.layer(i, octets)

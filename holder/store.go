@@ -106,6 +106,7 @@ type deviceTier struct {
 	layers   int // leading layers per block placed in device memory
 	capacity int64
 	used     int64
+	reserved int64 // for the first layers of PUTs being received (preload)
 	lru      *list.List
 }
 
@@ -259,41 +260,66 @@ func (s *store) put(id blockID, blk *container.Block, g container.Geometry) (*en
 // its first layers, filled layer by layer as they arrive (before the block
 // is verified: nothing is visible until put).
 type preload struct {
-	buf    tier.DeviceBuffer
-	up     *tier.Uploader
-	layers int
-	offs   []int64 // device offset of each of the first layers
-	bytes  int64
-	used   bool // the store took buf
+	s       *store
+	settled bool // the reservation was given back, or became the entry's
+	buf     tier.DeviceBuffer
+	up      *tier.Uploader
+	layers  int
+	offs    []int64 // device offset of each of the first layers
+	bytes   int64
+	used    bool // the store took buf
 }
 
 // preload reserves device memory for the first layers of a block whose
-// header arrived, or returns nil (no room, no device memory): the block is
-// then placed as before, by a copy when it is stored.
-func (t *deviceTier) preload(h *container.Header) *preload {
+// header arrived (counted against the device tier's capacity with what is
+// stored and what other PUTs reserved), or returns nil (no room, no device
+// memory): the block is then placed as before, by a copy when it is
+// stored.
+func (s *store) preload(h *container.Header) *preload {
+	t := s.dev
 	d := min(t.layers, len(h.Layers))
 	if d == 0 {
 		return nil
 	}
-	p := &preload{layers: d, offs: make([]int64, d)}
+	p := &preload{s: s, layers: d, offs: make([]int64, d)}
 	for i, l := range h.Layers[:d] {
 		p.offs[i] = p.bytes
 		p.bytes += int64(l.K + l.V)
 	}
-	if p.bytes > t.capacity {
+	s.mu.Lock()
+	if t.used+t.reserved+p.bytes > t.capacity {
+		s.mu.Unlock()
 		return nil
 	}
+	t.reserved += p.bytes
+	s.mu.Unlock()
 	buf, err := t.d.Alloc(p.bytes)
 	if err != nil {
+		p.unreserve()
 		return nil
 	}
 	up, err := t.d.Uploader()
 	if err != nil {
 		buf.Free()
+		p.unreserve()
 		return nil
 	}
 	p.buf, p.up = buf, up
 	return p
+}
+
+// unreserve gives back the reservation (once).
+func (p *preload) unreserve() {
+	p.s.mu.Lock()
+	p.unreserveLocked()
+	p.s.mu.Unlock()
+}
+
+func (p *preload) unreserveLocked() {
+	if !p.settled {
+		p.s.dev.reserved -= p.bytes
+		p.settled = true
+	}
 }
 
 // layer queues the copy of layer i's octets (from the reading goroutine's
@@ -309,6 +335,7 @@ func (p *preload) layer(i int, octets []byte) {
 func (p *preload) finish() bool {
 	if p.up.Close() != nil {
 		p.buf.Free()
+		p.unreserve()
 		return false
 	}
 	return true
@@ -319,6 +346,7 @@ func (p *preload) release() {
 	if !p.used {
 		p.buf.Free()
 	}
+	p.unreserve()
 }
 
 // putWith is put with the block's device part already copied (pre, when
@@ -334,6 +362,9 @@ func (s *store) putWith(id blockID, blk *container.Block, g container.Geometry, 
 		return nil, nil, nil, fmt.Errorf("%w: block larger than the host tier", kvsp.ErrTooLarge)
 	}
 	var evicted, demoted []*entry
+	if pre != nil {
+		pre.unreserveLocked() // placed now (counted in used), or not at all
+	}
 	if s.dev != nil {
 		ev, dm, placed := s.placeOnDeviceLocked(e, pre)
 		evicted, demoted = append(evicted, ev...), append(demoted, dm...)

@@ -44,3 +44,36 @@ func TestDevicePartOutlivesDemotionWhileSent(t *testing.T) {
 		t.Fatal("the device part was not freed when the GET finished")
 	}
 }
+
+// TestPreloadReservesDeviceMemory: a PUT's device part is reserved as its
+// header arrives, against what is stored and what other PUTs reserved; the
+// reservation goes when the PUT is stored (then counted as used) or given
+// up.
+func TestPreloadReservesDeviceMemory(t *testing.T) {
+	d, _ := tier.OpenDevice(0)
+	s := newStore(8<<20, newLeases(LeaseQuota{}), nil)
+	s.dev = &deviceTier{d: d, layers: 2, capacity: 600 << 10, lru: list.New()} // room for one block's two 256 KiB layers
+	hdr := bigBlock(t, s, 0xaa).Header()
+	a := s.preload(hdr)
+	if a == nil || s.dev.reserved != 512<<10 {
+		t.Fatalf("first preload: %v, reserved %d", a, s.dev.reserved)
+	}
+	if b := s.preload(hdr); b != nil {
+		t.Fatal("a second PUT's device part was reserved beyond the capacity")
+	}
+	a.release()
+	a.release()
+	if s.dev.reserved != 0 {
+		t.Fatalf("reserved %d after the PUT gave up", s.dev.reserved)
+	}
+	c := s.preload(hdr)
+	if c == nil || !c.finish() {
+		t.Fatal("preload after the reservation was given back")
+	}
+	blk := bigBlock(t, s, 0xcc)
+	e, _, _, err := s.putWith(blockID{key: kvsp.BlockKey{3}}, blk, bigGeom, c)
+	c.release()
+	if err != nil || e.dev == nil || s.dev.reserved != 0 || s.dev.used != 512<<10 {
+		t.Fatalf("stored with its preload: %v, reserved %d, used %d", err, s.dev.reserved, s.dev.used)
+	}
+}
