@@ -19,6 +19,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/quic-go/quic-go/http3"
@@ -33,6 +34,10 @@ type Config struct {
 	TLS *tls.Config
 	// HTTP3 sends requests over HTTP/3 (QUIC) instead of HTTP/2.
 	HTTP3 bool
+	// QUICConns spreads HTTP/3 requests over this many QUIC connections
+	// per peer (round robin): one connection's congestion window and
+	// pacer bound all its streams. Default 1.
+	QUICConns int
 	// HTTP/2 is used unless TLS.NextProtos leaves out "h2": with
 	// NextProtos {"http/1.1"} requests go over a pool of HTTP/1.1
 	// connections, which costs servers about half the CPU per request on
@@ -76,8 +81,16 @@ func New(cfg Config) (*Client, error) {
 	}
 	c := &Client{timeout: cfg.Timeout, attempts: cfg.Attempts, log: cfg.Logger}
 	if cfg.HTTP3 {
-		tr := &http3.Transport{TLSClientConfig: cfg.TLS.Clone()}
-		c.hc, c.close = &http.Client{Transport: tr}, func() { tr.Close() }
+		n := max(1, cfg.QUICConns)
+		rr := &roundRobin{trs: make([]*http3.Transport, n)}
+		for i := range rr.trs {
+			rr.trs[i] = &http3.Transport{TLSClientConfig: cfg.TLS.Clone()}
+		}
+		c.hc, c.close = &http.Client{Transport: rr}, func() {
+			for _, tr := range rr.trs {
+				tr.Close()
+			}
+		}
 	} else {
 		tr := &http.Transport{
 			TLSClientConfig:     cfg.TLS.Clone(),
@@ -92,6 +105,18 @@ func New(cfg Config) (*Client, error) {
 		c.hc, c.close = &http.Client{Transport: tr}, tr.CloseIdleConnections
 	}
 	return c, nil
+}
+
+// roundRobin spreads requests over several HTTP/3 transports (one QUIC
+// connection each per peer).
+type roundRobin struct {
+	trs  []*http3.Transport
+	next atomic.Uint32
+}
+
+// RoundTrip implements http.RoundTripper.
+func (r *roundRobin) RoundTrip(req *http.Request) (*http.Response, error) {
+	return r.trs[int(r.next.Add(1))%len(r.trs)].RoundTrip(req)
 }
 
 // Close releases idle connections.

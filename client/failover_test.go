@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -88,5 +89,38 @@ func TestControllerGroupFailover(t *testing.T) {
 	}
 	if standbyCalls.Load() != 1 || leaderCalls.Load() != 2 {
 		t.Fatalf("the leader's 503 was sent on: standby %d, leader %d", standbyCalls.Load(), leaderCalls.Load())
+	}
+}
+
+// TestQUICConnsSpread: with QUICConns, HTTP/3 requests to one peer go out
+// over that many QUIC connections, in turn.
+func TestQUICConnsSpread(t *testing.T) {
+	pki := kvsptest.NewPKI(t)
+	var mu sync.Mutex
+	peers := map[string]bool{}
+	srv := kvsptest.StartServer(t, pki, kvsptest.Options{HTTP3: true}, func(s *server.Server) {
+		s.Mount("/pc/").Handle("POST", "place", server.Route{}, func(w http.ResponseWriter, r *http.Request) error {
+			if r.ProtoMajor != 3 {
+				return kvsp.NewProblem(kvsp.ErrInvalid, "not HTTP/3")
+			}
+			mu.Lock()
+			peers[r.RemoteAddr] = true
+			mu.Unlock()
+			return server.WriteJSON(w, http.StatusOK, &kvsp.PlaceResponse{Session: kvsp.NewUUID(), Epoch: 1, Instance: "https://ii/"})
+		})
+	})
+	c, err := client.New(client.Config{TLS: pki.ClientTLS(pki.Leaf(kvsptest.ClientA)), HTTP3: true, QUICConns: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	q := &kvsp.PlaceRequest{ScopeID: kvsp.ScopeID{1}, CompatID: kvsp.CompatID{1}, Tokens: []uint32{1}, MaxTokens: 1}
+	for range 6 {
+		if _, err := c.Controller(srv.URL("/pc/")).Place(context.Background(), q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(peers) != 3 {
+		t.Fatalf("requests came over %d QUIC connections, want 3", len(peers))
 	}
 }

@@ -94,14 +94,18 @@ func BenchmarkGet(b *testing.B) {
 			sha256.Sum256(data)
 		}
 	})
-	for _, proto := range []string{"http1", "h2", "h3"} {
+	for _, proto := range []string{"http1", "h2", "h3", "h3x4"} {
 		for _, clients := range []int{1, 8} {
 			b.Run(fmt.Sprintf("%s/clients=%d", proto, clients), func(b *testing.B) {
 				tls := p.ClientTLS(p.Leaf(kvsptest.ClientA))
 				if proto == "http1" {
 					tls.NextProtos = []string{"http/1.1"}
 				}
-				c, _ := client.New(client.Config{TLS: tls, HTTP3: proto == "h3"})
+				conns := 1
+				if proto == "h3x4" { // HTTP/3 over 4 QUIC connections
+					conns = 4
+				}
+				c, _ := client.New(client.Config{TLS: tls, HTTP3: proto == "h3" || proto == "h3x4", QUICConns: conns})
 				defer c.Close()
 				hc := c.Holder(srv.URL("/h1/"))
 				b.SetBytes(int64(len(data)))
