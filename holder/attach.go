@@ -2,7 +2,6 @@ package holder
 
 import (
 	"bytes"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -259,24 +258,11 @@ func (s *store) removeAttached(e *entry) <-chan struct{} {
 	return e.idle
 }
 
-// attachedRange is layers [i, j) of a block in an engine's pages.
+// attachedRange is a range of a block in an engine's pages.
 type attachedRange struct {
-	d    *tier.Device
-	e    *entry
-	at   *attached
-	i, j int
-}
-
-func (r attachedRange) header(dst []byte) []byte {
-	h := r.e.hdr
-	h.FirstLayer += uint32(r.i)
-	h.Layers = h.Layers[r.i:r.j]
-	return h.Append(dst)
-}
-
-// Len returns the octets of the range's container.
-func (r attachedRange) Len() int64 {
-	return int64(container.HeaderLen(r.j-r.i)) + r.e.layerOffset(r.j) - r.e.layerOffset(r.i)
+	layerSpan
+	d  *tier.Device
+	at *attached
 }
 
 // WriteTo writes the range's container: its header, then its layers
@@ -287,7 +273,7 @@ func (r attachedRange) WriteTo(w io.Writer) (int64, error) {
 		return 0, err
 	}
 	defer release()
-	n, err := w.Write(r.header(make([]byte, 0, container.HeaderLen(r.j-r.i))))
+	n, err := w.Write(r.headerBytes())
 	if err != nil {
 		return int64(n), err
 	}
@@ -295,13 +281,5 @@ func (r attachedRange) WriteTo(w io.Writer) (int64, error) {
 	return int64(n) + m, err
 }
 
-// Digest returns the range's container digest (one pass over its octets).
-func (r attachedRange) Digest() (container.Digest, error) {
-	h := sha256.New()
-	if _, err := r.WriteTo(h); err != nil { // a hash.Hash never fails: a device read did
-		return container.Digest{}, err
-	}
-	var d container.Digest
-	h.Sum(d[:0])
-	return d, nil
-}
+// Digest returns the range's container digest.
+func (r attachedRange) Digest() (container.Digest, error) { return digestOf(r) }

@@ -301,6 +301,7 @@ func (h *Holder) getBlock(w http.ResponseWriter, r *http.Request) error {
 		Len() int64
 		Digest() (container.Digest, error)
 	}
+	span := layerSpan{e: e, i: int(first - hdr.FirstLayer), j: int(last-hdr.FirstLayer) + 1}
 	if p.blk != nil {
 		v, err := p.blk.Range(first, last)
 		if err != nil {
@@ -308,9 +309,9 @@ func (h *Holder) getBlock(w http.ResponseWriter, r *http.Request) error {
 		}
 		body = hostRange{v}
 	} else if p.att != nil { // in an attached engine's pages
-		body = attachedRange{d: h.store.dev.d, e: e, at: p.att, i: int(first - hdr.FirstLayer), j: int(last-hdr.FirstLayer) + 1}
+		body = attachedRange{layerSpan: span, d: h.store.dev.d, at: p.att}
 	} else { // split between device and host memory
-		body = splitRange{d: h.store.dev.d, e: e, p: p, i: int(first - hdr.FirstLayer), j: int(last-hdr.FirstLayer) + 1}
+		body = splitRange{layerSpan: span, d: h.store.dev.d, p: p}
 	}
 	d, err := e.rangeDigest(first, last, body.Digest)
 	if err != nil {

@@ -8,33 +8,55 @@ import (
 	"github.com/kvsp/kvsp/holder/tier"
 )
 
-// splitRange is layers [i, j) (indexes in the block) of a block split
-// between device memory (its first devLayers layers) and a host tail: a
-// GET sends its header, then the device layers through the device's
-// double-buffered pinned staging (tier.Device.WriteRange), then the host
-// layers straight from the tail.
-type splitRange struct {
-	d    *tier.Device
+// layerSpan is layers [i, j) (indexes in the block) of a stored block: the
+// header and size of its container, shared by the ranges whose octets are
+// not one host buffer.
+type layerSpan struct {
 	e    *entry
-	p    parts
 	i, j int
 }
 
-func (r splitRange) header(dst []byte) []byte {
+// header appends the range's container header to dst.
+func (r layerSpan) header(dst []byte) []byte {
 	h := r.e.hdr
 	h.FirstLayer += uint32(r.i)
 	h.Layers = h.Layers[r.i:r.j]
 	return h.Append(dst)
 }
 
+// headerBytes is the range's container header.
+func (r layerSpan) headerBytes() []byte { return r.header(make([]byte, 0, container.HeaderLen(r.j-r.i))) }
+
 // Len returns the octets of the range's container.
-func (r splitRange) Len() int64 {
+func (r layerSpan) Len() int64 {
 	return int64(container.HeaderLen(r.j-r.i)) + r.e.layerOffset(r.j) - r.e.layerOffset(r.i)
+}
+
+// digestOf is the container digest of what r writes (one pass over its
+// octets); an error is a device read's (a hash.Hash never fails).
+func digestOf(r io.WriterTo) (container.Digest, error) {
+	h := sha256.New()
+	if _, err := r.WriteTo(h); err != nil {
+		return container.Digest{}, err
+	}
+	var d container.Digest
+	h.Sum(d[:0])
+	return d, nil
+}
+
+// splitRange is a range of a block split between device memory (its first
+// devLayers layers) and a host tail: a GET sends its header, then the
+// device layers through the device's double-buffered pinned staging
+// (tier.Device.WriteRange), then the host layers straight from the tail.
+type splitRange struct {
+	layerSpan
+	d *tier.Device
+	p parts
 }
 
 // WriteTo writes the range's container to w.
 func (r splitRange) WriteTo(w io.Writer) (int64, error) {
-	n, err := w.Write(r.header(make([]byte, 0, container.HeaderLen(r.j-r.i))))
+	n, err := w.Write(r.headerBytes())
 	total := int64(n)
 	if err != nil {
 		return total, err
@@ -58,13 +80,5 @@ func (r splitRange) WriteTo(w io.Writer) (int64, error) {
 	return total, nil
 }
 
-// Digest returns the range's container digest (one pass over its octets).
-func (r splitRange) Digest() (container.Digest, error) {
-	h := sha256.New()
-	if _, err := r.WriteTo(h); err != nil { // a hash.Hash never fails: a device read did
-		return container.Digest{}, err
-	}
-	var d container.Digest
-	h.Sum(d[:0])
-	return d, nil
-}
+// Digest returns the range's container digest.
+func (r splitRange) Digest() (container.Digest, error) { return digestOf(r) }

@@ -13,16 +13,7 @@ if [ -f /usr/include/cuda.h ]; then
 fi
 dir=.cache/cuda
 if [ ! -f "$dir/usr/include/cuda.h" ]; then
-	if ! apt-cache show nvidia-cuda-dev >/dev/null 2>&1; then
-		cat >/etc/apt/sources.list.d/kvsp-nonfree.sources <<SRC
-Types: deb
-URIs: http://deb.debian.org/debian
-Suites: bookworm
-Components: contrib non-free
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-SRC
-		apt-get update -qq >&2
-	fi
+	"$(dirname "$0")/nonfree-apt.sh" nvidia-cuda-dev
 	tmp=$(mktemp -d)
 	chmod 755 "$tmp" # apt downloads as _apt
 	(cd "$tmp" && apt-get download -qq nvidia-cuda-dev >&2)

@@ -311,6 +311,12 @@ func Dial(path string, h *Hello, fd int) (*Engine, error) {
 }
 
 func (e *Engine) reply(want string) error {
+	_, err := e.answer(want)
+	return err
+}
+
+// answer reads the server's answer, which must be of type want.
+func (e *Engine) answer(want string) (*message, error) {
 	var m message
 	fds, err := e.c.read(&m)
 	for _, fd := range fds {
@@ -318,13 +324,13 @@ func (e *Engine) reply(want string) error {
 	}
 	switch {
 	case err != nil:
-		return fmt.Errorf("attach: %w", err)
+		return nil, fmt.Errorf("attach: %w", err)
 	case m.Type == "error":
-		return fmt.Errorf("attach: refused: %s", m.Error)
+		return nil, fmt.Errorf("attach: refused: %s", m.Error)
 	case m.Type != want:
-		return fmt.Errorf("attach: %q where %q was due", m.Type, want)
+		return nil, fmt.Errorf("attach: %q where %q was due", m.Type, want)
 	}
-	return nil
+	return &m, nil
 }
 
 // Publish says which pages hold which blocks of a scope; once it returns,
@@ -359,18 +365,9 @@ func (e *Engine) Claim() ([]Placement, error) {
 	if err := e.c.write(&message{Type: "claim"}); err != nil {
 		return nil, err
 	}
-	var m message
-	fds, err := e.c.read(&m)
-	for _, fd := range fds {
-		unix.Close(fd)
-	}
-	switch {
-	case err != nil:
-		return nil, fmt.Errorf("attach: %w", err)
-	case m.Type == "error":
-		return nil, fmt.Errorf("attach: refused: %s", m.Error)
-	case m.Type != "claimed":
-		return nil, fmt.Errorf("attach: %q where claimed was due", m.Type)
+	m, err := e.answer("claimed")
+	if err != nil {
+		return nil, err
 	}
 	return m.Blocks, nil
 }

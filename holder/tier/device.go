@@ -97,29 +97,14 @@ func (d *Device) idle(st *gpu.Stager) {
 // pinned stager: the device copy of the next piece runs while this one is
 // written, so the range leaves in order with no copy beyond the staging.
 func (d *Device) WriteRange(w io.Writer, buf DeviceBuffer, off, n int64) (int64, error) {
-	gb, ok := buf.(*gpu.Buffer)
-	if !ok {
-		return 0, errors.New("tier: not a buffer of this device")
-	}
-	st, err := d.stager()
-	if err != nil {
-		return 0, err
-	}
-	defer d.idle(st)
-	var total int64
-	err = st.WriteTo(gb, []gpu.Region{{Off: off, Len: n}}, func(p []byte) error {
-		k, err := w.Write(p)
-		total += int64(k)
-		return err
-	})
-	return total, err
+	return d.WriteRegions(w, buf, []Region{{Off: off, Len: n}})
 }
 
 // Region is a span of a device buffer.
 type Region = gpu.Region
 
 // WriteRegions writes the regions of buf, in order, to w through the
-// double-buffered pinned staging (as WriteRange).
+// double-buffered pinned staging.
 func (d *Device) WriteRegions(w io.Writer, buf DeviceBuffer, regions []Region) (int64, error) {
 	gb, ok := buf.(*gpu.Buffer)
 	if !ok {
