@@ -25,7 +25,9 @@ func (r layerSpan) header(dst []byte) []byte {
 }
 
 // headerBytes is the range's container header.
-func (r layerSpan) headerBytes() []byte { return r.header(make([]byte, 0, container.HeaderLen(r.j-r.i))) }
+func (r layerSpan) headerBytes() []byte {
+	return r.header(make([]byte, 0, container.HeaderLen(r.j-r.i)))
+}
 
 // Len returns the octets of the range's container.
 func (r layerSpan) Len() int64 {
