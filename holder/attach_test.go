@@ -28,21 +28,7 @@ import (
 // and publishes it on the device tier; after unpublish (and after the
 // engine's session ends) the block is gone and withdrawn.
 func TestAttachedEngineServesFromItsPages(t *testing.T) {
-	dev, err := tier.OpenDevice(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := start(t, 8*blockSize(), func(c *holder.Config) {
-		c.Device, c.DeviceCapacity, c.DeviceLayers, c.DeviceReadMbitPerS = dev, 2*blockSize(), 4, 2000000
-	})
-	sock := filepath.Join(t.TempDir(), "attach.sock")
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan struct{})
-	go func() { (&attach.Server{Handler: f.h.AttachHandler()}).Serve(ln); close(served) }()
-	defer func() { ln.Close(); <-served }()
+	f, sock := startAttached(t)
 
 	// The engine's pool: 3 pages; blocks 1 and 2 in pages 0 and 2.
 	sec := int64(geom.RawSectionLen())
@@ -113,6 +99,28 @@ func TestAttachedEngineServesFromItsPages(t *testing.T) {
 	f.gone(t, ref(2).Key)
 }
 
+// startAttached is a holder whose device tier (the stand-in) takes all 4
+// layers, serving the attach protocol on a socket until the test ends.
+func startAttached(t *testing.T) (*fixture, string) {
+	dev, err := tier.OpenDevice(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := start(t, 8*blockSize(), func(c *holder.Config) {
+		c.Device, c.DeviceCapacity, c.DeviceLayers, c.DeviceReadMbitPerS = dev, 2*blockSize(), 4, 2000000
+	})
+	sock := filepath.Join(t.TempDir(), "attach.sock")
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &attach.Server{Handler: f.h.AttachHandler()}
+	served := make(chan struct{})
+	go func() { srv.Serve(ln); close(served) }()
+	t.Cleanup(func() { srv.Close(); <-served })
+	return f, sock
+}
+
 // gone waits until the IS has no replica of key k.
 func (f *fixture) gone(t *testing.T, k kvsp.BlockKey) {
 	t.Helper()
@@ -134,21 +142,7 @@ func (f *fixture) gone(t *testing.T, k kvsp.BlockKey) {
 // holder gathers the block's rows on the device (the stand-in's gather)
 // and serves the same container a PUT of that KV would store.
 func TestAttachedPagesOtherThanBlocks(t *testing.T) {
-	dev, err := tier.OpenDevice(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := start(t, 8*blockSize(), func(c *holder.Config) {
-		c.Device, c.DeviceCapacity, c.DeviceLayers, c.DeviceReadMbitPerS = dev, 2*blockSize(), 4, 2000000
-	})
-	sock := filepath.Join(t.TempDir(), "attach.sock")
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan struct{})
-	go func() { (&attach.Server{Handler: f.h.AttachHandler()}).Serve(ln); close(served) }()
-	defer func() { ln.Close(); <-served }()
+	f, sock := startAttached(t)
 	row := int64(geom.RawSectionLen()) / int64(geom.BlockTokens)
 	for i, c := range []struct {
 		pageTokens, pages int

@@ -110,35 +110,7 @@ func BenchmarkGet(b *testing.B) {
 				hc := c.Holder(srv.URL("/h1/"))
 				b.SetBytes(int64(len(data)))
 				b.ResetTimer()
-				var wg sync.WaitGroup
-				work := make(chan int)
-				for w := 0; w < clients; w++ {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						for i := range work {
-							s, err := hc.GetBlock(context.Background(), refs[i%nblocks], benchGeom, client.GetOptions{LayerDigests: blk.LayerDigests(), ReplicaCodec: 1})
-							if err != nil {
-								b.Error(err)
-								return
-							}
-							for {
-								if _, err := s.Next(); err == io.EOF {
-									break
-								} else if err != nil {
-									b.Error(err)
-									break
-								}
-							}
-							s.Close()
-						}
-					}()
-				}
-				for i := 0; i < b.N; i++ {
-					work <- i
-				}
-				close(work)
-				wg.Wait()
+				getBlocks(b, hc, refs, blk, clients)
 			})
 		}
 	}
@@ -162,6 +134,38 @@ func BenchmarkGet(b *testing.B) {
 			s.Close()
 		}
 	})
+}
+
+// getBlocks GETs b.N blocks of refs (in turn) from clients concurrent
+// streams, verifying each layer as an instance does.
+func getBlocks(b *testing.B, hc *client.Holder, refs []client.BlockRef, blk *container.Block, clients int) {
+	var wg sync.WaitGroup
+	work := make(chan int)
+	for range clients {
+		wg.Go(func() {
+			for i := range work {
+				s, err := hc.GetBlock(context.Background(), refs[i%len(refs)], benchGeom, client.GetOptions{LayerDigests: blk.LayerDigests(), ReplicaCodec: 1})
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				for {
+					if _, err := s.Next(); err == io.EOF {
+						break
+					} else if err != nil {
+						b.Error(err)
+						break
+					}
+				}
+				s.Close()
+			}
+		})
+	}
+	for i := 0; i < b.N; i++ {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
 }
 
 func mustScope() kvsp.ScopeID { s, _ := kvsp.ParseScopeID(kvsptest.Scope); return s }

@@ -5,9 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"fmt"
-	"io"
 	"os"
-	"sync"
 	"testing"
 	"time"
 
@@ -72,33 +70,7 @@ func BenchmarkDeviceGet(b *testing.B) {
 		b.Run(fmt.Sprintf("%s/h2/streams=%d", kind, streams), func(b *testing.B) {
 			b.SetBytes(int64(len(data)))
 			cpu0 := kvsptest.SelfCPU()
-			var wg sync.WaitGroup
-			work := make(chan int)
-			for range streams {
-				wg.Go(func() {
-					for i := range work {
-						s, err := hc.GetBlock(context.Background(), refs[i%nblocks], benchGeom, client.GetOptions{LayerDigests: blk.LayerDigests(), ReplicaCodec: 1})
-						if err != nil {
-							b.Error(err)
-							return
-						}
-						for {
-							if _, err := s.Next(); err == io.EOF {
-								break
-							} else if err != nil {
-								b.Error(err)
-								break
-							}
-						}
-						s.Close()
-					}
-				})
-			}
-			for i := 0; b.Loop(); i++ {
-				work <- i
-			}
-			close(work)
-			wg.Wait()
+			getBlocks(b, hc, refs, blk, streams)
 			gb := float64(b.N) * float64(len(data)) / 1e9
 			b.ReportMetric((kvsptest.SelfCPU()-cpu0).Seconds()/gb, "cpu-s/GB")
 		})

@@ -29,7 +29,12 @@ import (
 // socket; an engine attaches its memfd pool, publishes a block by page,
 // and a client GETs it over mutual TLS: the octets are the container of
 // the engine's page, verified by its Repr-Digest.
-func TestEngineAttachThroughServe(t *testing.T) {
+// serveOnDevice runs `kvsp serve` on testConfig with old replaced by new,
+// on a device (the nogpu stand-in under make test; skipped in a build
+// without one), until the test ends; it returns the configuration's
+// directory and the address served.
+func serveOnDevice(t *testing.T, old, new string) (dir, addr string) {
+	t.Helper()
 	if d, err := gpu.Open(0); err != nil {
 		if errors.Is(err, gpu.ErrNoDevice) {
 			t.Skipf("no device in this build (%v): make test runs it on the stand-in", err)
@@ -38,10 +43,8 @@ func TestEngineAttachThroughServe(t *testing.T) {
 	} else {
 		d.Close()
 	}
-	dir := t.TempDir()
-	cfg := writeFile(t, dir, "kvsp.yaml", strings.Replace(testConfig,
-		"tiers: [{name: host, capacity: 1GiB, read_mbit_per_s: 400000}, {name: local-storage, capacity: 10GiB, path: store}]",
-		"tiers: [{name: device, capacity: 1GiB, device: 0}, {name: host, capacity: 1GiB, read_mbit_per_s: 400000}]\n    attach_socket: attach.sock", 1))
+	dir = t.TempDir()
+	cfg := writeFile(t, dir, "kvsp.yaml", strings.Replace(testConfig, old, new, 1))
 	writeFile(t, dir, "descriptor.json", appendixDescriptor)
 	if code, _, errs := runCLI(t, "certs", "--config", cfg); code != 0 {
 		t.Fatal(errs)
@@ -50,18 +53,43 @@ func TestEngineAttachThroughServe(t *testing.T) {
 	ready := make(chan string, 1)
 	done := make(chan error, 1)
 	go func() { done <- serve(ctx, []string{"--config", cfg}, io.Discard, nil, ready) }()
-	var addr string
 	select {
 	case addr = <-ready:
 	case err := <-done:
 		t.Fatalf("serve: %v", err)
 	}
-	defer func() {
+	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("shutdown: %v", err)
 		}
-	}()
+	})
+	return dir, addr
+}
+
+// memfdPool is an engine's pool in a memfd of size octets, mapped shared
+// (closed when the test ends).
+func memfdPool(t *testing.T, size int64) (int, []byte) {
+	t.Helper()
+	fd, err := unix.MemfdCreate("engine-pool", unix.MFD_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Ftruncate(fd, size); err != nil {
+		t.Fatal(err)
+	}
+	mem, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Munmap(mem); unix.Close(fd) })
+	return fd, mem
+}
+
+func TestEngineAttachThroughServe(t *testing.T) {
+	dir, addr := serveOnDevice(t,
+		"tiers: [{name: host, capacity: 1GiB, read_mbit_per_s: 400000}, {name: local-storage, capacity: 10GiB, path: store}]",
+		"tiers: [{name: device, capacity: 1GiB, device: 0}, {name: host, capacity: 1GiB, read_mbit_per_s: 400000}]\n    attach_socket: attach.sock")
 	if fi, err := os.Stat(filepath.Join(dir, "attach.sock")); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("attach socket: %v %v", fi, err)
 	}
@@ -70,7 +98,7 @@ func TestEngineAttachThroughServe(t *testing.T) {
 	const sec, layers, pages = 8192, 32, 2
 	pool := attach.Pool{Memory: attach.MemoryMemfd, Pages: pages, PageTokens: 4, PageStride: sec, VOffset: pages * sec,
 		LayerStride: 2 * pages * sec, Size: layers * 2 * pages * sec}
-	mem := make([]byte, pool.Size)
+	fd, mem := memfdPool(t, pool.Size)
 	rng := rand.New(rand.NewPCG(5, 6))
 	for i := range mem {
 		mem[i] = byte(rng.Uint32())
@@ -84,12 +112,6 @@ func TestEngineAttachThroughServe(t *testing.T) {
 		w.WriteLayer(mem[k:k+sec], mem[v:v+sec])
 	}
 	w.Close()
-	fd, err := unix.MemfdCreate("engine-pool", unix.MFD_CLOEXEC)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(fd)
-	unix.Write(fd, mem)
 	compat, _ := kvsp.ParseCompatID("5ed5c2f238839655d7c4029e12b7f31caf9e7421f4edb4057feee6dab760ee0f")
 	e, err := attach.Dial(filepath.Join(dir, "attach.sock"), &attach.Hello{Engine: "test", CompatID: compat, Pool: pool}, fd)
 	if err != nil {
@@ -129,38 +151,9 @@ func TestEngineAttachThroughServe(t *testing.T) {
 // write it into two lent pages; the engine claims it, and its own pool
 // holds the block's rows where its layout says.
 func TestConnectedEngineGetsPrefetchedBlocks(t *testing.T) {
-	if d, err := gpu.Open(0); err != nil {
-		if errors.Is(err, gpu.ErrNoDevice) {
-			t.Skipf("no device in this build (%v): make test runs it on the stand-in", err)
-		}
-		t.Fatal(err)
-	} else {
-		d.Close()
-	}
-	dir := t.TempDir()
-	cfg := writeFile(t, dir, "kvsp.yaml", strings.Replace(testConfig,
+	dir, addr := serveOnDevice(t,
 		"engine: {kind: sim, descriptor: descriptor.json, prefill_tokens_per_s: 42000, decode_tokens_per_s: 3100}",
-		"engine: {kind: connected, descriptor: descriptor.json, attach_socket: ii.sock}", 1))
-	writeFile(t, dir, "descriptor.json", appendixDescriptor)
-	if code, _, errs := runCLI(t, "certs", "--config", cfg); code != 0 {
-		t.Fatal(errs)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan string, 1)
-	done := make(chan error, 1)
-	go func() { done <- serve(ctx, []string{"--config", cfg}, io.Discard, nil, ready) }()
-	var addr string
-	select {
-	case addr = <-ready:
-	case err := <-done:
-		t.Fatalf("serve: %v", err)
-	}
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("shutdown: %v", err)
-		}
-	}()
+		"engine: {kind: connected, descriptor: descriptor.json, attach_socket: ii.sock}")
 
 	// The engine's pool: pages of 2 tokens of the appendix model.
 	const row, layers, pages = 2048, 32, 6
@@ -168,17 +161,7 @@ func TestConnectedEngineGetsPrefetchedBlocks(t *testing.T) {
 	pool.VOffset = pages * pool.PageStride
 	pool.LayerStride = 2 * pool.VOffset
 	pool.Size = layers * pool.LayerStride
-	fd, err := unix.MemfdCreate("engine-pool", unix.MFD_CLOEXEC)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(fd)
-	unix.Ftruncate(fd, pool.Size)
-	mem, err := unix.Mmap(fd, 0, int(pool.Size), unix.PROT_READ, unix.MAP_SHARED)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Munmap(mem)
+	fd, mem := memfdPool(t, pool.Size)
 	compat, _ := kvsp.ParseCompatID("5ed5c2f238839655d7c4029e12b7f31caf9e7421f4edb4057feee6dab760ee0f")
 	en, err := attach.Dial(filepath.Join(dir, "ii.sock"), &attach.Hello{Engine: "test", CompatID: compat, Pool: pool}, fd)
 	if err != nil {

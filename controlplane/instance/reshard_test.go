@@ -195,6 +195,13 @@ func (w *group) shardMap(version uint64, shards ...any) kvsp.ShardMap {
 	return m
 }
 
+// fill stores the first n blocks of tokens at h1 (a prefill elsewhere),
+// which publishes them.
+func (w *group) fill(t *testing.T, tokens []uint32, n int) {
+	rg := &rig{srv: w.srv, compat: w.compat, scopeKey: w.scope, g: w.g, url: w.url, front: w.asPC, src: w.asPC.Holder(w.url("/h1/"))}
+	rg.fill(t, tokens, n)
+}
+
 func (w *group) ranges(base string) (uint64, []kvsp.TokenRange) {
 	return w.agents[w.url(base)].ShardRanges("c3f8e1")
 }
@@ -212,9 +219,7 @@ func TestReshardRetainsInPlace(t *testing.T) {
 	tokens := prompt(8)[:128]
 	keys, _ := kvsp.BlockKeys(w.scope, w.compat, 16, tokens)
 	// The context's blocks were stored at h1 once (a prefill elsewhere).
-	rg := &rig{srv: w.srv, compat: w.compat, scopeKey: w.scope, g: w.g, url: w.url, front: w.asPC}
-	rg.src = w.asPC.Holder(w.url("/h1/"))
-	rg.fill(t, tokens, 8)
+	w.fill(t, tokens, 8)
 	blockLen := 2 * w.g.RawSectionLen() * uint64(w.g.Layers)
 
 	v1 := w.shardMap(1, 0, 64, "/ii1/", 64, 128, "/ii2/")
@@ -309,9 +314,7 @@ func TestReshardMemberNeverAcknowledges(t *testing.T) {
 	ctx := context.Background()
 	tokens := prompt(8)[:128]
 	keys, _ := kvsp.BlockKeys(w.scope, w.compat, 16, tokens)
-	rg := &rig{srv: w.srv, compat: w.compat, scopeKey: w.scope, g: w.g, url: w.url, front: w.asPC}
-	rg.src = w.asPC.Holder(w.url("/h1/"))
-	rg.fill(t, tokens, 8)
+	w.fill(t, tokens, 8)
 	v1 := w.shardMap(1, 0, 64, "/ii1/", 64, 128, "/ii2/")
 	if _, err := w.pc.Reshard(ctx, &placement.ReshardRequest{Next: v1, ScopeID: w.scope.ID(), CompatID: w.compat, Tokens: tokens, Deadline: 5 * time.Second}); err != nil {
 		t.Fatal(err)
@@ -437,9 +440,7 @@ func TestReshardLostCommitIsResent(t *testing.T) {
 	w := newGroup(t)
 	ctx := context.Background()
 	tokens := prompt(8)[:128]
-	rg := &rig{srv: w.srv, compat: w.compat, scopeKey: w.scope, g: w.g, url: w.url, front: w.asPC}
-	rg.src = w.asPC.Holder(w.url("/h1/"))
-	rg.fill(t, tokens, 8)
+	w.fill(t, tokens, 8)
 	v1 := w.shardMap(1, 0, 64, "/ii1/", 64, 128, "/flaky/")
 	if _, err := w.pc.Reshard(ctx, &placement.ReshardRequest{Next: v1, ScopeID: w.scope.ID(), CompatID: w.compat, Tokens: tokens, Deadline: 5 * time.Second}); err != nil {
 		t.Fatal(err)
@@ -464,9 +465,7 @@ func TestReshardSharedBlocksStay(t *testing.T) {
 	ctx := context.Background()
 	tokens := prompt(8)[:64]
 	keys, _ := kvsp.BlockKeys(w.scope, w.compat, 16, tokens)
-	rg := &rig{srv: w.srv, compat: w.compat, scopeKey: w.scope, g: w.g, url: w.url, front: w.asPC}
-	rg.src = w.asPC.Holder(w.url("/h1/"))
-	rg.fill(t, tokens, 4)
+	w.fill(t, tokens, 4)
 	for _, m := range []string{"mapA", "mapB"} {
 		next := kvsp.ShardMap{Map: m, Version: 1, Shards: []kvsp.Shard{{Tokens: kvsp.TokenRange{0, 64}, Instance: w.url("/ii1/")}}}
 		if _, err := w.pc.Reshard(ctx, &placement.ReshardRequest{Next: next, ScopeID: w.scope.ID(), CompatID: w.compat, Tokens: tokens, Deadline: 5 * time.Second}); err != nil {
