@@ -231,6 +231,12 @@ func TestConnectedEngineGetsPrefetchedBlocks(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+	// The engine runs its own requests: the agent's generate refuses, before
+	// it answers anything.
+	gen := &kvsp.GenerateRequest{Session: kvsp.NewUUID(), Epoch: 1, ScopeID: sk.ID(), CompatID: compat, Tokens: []uint32{1, 2}, MaxTokens: 1}
+	if err := mk("client").Instance("https://"+addr+"/ii1/").Generate(context.Background(), gen, func(kvsp.GeneratedToken) error { return nil }); !errors.Is(err, kvsp.ErrInvalidState) {
+		t.Fatalf("generate at a connected instance: %v", err)
+	}
 	got, err := en.Claim()
 	if err != nil || len(got) != 1 || got[0].BlockKey != key || len(got[0].Pages) != 2 {
 		t.Fatalf("claim: %+v %v", got, err)

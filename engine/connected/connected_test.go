@@ -135,6 +135,14 @@ func TestLentPages(t *testing.T) {
 	if st := e.Stats(); st.Running != 3 || st.KVUtilization != 0.5 || st.DecodeTokensPerS != 70 {
 		t.Fatalf("stats %+v", st)
 	}
+	for _, bad := range []attach.Stats{{KVUtilization: 1.5}, {PrefillTokensPerS: -5}, {Running: 1 << 60}} {
+		if en.Report(bad) == nil {
+			t.Fatalf("a report no status record could carry was accepted: %+v", bad)
+		}
+	}
+	if st := e.Stats(); st.Running != 3 {
+		t.Fatalf("a refused report changed the stats: %+v", st)
+	}
 	en.Close()
 	deadline := time.Now().Add(5 * time.Second)
 	for !errors.Is(kv.WriteLayer(kvsp.BlockKey{0xc0}, 0, k, v), connected.ErrNotAttached) {
