@@ -49,7 +49,8 @@ func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
 // TestDependencyDirections enforces the layout rules of STYLE.md section 1:
 //   - kvsp and container are leaves: standard library (and, for kvsp, the
 //     JSON and JCS modules) only, and never net/http;
-//   - only holder/tier and cmd/... import gpu or rdma;
+//   - only holder/tier and cmd/... import gpu or rdma; only cmd/...
+//     imports quicbulk, which imports kvsp and internal/udpbuf only;
 //   - everything outside gpu, rdma and cmd builds with CGO_ENABLED=0;
 //   - no production package imports testing or internal/kvsptest.
 func TestDependencyDirections(t *testing.T) {
@@ -78,6 +79,12 @@ func TestDependencyDirections(t *testing.T) {
 			}
 		}
 		for _, d := range p.Imports {
+			if d == mod+"/quicbulk" && !under(p.ImportPath, "cmd") {
+				t.Errorf("%s imports quicbulk: only cmd plugs it in (servers and clients take it as a QUIC handler and an http.RoundTripper)", p.ImportPath)
+			}
+			if r == "quicbulk" && strings.HasPrefix(d, mod) && d != mod && d != mod+"/internal/udpbuf" {
+				t.Errorf("quicbulk imports %s: it imports kvsp and internal/udpbuf only", d)
+			}
 			if (strings.HasSuffix(d, mod+"/gpu") || strings.HasSuffix(d, mod+"/rdma")) &&
 				!under(p.ImportPath, "holder/tier") && !under(p.ImportPath, "cmd") {
 				t.Errorf("%s imports %s: only holder/tier and cmd may", p.ImportPath, d)

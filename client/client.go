@@ -19,6 +19,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -42,6 +43,11 @@ type Config struct {
 	// NextProtos {"http/1.1"} requests go over a pool of HTTP/1.1
 	// connections, which costs servers about half the CPU per request on
 	// loopback and LANs (BenchmarkLookupServerCPU, BenchmarkGet).
+	// Bulk, when set, carries block GETs and PUTs (quicbulk.Transport):
+	// a request it reports it never sent (an error with NotServed() true:
+	// the peer does not serve it) goes over the HTTPS transport instead.
+	// Close closes it.
+	Bulk http.RoundTripper
 	// Timeout bounds each JSON request; block transfers use the caller's
 	// context only. Default 10s.
 	Timeout time.Duration
@@ -54,11 +60,13 @@ type Config struct {
 
 // Client is a KVSP client for every role.
 type Client struct {
-	hc       *http.Client
-	close    func()
-	timeout  time.Duration
-	attempts int
-	log      *slog.Logger
+	hc        *http.Client
+	bulk      *http.Client // block transfers; hc when no Bulk
+	closeBulk func()
+	close     func()
+	timeout   time.Duration
+	attempts  int
+	log       *slog.Logger
 }
 
 // New returns a Client.
@@ -104,6 +112,15 @@ func New(cfg Config) (*Client, error) {
 		}
 		c.hc, c.close = &http.Client{Transport: tr}, tr.CloseIdleConnections
 	}
+	c.bulk = c.hc
+	if cfg.Bulk != nil {
+		c.closeBulk = func() {
+			if cl, ok := cfg.Bulk.(interface{ Close() error }); ok {
+				cl.Close()
+			}
+		}
+		c.bulk = &http.Client{Transport: &fallback{bulk: cfg.Bulk, https: c.hc.Transport}}
+	}
 	return c, nil
 }
 
@@ -119,8 +136,58 @@ func (r *roundRobin) RoundTrip(req *http.Request) (*http.Response, error) {
 	return r.trs[int(r.next.Add(1))%len(r.trs)].RoundTrip(req)
 }
 
+// fallback sends over bulk, and over https what bulk says it never sent.
+type fallback struct {
+	bulk, https http.RoundTripper
+}
+
+// RoundTrip implements http.RoundTripper.
+func (f *fallback) RoundTrip(req *http.Request) (*http.Response, error) {
+	var body *guardedBody
+	breq := req
+	if req.Body != nil && req.Body != http.NoBody {
+		// The bulk attempt gets a body it cannot close, so an unsent
+		// request can still go over HTTPS with the body untouched.
+		body = &guardedBody{rc: req.Body}
+		breq = req.Clone(req.Context())
+		breq.Body = body
+	}
+	resp, err := f.bulk.RoundTrip(breq)
+	var ns interface{ NotServed() bool }
+	unread := body == nil || !body.read.Load()
+	if err != nil && unread && errors.As(err, &ns) && ns.NotServed() && req.Context().Err() == nil {
+		return f.https.RoundTrip(req)
+	}
+	if err != nil && body != nil && unread {
+		req.Body.Close()
+	}
+	return resp, err
+}
+
+// guardedBody is a request body whose Close is passed on only once it
+// was read: an unread body may still go over another transport.
+type guardedBody struct {
+	rc   io.ReadCloser
+	read atomic.Bool
+	once sync.Once
+}
+
+func (b *guardedBody) Read(p []byte) (int, error) { b.read.Store(true); return b.rc.Read(p) }
+
+func (b *guardedBody) Close() error {
+	if b.read.Load() {
+		b.once.Do(func() { b.rc.Close() })
+	}
+	return nil
+}
+
 // Close releases idle connections.
-func (c *Client) Close() { c.close() }
+func (c *Client) Close() {
+	c.close()
+	if c.closeBulk != nil {
+		c.closeBulk()
+	}
+}
 
 // onceKey marks a context whose requests are sent once: an idempotent
 // method whose repetition is still costly (a reshard).
@@ -145,6 +212,11 @@ func retryable(resp *http.Response, err error) bool {
 // do sends a request whose body (if any) is in memory, retrying idempotent
 // methods, and returns the response of the last attempt.
 func (c *Client) do(ctx context.Context, method, url string, hdr http.Header, body []byte) (*http.Response, error) {
+	return c.doOn(c.hc, ctx, method, url, hdr, body)
+}
+
+// doOn is do over hc.
+func (c *Client) doOn(hc *http.Client, ctx context.Context, method, url string, hdr http.Header, body []byte) (*http.Response, error) {
 	attempts := 1
 	if idempotent(method) && ctx.Value(onceKey{}) == nil {
 		attempts = c.attempts
@@ -172,7 +244,7 @@ func (c *Client) do(ctx context.Context, method, url string, hdr http.Header, bo
 		for k, v := range hdr {
 			req.Header[k] = v
 		}
-		resp, err = c.hc.Do(req)
+		resp, err = hc.Do(req)
 		if !retryable(resp, err) || i == attempts-1 {
 			break
 		}

@@ -81,7 +81,7 @@ func (h *Holder) GetBlock(ctx context.Context, b BlockRef, g container.Geometry,
 		}
 		q += "codec=" + strconv.FormatUint(uint64(o.Codec), 10)
 	}
-	resp, err := h.c.do(ctx, http.MethodGet, url+q, http.Header{
+	resp, err := h.c.doOn(h.c.bulk, ctx, http.MethodGet, url+q, http.Header{
 		"Accept":          {MediaTypeBlock + ", " + kvsp.MediaTypeProblem},
 		"Accept-Encoding": {"identity"},
 	}, nil)
@@ -132,7 +132,7 @@ func (h *Holder) PutBlock(ctx context.Context, b BlockRef, body io.Reader, size 
 	req.Header.Set("Content-Type", MediaTypeBlock)
 	req.Header.Set("If-None-Match", "*")
 	req.Header.Set("Repr-Digest", container.ReprDigest(digest))
-	resp, err := h.c.hc.Do(req)
+	resp, err := h.c.bulk.Do(req)
 	if err != nil {
 		return fmt.Errorf("client: PUT block: %w", err)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/kvsp/kvsp/container"
 	"github.com/kvsp/kvsp/holder"
 	"github.com/kvsp/kvsp/internal/kvsptest"
+	"github.com/kvsp/kvsp/quicbulk"
 	"github.com/kvsp/kvsp/server"
 )
 
@@ -64,7 +65,13 @@ func newBenchFixtureCap(b testing.TB, n int, capacity int64) *benchFixture {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { f.h.Close(context.Background()) })
-	f.srv = kvsptest.StartServer(b, f.pki, kvsptest.Options{HTTP3: true}, func(s *server.Server) { f.h.Mount(s.Mount("/h1/")) })
+	// HTTP/3 and the bulk path on the UDP port, with quic-go's default
+	// (stock) server configuration.
+	bulk := &quicbulk.Server{}
+	f.srv = kvsptest.StartServer(b, f.pki, kvsptest.Options{HTTP3: true, QUIC: map[string]server.QUICHandler{quicbulk.ALPN: bulk}}, func(s *server.Server) {
+		bulk.Handler = s.Handler()
+		f.h.Mount(s.Mount("/h1/"))
+	})
 	f.data, f.blk = benchBlockBytes()
 	setup, _ := client.New(client.Config{TLS: f.pki.ClientTLS(f.pki.Leaf(kvsptest.ClientA))})
 	defer setup.Close()
@@ -80,7 +87,8 @@ func newBenchFixtureCap(b testing.TB, n int, capacity int64) *benchFixture {
 
 // BenchmarkGet: GETs of 2 MiB blocks over loopback mutual TLS, the client
 // verifying Repr-Digest and every layer digest as an instance does, over
-// HTTP/1.1, HTTP/2 and HTTP/3 with 1 and 8 concurrent clients; and a 4-of-32-layer
+// HTTP/1.1, HTTP/2, HTTP/3 (stock quic-go configuration) and the quicbulk
+// path, over one and four QUIC connections, with 1 and 8 concurrent clients; and a 4-of-32-layer
 // range. The bound in the same run: SHA-256 of the block (the client's
 // verification alone). Compare against nginx with scripts/bench-holder.sh.
 func BenchmarkGet(b *testing.B) {
@@ -94,7 +102,7 @@ func BenchmarkGet(b *testing.B) {
 			sha256.Sum256(data)
 		}
 	})
-	for _, proto := range []string{"http1", "h2", "h3", "h3x4"} {
+	for _, proto := range []string{"http1", "h2", "h3", "h3x4", "bulk", "bulkx4"} {
 		for _, clients := range []int{1, 8} {
 			b.Run(fmt.Sprintf("%s/clients=%d", proto, clients), func(b *testing.B) {
 				tls := p.ClientTLS(p.Leaf(kvsptest.ClientA))
@@ -102,10 +110,14 @@ func BenchmarkGet(b *testing.B) {
 					tls.NextProtos = []string{"http/1.1"}
 				}
 				conns := 1
-				if proto == "h3x4" { // HTTP/3 over 4 QUIC connections
+				if proto == "h3x4" || proto == "bulkx4" { // over 4 QUIC connections
 					conns = 4
 				}
-				c, _ := client.New(client.Config{TLS: tls, HTTP3: proto == "h3" || proto == "h3x4", QUICConns: conns})
+				cfg := client.Config{TLS: tls, HTTP3: proto == "h3" || proto == "h3x4", QUICConns: conns}
+				if proto == "bulk" || proto == "bulkx4" {
+					cfg.Bulk = &quicbulk.Transport{TLS: tls, Conns: conns}
+				}
+				c, _ := client.New(cfg)
 				defer c.Close()
 				hc := c.Holder(srv.URL("/h1/"))
 				b.SetBytes(int64(len(data)))

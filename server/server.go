@@ -20,6 +20,7 @@ import (
 
 	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/internal/mtls"
+	"github.com/kvsp/kvsp/internal/udpbuf"
 )
 
 // Config configures a Server. Validate runs first, then defaults fill the
@@ -32,6 +33,16 @@ type Config struct {
 	// HTTP3 also serves HTTP/3 over QUIC on the same port (UDP) and
 	// advertises it with Alt-Svc.
 	HTTP3 bool
+	// QUIC serves other application protocols on the same UDP port,
+	// by ALPN (the bulk path's "kvsp-bulk/1"): each connection that
+	// negotiates one is handed to its handler.
+	QUIC map[string]QUICHandler
+	// QUICConfig configures the QUIC listener (HTTP/3 and QUIC); nil:
+	// quic-go's defaults.
+	QUICConfig *quic.Config
+	// UDPBuffer is the UDP socket buffer asked for (internal/udpbuf);
+	// what the kernel grants is logged when it is less.
+	UDPBuffer int
 	// ReadHeaderTimeout cuts off clients that send headers too slowly
 	// (slowloris); default 5s.
 	ReadHeaderTimeout time.Duration
@@ -45,6 +56,14 @@ type Config struct {
 	Registerer prometheus.Registerer
 }
 
+// QUICHandler serves the QUIC connections of one application protocol.
+type QUICHandler interface {
+	// ServeQUICConn serves conn until it closes.
+	ServeQUICConn(conn *quic.Conn) error
+	// Shutdown lets the requests under way finish until ctx ends.
+	Shutdown(ctx context.Context) error
+}
+
 // Validate reports the first missing or bad field.
 func (c *Config) Validate() error {
 	switch {
@@ -52,6 +71,8 @@ func (c *Config) Validate() error {
 		return errors.New("server: tls: credentials required")
 	case c.Policy == nil || c.Policy.Policy() == nil:
 		return errors.New("server: policy required")
+	case c.QUIC[http3.NextProtoH3] != nil:
+		return errors.New("server: quic: h3 is the HTTP3 option's")
 	case c.ReadHeaderTimeout < 0 || c.IdleTimeout < 0 || c.MaxHeaderBytes < 0:
 		return errors.New("server: negative timeout or limit")
 	}
@@ -83,6 +104,8 @@ type Server struct {
 	metrics *metrics
 	hs      *http.Server
 	h3      *http3.Server
+	quicLn  *quic.Listener
+	quicTr  *quic.Transport
 	altSvc  string
 
 	mu      sync.Mutex
@@ -192,18 +215,44 @@ func (s *Server) Handler() http.Handler { return s.mux }
 // TLSConfig returns the listener's TLS configuration.
 func (s *Server) TLSConfig() *tls.Config { return s.hs.TLSConfig }
 
-// Serve accepts TCP connections on ln (and, with HTTP3, QUIC on the same
-// port over UDP) until Shutdown. It returns nil after a clean shutdown.
+// Serve accepts TCP connections on ln (and, with HTTP3 or QUIC handlers,
+// QUIC on the same port over UDP, dispatched by ALPN) until Shutdown. It
+// returns nil after a clean shutdown.
 func (s *Server) Serve(ln net.Listener) error {
 	errc := make(chan error, 2)
-	if s.h3 != nil {
+	if s.h3 != nil || len(s.cfg.QUIC) > 0 {
 		addr := ln.Addr().(*net.TCPAddr)
-		udp, err := net.ListenUDP("udp", &net.UDPAddr{IP: addr.IP, Port: addr.Port})
+		udp, report, err := udpbuf.Listen(net.JoinHostPort(addr.IP.String(), strconv.Itoa(addr.Port)), s.cfg.UDPBuffer)
 		if err != nil {
-			return fmt.Errorf("server: http3: %w", err)
+			return fmt.Errorf("server: quic: %w", err)
 		}
-		s.altSvc = `h3=":` + strconv.Itoa(addr.Port) + `"; ma=86400`
-		go func() { errc <- s.h3.Serve(udp) }()
+		if report.Capped() {
+			s.log.Warn("server: "+report.String(), "receive", report.Receive, "send", report.Send, "asked", report.Want)
+		}
+		tc := s.hs.TLSConfig.Clone()
+		tc.NextProtos = nil
+		if s.h3 != nil {
+			tc.NextProtos = append(tc.NextProtos, http3.NextProtoH3)
+			s.altSvc = `h3=":` + strconv.Itoa(addr.Port) + `"; ma=86400`
+		}
+		for p := range s.cfg.QUIC {
+			tc.NextProtos = append(tc.NextProtos, p)
+		}
+		slices.Sort(tc.NextProtos)
+		qc := s.cfg.QUICConfig
+		if qc == nil {
+			qc = &quic.Config{}
+		}
+		tr := &quic.Transport{Conn: udp}
+		qln, err := tr.Listen(tc, qc)
+		if err != nil {
+			udp.Close()
+			return fmt.Errorf("server: quic: %w", err)
+		}
+		s.mu.Lock()
+		s.quicLn, s.quicTr = qln, tr
+		s.mu.Unlock()
+		go func() { errc <- s.serveQUIC(qln) }()
 	}
 	go func() { errc <- s.hs.Serve(tls.NewListener(ln, s.hs.TLSConfig)) }()
 	err := <-errc
@@ -213,12 +262,43 @@ func (s *Server) Serve(ln net.Listener) error {
 	return err
 }
 
+// serveQUIC hands each QUIC connection to HTTP/3 or the handler of its
+// ALPN.
+func (s *Server) serveQUIC(ln *quic.Listener) error {
+	for {
+		conn, err := ln.Accept(context.Background())
+		if err != nil {
+			return err
+		}
+		p := conn.ConnectionState().TLS.NegotiatedProtocol
+		if p == http3.NextProtoH3 && s.h3 != nil {
+			go s.h3.ServeQUICConn(conn)
+		} else if h := s.cfg.QUIC[p]; h != nil {
+			go h.ServeQUICConn(conn)
+		} else {
+			conn.CloseWithError(0x10, "no application protocol")
+		}
+	}
+}
+
 // Shutdown stops accepting, lets in-flight requests (block streams
 // included) finish until ctx ends, then closes.
 func (s *Server) Shutdown(ctx context.Context) error {
 	var errs []error
+	s.mu.Lock()
+	qln, qtr := s.quicLn, s.quicTr
+	s.mu.Unlock()
+	if qln != nil {
+		qln.Close()
+	}
 	if s.h3 != nil {
 		errs = append(errs, s.h3.Shutdown(ctx))
+	}
+	for _, h := range s.cfg.QUIC {
+		errs = append(errs, h.Shutdown(ctx))
+	}
+	if qtr != nil {
+		qtr.Close() // the connections left, and the UDP socket
 	}
 	errs = append(errs, s.hs.Shutdown(ctx))
 	return errors.Join(errs...)

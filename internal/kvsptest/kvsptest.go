@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/quic-go/quic-go"
 
 	"github.com/kvsp/kvsp/internal/mtls"
 	"github.com/kvsp/kvsp/internal/pki"
@@ -115,6 +116,8 @@ type Server struct {
 type Options struct {
 	Policy            string // policy file content; default Policy
 	HTTP3             bool
+	QUIC              map[string]server.QUICHandler // other ALPNs on the UDP port
+	QUICConfig        *quic.Config
 	ReadHeaderTimeout time.Duration
 	Registerer        prometheus.Registerer
 }
@@ -139,7 +142,7 @@ func StartServer(t testing.TB, p *PKI, o Options, mount func(*server.Server)) *S
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := server.New(server.Config{Credentials: creds, Policy: pol, HTTP3: o.HTTP3, ReadHeaderTimeout: o.ReadHeaderTimeout, Registerer: o.Registerer})
+	srv, err := server.New(server.Config{Credentials: creds, Policy: pol, HTTP3: o.HTTP3, QUIC: o.QUIC, QUICConfig: o.QUICConfig, ReadHeaderTimeout: o.ReadHeaderTimeout, Registerer: o.Registerer})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,5 @@
+//go:build !linux
+
+package udpbuf
+
+func force(uintptr, int) {}
