@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -37,6 +38,7 @@ import (
 	"github.com/kvsp/kvsp/holder/tier"
 	"github.com/kvsp/kvsp/internal/config"
 	"github.com/kvsp/kvsp/internal/mtls"
+	"github.com/kvsp/kvsp/quicbulk"
 	"github.com/kvsp/kvsp/server"
 )
 
@@ -77,9 +79,19 @@ func serve(ctx context.Context, args []string, stderr io.Writer, hup <-chan os.S
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	srv, err := server.New(server.Config{Credentials: creds, Policy: policy, HTTP3: cfg.HTTP3, Logger: log, Registerer: reg})
+	scfg := server.Config{Credentials: creds, Policy: policy, HTTP3: cfg.HTTP3, UDPBuffer: cfg.UDPBufferBytes, Logger: log, Registerer: reg}
+	var bulk *quicbulk.Server
+	if cfg.QUICBulk {
+		bulk = &quicbulk.Server{Logger: log}
+		scfg.QUIC = map[string]server.QUICHandler{quicbulk.ALPN: bulk}
+		scfg.QUICConfig = quicbulk.DefaultConfig()
+	}
+	srv, err := server.New(scfg)
 	if err != nil {
 		return err
+	}
+	if bulk != nil {
+		bulk.Handler = srv.Handler()
 	}
 	closeRoles, err := mountRoles(srv, cfg, log, reg)
 	if err != nil {
@@ -122,7 +134,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer, hup <-chan os.S
 	}()
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
-	log.Info("serving", "listen", ln.Addr().String(), "roles", cfg.Roles(), "http3", cfg.HTTP3)
+	log.Info("serving", "listen", ln.Addr().String(), "roles", cfg.Roles(), "http3", cfg.HTTP3, "quicbulk", cfg.QUICBulk)
 	if ready != nil {
 		ready <- ln.Addr().String()
 	}
@@ -410,7 +422,12 @@ func processClient(cfg *config.Config, log *slog.Logger) (*client.Client, error)
 	if err != nil {
 		return nil, fmt.Errorf("config: tls.client_cert: %w", err)
 	}
-	return client.New(client.Config{TLS: mtls.ClientTLSConfig(creds), Logger: log})
+	tc := mtls.ClientTLSConfig(creds)
+	cc := client.Config{TLS: tc, Logger: log, HTTP3: cfg.Transport == "h3", QUICConns: cfg.QUICConns}
+	if cfg.Transport == "quicbulk" {
+		cc.Bulk = &quicbulk.Transport{TLS: tc, Conns: cmp.Or(cfg.QUICConns, 4), BufferSize: cfg.UDPBufferBytes, Logger: log}
+	}
+	return client.New(cc)
 }
 
 // newHolder builds a holder from its configuration: the geometries of its

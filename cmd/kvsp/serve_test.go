@@ -16,10 +16,12 @@ import (
 	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/container"
 	"github.com/kvsp/kvsp/internal/config"
+	"github.com/kvsp/kvsp/quicbulk"
 )
 
 const testConfig = `listen: 127.0.0.1:0
 http3: false
+quicbulk: true
 tls: {cert: server.pem, key: server.key, client_ca: ca.pem, client_cert: self.pem, client_key: self.key}
 policy: policy.yaml
 scopes: [{key_file: scope-a.key}]
@@ -157,6 +159,18 @@ func TestCertsThenServe(t *testing.T) {
 	if resp.StatusCode != 200 || len(body) != 52+4*8192 || resp.Header.Get("Repr-Digest") != "sha-256=:+Yrl5A1vrxQNHQQbj8CsCJfygT5Vy3mGgpr26nPIRF8=:" {
 		t.Fatalf("GET layers=0-1: %d %d %q", resp.StatusCode, len(body), resp.Header.Get("Repr-Digest"))
 	}
+	// The same GET over the quicbulk path, on the UDP port.
+	bulk := &quicbulk.Transport{TLS: tr.TLSClientConfig}
+	defer bulk.Close()
+	resp, err = (&http.Client{Transport: bulk, Timeout: 5 * time.Second}).Get(bpath + "?layers=0-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bbody, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !bytes.Equal(bbody, body) || resp.Header.Get("Repr-Digest") != "sha-256=:+Yrl5A1vrxQNHQQbj8CsCJfygT5Vy3mGgpr26nPIRF8=:" || resp.Proto != "KVSP-BULK/1" {
+		t.Fatalf("GET layers=0-1 over quicbulk: %s %d %d %q", resp.Proto, resp.StatusCode, len(bbody), resp.Header.Get("Repr-Digest"))
+	}
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("shutdown: %v", err)
@@ -183,6 +197,9 @@ func TestServeBadConfig(t *testing.T) {
 		"instances[0].engine.kind": func(s string) string { return strings.Replace(s, "kind: sim", "kind: vllm", 1) },
 		"listen":                   func(s string) string { return strings.Replace(s, "127.0.0.1:0", "nowhere", 1) },
 		"field lisen not found":    func(s string) string { return strings.Replace(s, "listen:", "lisen:", 1) },
+		"transport: want h2, h3 or quicbulk": func(s string) string {
+			return strings.Replace(s, "quicbulk: true", "quicbulk: true\ntransport: pigeon", 1)
+		},
 		"holders[0].base": func(s string) string {
 			return strings.Replace(s, "https://127.0.0.1:8443/h1/", "https://127.0.0.1:8443/h1", 1)
 		},

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -197,6 +198,9 @@ type clusterOptions struct {
 	pc        string
 	instances int     // default 2
 	decode    float64 // the engines' decode rate; default 3100 tokens/s
+	// transport: "" HTTP/2; "quicbulk": every process serves the bulk
+	// path and moves blocks over it.
+	transport string
 }
 
 func startSessionClusterWith(t *testing.T, o clusterOptions) *sessionCluster {
@@ -228,6 +232,8 @@ func startSessionClusterWith(t *testing.T, o clusterOptions) *sessionCluster {
 	// placement breaks cost ties by URI: b1 (the smallest) first
 	slices.SortFunc(instAddr, func(x, y string) int { return strings.Compare(base(x, "/ii/"), base(y, "/ii/")) })
 	common := `http3: false
+quicbulk: ` + fmt.Sprint(o.transport == "quicbulk") + `
+transport: ` + cmp.Or(o.transport, "h2") + `
 tls: {cert: server.pem, key: server.key, client_ca: ca.pem, client_cert: self.pem, client_key: self.key}
 policy: policy.yaml
 scopes: [{key_file: scope-a.key}]
@@ -403,7 +409,9 @@ func TestChaosSessionsSurviveRandomKills(t *testing.T) {
 	}
 	t.Logf("chaos seed %d (KVSP_CHAOS_SEED=%d replays it)", seed, seed)
 	rng := rand.New(rand.NewPCG(uint64(seed), 0))
-	c := startSessionClusterWith(t, clusterOptions{instances: 3, decode: 500})
+	// Blocks move over the quicbulk path: migrations load them from the
+	// holder while instances die mid-transfer.
+	c := startSessionClusterWith(t, clusterOptions{instances: 3, decode: 500, transport: "quicbulk"})
 	const sessions = 6
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()

@@ -22,19 +22,34 @@ import (
 
 // Config is one process's configuration.
 type Config struct {
-	Listen        string       `yaml:"listen"`
-	HTTP3         bool         `yaml:"http3"`
-	MetricsListen string       `yaml:"metrics_listen"`
-	TLS           TLS          `yaml:"tls"`
-	Policy        string       `yaml:"policy"`
-	Scopes        []ScopeFile  `yaml:"scopes"`
-	Redis         *Redis       `yaml:"redis"`
-	Index         *Index       `yaml:"index"`
-	Controller    *Controller  `yaml:"controller"`
-	Holders       []Holder     `yaml:"holders"`
-	Instances     []Instance   `yaml:"instances"`
-	Dir           string       `yaml:"-"` // the file's directory
-	ScopeKeys     []ScopeEntry `yaml:"-"` // loaded from Scopes
+	Listen string `yaml:"listen"`
+	HTTP3  bool   `yaml:"http3"`
+	// QUICBulk serves the quicbulk path (ALPN kvsp-bulk/1) on the
+	// listen port's UDP socket.
+	QUICBulk bool `yaml:"quicbulk"`
+	// Transport is how this process calls the others: "h2" (default:
+	// HTTP/2), "h3" (every call over HTTP/3: its peers serve http3) or
+	// "quicbulk" (block GETs and PUTs over the bulk path, falling back to
+	// HTTPS for holders that do not serve it; the rest over HTTP/2).
+	Transport string `yaml:"transport"`
+	// QUICConns is the number of QUIC connections per holder (h3 and
+	// quicbulk); default 1 for h3, 4 for quicbulk
+	// (one connection's packets are processed by one goroutine).
+	QUICConns int `yaml:"quic_conns"`
+	// UDPBufferBytes is the UDP socket buffer asked for (HTTP/3, quicbulk);
+	// default 8 MiB. What the kernel grants less is logged.
+	UDPBufferBytes int          `yaml:"udp_buffer_bytes"`
+	MetricsListen  string       `yaml:"metrics_listen"`
+	TLS            TLS          `yaml:"tls"`
+	Policy         string       `yaml:"policy"`
+	Scopes         []ScopeFile  `yaml:"scopes"`
+	Redis          *Redis       `yaml:"redis"`
+	Index          *Index       `yaml:"index"`
+	Controller     *Controller  `yaml:"controller"`
+	Holders        []Holder     `yaml:"holders"`
+	Instances      []Instance   `yaml:"instances"`
+	Dir            string       `yaml:"-"` // the file's directory
+	ScopeKeys      []ScopeEntry `yaml:"-"` // loaded from Scopes
 }
 
 // TLS names the PEM files: the listener's certificate, the CA bundle of
@@ -345,6 +360,17 @@ func checkFile(field, p string) error {
 func (c *Config) validate() error {
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil || c.Listen == "" {
 		return fieldErr("listen", "want host:port")
+	}
+	switch c.Transport {
+	case "", "h2", "h3", "quicbulk":
+	default:
+		return fieldErr("transport", "want h2, h3 or quicbulk")
+	}
+	if c.QUICConns < 0 || c.QUICConns > 64 {
+		return fieldErr("quic_conns", "want 1 to 64")
+	}
+	if c.UDPBufferBytes < 0 {
+		return fieldErr("udp_buffer_bytes", "want a size in octets")
 	}
 	if c.MetricsListen != "" {
 		if _, _, err := net.SplitHostPort(c.MetricsListen); err != nil {
