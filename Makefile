@@ -9,7 +9,7 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 BIN       := $(CURDIR)/bin
 
 
-.PHONY: help deps bench-holder build build-nogpu build-gpu ptx test-gpu test vet test-race test-nocgo lint fmt-check staticcheck fuzz bench demo check
+.PHONY: help deps bench-holder bench-layers build build-nogpu build-gpu ptx test-gpu test vet test-race test-nocgo lint fmt-check staticcheck fuzz bench demo check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -84,6 +84,9 @@ bench: ## run the benchmarks (BENCHTIME, COUNT); compare runs with benchstat
 bench-holder: ## the holder against nginx (installed from Debian when missing), same certificate, same verifying client
 	@command -v nginx >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx-light >/dev/null; }
 	KVSP_BENCH_NGINX=1 $(GO) test -run '^$$' -bench 'VersusNginx|BenchmarkGet|BenchmarkPut' -benchtime 2s -count $(COUNT) ./holder/
+
+bench-layers: build ## kvsp bench with its defaults: every transport, 256 KiB to 16 MiB, 1/8/64 streams; report and chart in bin/
+	cd $(BIN) && ./kvsp bench
 
 demo: ## the whole system in one command (not built yet)
 	@echo "kvsp demo is not built yet: it lands with issue 11 (kvsp demo). Nothing was run." >&2

@@ -223,6 +223,37 @@ func TestBulkFallsBackToHTTPS(t *testing.T) {
 	}
 }
 
+// TestHTTP3BesideBulk: HTTP/3 and the bulk path share the UDP port and
+// the listener's QUIC configuration (DefaultConfig), and both serve.
+func TestHTTP3BesideBulk(t *testing.T) {
+	pki := kvsptest.NewPKI(t)
+	bulk := &quicbulk.Server{}
+	srv := kvsptest.StartServer(t, pki, kvsptest.Options{HTTP3: true, QUIC: map[string]server.QUICHandler{quicbulk.ALPN: bulk}, QUICConfig: quicbulk.DefaultConfig()},
+		func(s *server.Server) {
+			bulk.Handler = s.Handler()
+			s.Mount("/x/").Handle("GET", "hello", server.Route{}, func(w http.ResponseWriter, r *http.Request) error {
+				_, err := w.Write([]byte(r.Proto))
+				return err
+			})
+		})
+	for _, cfg := range []client.Config{
+		{TLS: pki.ClientTLS(pki.Leaf(kvsptest.ClientA)), HTTP3: true},
+		{TLS: pki.ClientTLS(pki.Leaf(kvsptest.ClientA)), Bulk: &quicbulk.Transport{TLS: pki.ClientTLS(pki.Leaf(kvsptest.ClientA))}},
+	} {
+		c, err := client.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		// A block GET goes over Bulk when set; over HTTP/3 otherwise.
+		_, err = c.Holder(srv.URL("/x/")).GetBlock(context.Background(), ref(1), geom, client.GetOptions{})
+		var p *kvsp.Problem
+		if !errors.As(err, &p) || p.Status != 404 {
+			t.Fatalf("HTTP3=%v bulk=%v: %v, want the server's 404", cfg.HTTP3, cfg.Bulk != nil, err)
+		}
+	}
+}
+
 // rawConn dials the bulk ALPN directly, for heads no Transport would send.
 func rawConn(t *testing.T, f *fixture) *quic.Conn {
 	tc := f.pki.ClientTLS(f.pki.Leaf(kvsptest.ClientA))

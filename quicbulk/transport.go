@@ -23,7 +23,8 @@ import (
 // windows that take a whole block without waiting for a window update
 // (quic-go starts every stream at 512 KiB, which stalls each 2 MiB block
 // a round trip per window), a connection window for 16 such streams, and
-// room for 64 concurrent streams each way.
+// room for 256 concurrent bulk streams. A server may give it to its whole
+// QUIC listener: HTTP/3 works under it too.
 func DefaultConfig() *quic.Config {
 	return &quic.Config{
 		InitialStreamReceiveWindow:     4 << 20,
@@ -31,9 +32,11 @@ func DefaultConfig() *quic.Config {
 		InitialConnectionReceiveWindow: 32 << 20,
 		MaxConnectionReceiveWindow:     128 << 20,
 		MaxIncomingStreams:             256,
-		MaxIncomingUniStreams:          -1,
-		MaxIdleTimeout:                 60 * time.Second,
-		KeepAlivePeriod:                20 * time.Second,
+		// Unidirectional streams stay at quic-go's default: a server's
+		// listener shares this configuration with HTTP/3, whose control
+		// and QPACK streams are unidirectional.
+		MaxIdleTimeout:  60 * time.Second,
+		KeepAlivePeriod: 20 * time.Second,
 	}
 }
 

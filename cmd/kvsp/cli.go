@@ -30,6 +30,9 @@ Usage:
   kvsp digest file FILE               print the digest of one file (tokenizer, adapter)
   kvsp inspect --descriptor FILE [--repr-digest V] BLOCK
                                       decode and verify a KVB1 file: header, digests, layer table
+  kvsp bench [flags]                  the layer-streaming benchmark: verified block GETs per transport,
+                                      block size, layer range and stream count; table, JSON and PNG
+                                      (kvsp bench -h lists the flags)
   kvsp demo                           the whole system in one command (not built yet)
 `
 
@@ -52,6 +55,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = cmdDigest(args[1:], stdout)
 	case "keys":
 		err = cmdKeys(args[1:], stdout)
+	case "bench":
+		err = cmdBench(args[1:], stdout, stderr)
 	case "demo":
 		err = errors.New("demo is not built yet: it lands with issue 11; nothing was run")
 	default:

@@ -1,0 +1,127 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"image/png"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestBench: kvsp bench starts its holder, measures every point it was
+// asked for with verified GETs (no errors, octets moved), prints the
+// table, and writes a JSON report and a PNG chart that decode.
+func TestBench(t *testing.T) {
+	dir := t.TempDir()
+	jsonPath, pngPath := filepath.Join(dir, "b.json"), filepath.Join(dir, "b.png")
+	code, out, errs := runCLI(t, "bench", "-duration", "150ms", "-sizes", "256KiB,1MiB", "-streams", "1,3", "-layers", "all,2-5",
+		"-transports", "h2,h3,quicbulk", "-json", jsonPath, "-png", pngPath)
+	if code != 0 {
+		t.Fatalf("bench: %d\n%s\n%s", code, out, errs)
+	}
+	var rep benchReport
+	data, err := os.ReadFile(jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(data, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Results) != 3*2*2*2 {
+		t.Fatalf("%d results, want 24", len(rep.Results))
+	}
+	for _, r := range rep.Results {
+		want := int64(r.GETs) * int64(r.BlockOctets)
+		if r.Layers == "2-5" {
+			want /= 8 // 4 of 32 layers
+		}
+		if r.Errors != 0 || r.GETs == 0 || r.Octets != want || r.GBPerS <= 0 || r.FirstLayerP50Us <= 0 {
+			t.Errorf("%+v", r)
+		}
+	}
+	if rep.BoundSHA256 <= 0 || !strings.Contains(rep.UDPBuffers, "UDP socket buffers") {
+		t.Errorf("bound %v, buffers %q", rep.BoundSHA256, rep.UDPBuffers)
+	}
+	for _, want := range []string{"quicbulk", "h3", "1MiB", "2-5", "bound: SHA-256"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+	f, err := os.Open(pngPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	img, err := png.Decode(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := img.Bounds(); b.Dx() < 600 || b.Dy() < 400 {
+		t.Fatalf("chart of %v", b)
+	}
+}
+
+// TestBenchUsage: bad flags are usage errors (exit 2) naming the flag.
+func TestBenchUsage(t *testing.T) {
+	for _, args := range [][]string{
+		{"-transports", "carrier-pigeon"},
+		{"-sizes", "100KiB"},
+		{"-streams", "0"},
+		{"-layers", "5-2"},
+		{"-holder", "https://h/"},
+	} {
+		code, _, errs := runCLI(t, append([]string{"bench"}, args...)...)
+		if code != 2 || !strings.Contains(errs, "bench: ") {
+			t.Errorf("%v: exit %d, %q", args, code, errs)
+		}
+	}
+}
+
+// TestBenchRunningHolder: --holder measures a kvsp serve process with the
+// identity and scope of a configuration and a descriptor it stores, over
+// HTTP/2 and the quicbulk path it serves.
+func TestBenchRunningHolder(t *testing.T) {
+	dir := t.TempDir()
+	cfg := writeFile(t, dir, "kvsp.yaml", testConfig)
+	writeFile(t, dir, "descriptor.json", appendixDescriptor)
+	if code, out, errs := runCLI(t, "certs", "--config", cfg); code != 0 {
+		t.Fatalf("certs: %d %s %s", code, out, errs)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ready, done := make(chan string, 1), make(chan error, 1)
+	go func() { done <- serve(ctx, []string{"--config", cfg}, io.Discard, nil, ready) }()
+	var addr string
+	select {
+	case addr = <-ready:
+	case err := <-done:
+		t.Fatalf("serve: %v", err)
+	}
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	}()
+	jsonPath := filepath.Join(dir, "b.json")
+	code, out, errs := runCLI(t, "bench", "-holder", "https://"+addr+"/h1/", "-config", cfg, "-descriptor", filepath.Join(dir, "descriptor.json"),
+		"-transports", "h2,quicbulk", "-streams", "2", "-layers", "all", "-duration", "150ms", "-json", jsonPath, "-png", "")
+	if code != 0 {
+		t.Fatalf("bench: %d\n%s\n%s", code, out, errs)
+	}
+	var rep benchReport
+	data, _ := os.ReadFile(jsonPath)
+	if err := json.Unmarshal(data, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Results) != 2 {
+		t.Fatalf("%d results", len(rep.Results))
+	}
+	for _, r := range rep.Results {
+		if r.Errors != 0 || r.GETs == 0 || r.BlockOctets != 512<<10 {
+			t.Errorf("%+v", r)
+		}
+	}
+}
