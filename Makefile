@@ -9,7 +9,7 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 BIN       := $(CURDIR)/bin
 
 
-.PHONY: help deps bench-holder bench-layers build build-nogpu build-gpu ptx test-gpu test vet test-race test-nocgo lint fmt-check staticcheck fuzz bench demo check
+.PHONY: help deps bench-holder bench-layers build build-nogpu build-gpu build-rdma ptx test-gpu test vet test-race test-nocgo lint fmt-check staticcheck fuzz bench demo check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -38,6 +38,13 @@ NVCCFLAGS := -ptx -arch=compute_80 -O3
 ptx: ## rebuild gpu/kvsp_gather.ptx from csrc/kvsp_gather.cu (nvcc 11.8 from Debian non-free, installed when missing)
 	@./scripts/nvcc.sh >/dev/null
 	nvcc $(NVCCFLAGS) -o gpu/kvsp_gather.ptx csrc/kvsp_gather.cu
+
+build-rdma: ## the verbs path: csrc/kvsp_verbs.c against the real infiniband/verbs.h (libibverbs-dev, installed when missing), the cgo build with -tags rdma, its vet and tests (on a machine without RDMA they check the error it gives)
+	@test -f /usr/include/infiniband/verbs.h || { echo "installing libibverbs-dev"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends libibverbs-dev >/dev/null; }
+	cc -std=gnu11 -Wall -Wextra -Werror -c csrc/kvsp_verbs.c -o /dev/null
+	CGO_ENABLED=1 $(GO) build -tags rdma ./...
+	CGO_ENABLED=1 $(GO) vet -tags rdma,nogpu ./rdma/ ./holder/... ./cmd/...
+	CGO_ENABLED=1 $(GO) test -tags rdma,nogpu ./rdma/
 
 test-gpu: ## stripped test and benchmark binaries of the GPU path in bin/gpu-check/, with the script that runs them on a GPU machine
 	@mkdir -p $(BIN)/gpu-check
@@ -92,4 +99,4 @@ demo: ## the whole system in one command (not built yet)
 	@echo "kvsp demo is not built yet: it lands with issue 11 (kvsp demo). Nothing was run." >&2
 	@exit 2
 
-check: lint build-nogpu test ## everything CI checks, and lint
+check: lint build-nogpu test build-rdma ## everything CI checks, and lint

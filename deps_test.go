@@ -82,6 +82,9 @@ func TestDependencyDirections(t *testing.T) {
 			if d == mod+"/quicbulk" && !under(p.ImportPath, "cmd") {
 				t.Errorf("%s imports quicbulk: only cmd plugs it in (servers and clients take it as a QUIC handler and an http.RoundTripper)", p.ImportPath)
 			}
+			if r == "rdma" && strings.HasPrefix(d, mod) {
+				t.Errorf("rdma imports %s: it imports no project package", d)
+			}
 			if r == "quicbulk" && strings.HasPrefix(d, mod) && d != mod && d != mod+"/internal/udpbuf" {
 				t.Errorf("quicbulk imports %s: it imports kvsp and internal/udpbuf only", d)
 			}

@@ -51,6 +51,9 @@ type Config struct {
 	// MaxInFlight bounds the octets of block PUTs being received at once
 	// (beyond it, 503); default a quarter of Capacity, at least 64 MiB.
 	MaxInFlight int64
+	// RDMA, when set, serves one-sided RDMA reads of blocks in host
+	// memory (POST rdma/reads, a kvsp extension).
+	RDMA RDMA
 	// Index, when set, receives the holder's replica records.
 	Index *client.Index
 	// RecordTTL is the ttl_ms asked for published records; refreshed at a
@@ -79,6 +82,7 @@ type Holder struct {
 	log    *slog.Logger
 	store  *store
 	leases *leases
+	rdma   *rdmaReads
 	m      *metrics
 	// inFlight counts the octets of PUTs being received (MaxInFlight).
 	inFlight atomic.Int64
@@ -110,7 +114,7 @@ func New(cfg Config) (*Holder, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	l := newLeases(cfg.LeaseQuota)
-	h := &Holder{cfg: cfg, log: cfg.Logger, leases: l, store: newStore(cfg.Capacity, l, cfg.Disk), m: newMetrics(cfg.Registerer),
+	h := &Holder{cfg: cfg, log: cfg.Logger, leases: l, rdma: newRDMAReads(), store: newStore(cfg.Capacity, l, cfg.Disk), m: newMetrics(cfg.Registerer),
 		pubWake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	if cfg.Device != nil {
 		layers := cfg.DeviceLayers
@@ -177,6 +181,9 @@ func (h *Holder) recover() {
 
 // Mount adds the holder routes of the resource table under r.
 func (h *Holder) Mount(r *server.Router) error {
+	if h.cfg.RDMA != nil {
+		h.mountRDMA(r)
+	}
 	return server.MountRole(r, server.RoleHolder, map[string]server.HandlerFunc{
 		"GET blocks/{compat}/{scope}/{key}": h.getBlock,
 		"PUT blocks/{compat}/{scope}/{key}": h.putBlock,

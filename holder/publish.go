@@ -134,6 +134,7 @@ func (h *Holder) apply(op pubOp) error {
 func (h *Holder) Close(ctx context.Context) error {
 	close(h.stop)
 	<-h.done
+	h.rdma.closeAll()
 	defer h.store.close() // device memory
 	if h.cfg.Index == nil {
 		return nil

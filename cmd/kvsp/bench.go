@@ -31,6 +31,7 @@ import (
 	"github.com/kvsp/kvsp/internal/mtls"
 	"github.com/kvsp/kvsp/internal/pki"
 	"github.com/kvsp/kvsp/quicbulk"
+	"github.com/kvsp/kvsp/rdma"
 	"github.com/kvsp/kvsp/server"
 )
 
@@ -53,6 +54,7 @@ type benchConfig struct {
 	layers     []string // "all" or "a-b"
 	duration   time.Duration
 	quicConns  int
+	rdmaDevice string
 	jsonPath   string
 	pngPath    string
 	// A running holder.
@@ -89,13 +91,14 @@ type benchReport struct {
 	Results     []benchResult `json:"results"`
 }
 
-var benchTransports = []string{"http1", "h2", "h3", "quicbulk"}
+var benchTransports = []string{"http1", "h2", "h3", "quicbulk", "rdma"}
 
 func parseBenchFlags(args []string, stderr io.Writer) (*benchConfig, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() { fmt.Fprint(stderr, benchUsage); fs.PrintDefaults() }
-	transports := fs.String("transports", strings.Join(benchTransports, ","), "transports to measure: http1, h2, h3, quicbulk")
+	transports := fs.String("transports", "http1,h2,h3,quicbulk", "transports to measure: http1, h2, h3, quicbulk, rdma (one-sided READ on a verbs device: a binary built with -tags rdma)")
+	rdmaDevice := fs.String("rdma-device", "", "the verbs device of the rdma transport (default: the first)")
 	sizes := fs.String("sizes", "256KiB,1MiB,4MiB,16MiB", "block sizes (KV payload; multiples of 128 KiB; self-started holder only)")
 	streams := fs.String("streams", "1,8,64", "numbers of concurrent streams")
 	layers := fs.String("layers", "all,0-7", `layer ranges: "all" or a-b (of the 32 layers of the self-started holder's blocks)`)
@@ -112,7 +115,7 @@ func parseBenchFlags(args []string, stderr io.Writer) (*benchConfig, error) {
 		}
 		return nil, usageError("bench: %v", err)
 	}
-	bc := &benchConfig{duration: *duration, quicConns: *conns, jsonPath: *jsonPath, pngPath: *pngPath,
+	bc := &benchConfig{rdmaDevice: *rdmaDevice, duration: *duration, quicConns: *conns, jsonPath: *jsonPath, pngPath: *pngPath,
 		holderURL: *holderURL, configPath: *cfgPath, descriptor: *descriptor}
 	for _, t := range strings.Split(*transports, ",") {
 		if !slices.Contains(benchTransports, t) {
@@ -167,6 +170,7 @@ type benchTarget struct {
 	tls    *tls.Config
 	scope  kvsp.ScopeID
 	sets   []blockSet
+	reader *rdma.Reader // the rdma transport's, when measured
 	closer func()
 }
 
@@ -238,7 +242,11 @@ func cmdBench(args []string, stdout, stderr io.Writer) error {
 				bulkTr = bulk
 			}
 		}
-		r := measure(ctx, c.Holder(tgt.base), tgt.scope, p.set, p.layers, p.n, bc.duration)
+		fetch := streamGET(c.Holder(tgt.base))
+		if p.tr == "rdma" {
+			fetch = rdmaRead(c.Holder(tgt.base), tgt.reader)
+		}
+		r := measure(ctx, fetch, tgt.scope, p.set, p.layers, p.n, bc.duration)
 		r.Transport = p.tr
 		rep.Results = append(rep.Results, r)
 		fmt.Fprintf(stderr, "\r\033[K[%d/%d] %-8s %6s layers=%-4s streams=%-3d %6.3f GB/s", i+1, len(points), p.tr, sizeName(p.set.octets), p.layers, p.n, r.GBPerS)
@@ -359,8 +367,19 @@ func startBenchHolder(bc *benchConfig) (*benchTarget, error) {
 		total += int64(blocksPerSet(octets)) * int64(octets+octets/8)
 		tgt.sets = append(tgt.sets, set)
 	}
-	h, err := holder.New(holder.Config{Base: "https://127.0.0.1/h1/", Geometries: geoms, Capacity: total + 64<<20,
-		LeaseQuota: holder.LeaseQuota{Octets: 1 << 30, MaxTTL: time.Minute, MaxLeases: 16}})
+	hcfg := holder.Config{Base: "https://127.0.0.1/h1/", Geometries: geoms, Capacity: total + 64<<20,
+		LeaseQuota: holder.LeaseQuota{Octets: 1 << 30, MaxTTL: time.Minute, MaxLeases: 16}}
+	if slices.Contains(bc.transports, "rdma") {
+		v, err := rdma.OpenVerbs(bc.rdmaDevice)
+		if err != nil {
+			return fail(fmt.Errorf("bench: the rdma transport: %w", err))
+		}
+		target := rdma.NewTarget(v)
+		tgt.reader = rdma.NewReader(v)
+		cleanup = append(cleanup, func() { tgt.reader.Close(); target.Close(); v.Close() })
+		hcfg.RDMA = target
+	}
+	h, err := holder.New(hcfg)
 	if err != nil {
 		return fail(err)
 	}
@@ -435,7 +454,19 @@ func remoteBenchHolder(bc *benchConfig) (*benchTarget, error) {
 	octets := int(2 * uint64(g.Layers) * g.RawSectionLen())
 	tgt := &benchTarget{base: bc.holderURL, tls: mtls.ClientTLSConfig(creds), scope: cfg.ScopeKeys[0].ID,
 		sets: []blockSet{{octets: octets, g: g, compat: compat}}, closer: func() {}}
-	return tgt, fillBenchHolder(tgt)
+	if slices.Contains(bc.transports, "rdma") {
+		v, err := rdma.OpenVerbs(bc.rdmaDevice)
+		if err != nil {
+			return nil, fmt.Errorf("bench: the rdma transport: %w", err)
+		}
+		tgt.reader = rdma.NewReader(v)
+		tgt.closer = func() { tgt.reader.Close(); v.Close() }
+	}
+	if err := fillBenchHolder(tgt); err != nil {
+		tgt.closer()
+		return nil, err
+	}
+	return tgt, nil
 }
 
 // fillBenchHolder PUTs each set's blocks (random keys, one content per
@@ -487,9 +518,54 @@ func benchClient(tr string, tc *tls.Config, conns int) (*client.Client, *quicbul
 	return c, bulk, err
 }
 
-// measure GETs blocks of set from n streams for d, verifying every layer,
-// and times the first layer and the rest.
-func measure(ctx context.Context, hc *client.Holder, scope kvsp.ScopeID, set *blockSet, layers string, n int, d time.Duration) benchResult {
+// fetchFunc fetches one block (or range) verified, and says when its
+// first layer was usable, how many layers and KV octets it had.
+type fetchFunc func(ctx context.Context, ref client.BlockRef, g container.Geometry, o client.GetOptions) (first time.Time, layers int, octets int64, err error)
+
+// streamGET is a verified GET: layers are usable one by one as they
+// arrive.
+func streamGET(hc *client.Holder) fetchFunc {
+	return func(ctx context.Context, ref client.BlockRef, g container.Geometry, o client.GetOptions) (time.Time, int, int64, error) {
+		var first time.Time
+		var octets int64
+		n := 0
+		s, err := hc.GetBlock(ctx, ref, g, o)
+		if err != nil {
+			return first, 0, 0, err
+		}
+		defer s.Close()
+		for {
+			l, err := s.Next()
+			if err == io.EOF {
+				return first, n, octets, nil
+			}
+			if err != nil {
+				return first, n, octets, err
+			}
+			if n == 0 {
+				first = time.Now()
+			}
+			n++
+			octets += int64(len(l.K) + len(l.V))
+		}
+	}
+}
+
+// rdmaRead is a verified RDMA READ: the layers are usable once all are
+// there.
+func rdmaRead(hc *client.Holder, r client.RDMAReader) fetchFunc {
+	return func(ctx context.Context, ref client.BlockRef, g container.Geometry, o client.GetOptions) (time.Time, int, int64, error) {
+		blk, err := hc.ReadBlockRDMA(ctx, ref, g, o, r)
+		if err != nil {
+			return time.Time{}, 0, 0, err
+		}
+		return time.Now(), blk.Header().LayerCount(), int64(blk.PayloadSize()), nil
+	}
+}
+
+// measure fetches blocks of set from n streams for d, verifying every
+// layer, and times the first layer and the rest.
+func measure(ctx context.Context, fetch fetchFunc, scope kvsp.ScopeID, set *blockSet, layers string, n int, d time.Duration) benchResult {
 	r := benchResult{BlockOctets: set.octets, Layers: layers, Streams: n}
 	var rng *kvsp.LayerRange
 	if layers != "all" {
@@ -520,28 +596,7 @@ func measure(ctx context.Context, hc *client.Holder, scope kvsp.ScopeID, set *bl
 			for i := w; time.Now().Before(deadline); i += n {
 				ref := client.BlockRef{Compat: set.compat, Scope: scope, Key: set.keys[i%len(set.keys)]}
 				t0 := time.Now()
-				s, err := hc.GetBlock(ctx, ref, set.g, client.GetOptions{Layers: rng, LayerDigests: set.blk.LayerDigests()})
-				var t1 time.Time
-				var got int64
-				nl := 0
-				if err == nil {
-					for {
-						l, err2 := s.Next()
-						if err2 == io.EOF {
-							break
-						}
-						if err2 != nil {
-							err = err2
-							break
-						}
-						if nl == 0 {
-							t1 = time.Now()
-						}
-						nl++
-						got += int64(len(l.K) + len(l.V))
-					}
-					s.Close()
-				}
+				t1, nl, got, err := fetch(ctx, ref, set.g, client.GetOptions{Layers: rng, LayerDigests: set.blk.LayerDigests()})
 				if err != nil {
 					errs++
 					if firstErr == "" {

@@ -64,6 +64,15 @@ func TestBench(t *testing.T) {
 	}
 }
 
+// TestBenchRDMAWithoutDevice: the rdma transport needs a verbs device;
+// without one (or without -tags rdma) bench says why before measuring.
+func TestBenchRDMAWithoutDevice(t *testing.T) {
+	code, _, errs := runCLI(t, "bench", "-transports", "rdma", "-json", "", "-png", "")
+	if code != 1 || !strings.Contains(errs, "the rdma transport: rdma: ") {
+		t.Fatalf("exit %d, %q", code, errs)
+	}
+}
+
 // TestBenchUsage: bad flags are usage errors (exit 2) naming the flag.
 func TestBenchUsage(t *testing.T) {
 	for _, args := range [][]string{

@@ -39,6 +39,7 @@ import (
 	"github.com/kvsp/kvsp/internal/config"
 	"github.com/kvsp/kvsp/internal/mtls"
 	"github.com/kvsp/kvsp/quicbulk"
+	"github.com/kvsp/kvsp/rdma"
 	"github.com/kvsp/kvsp/server"
 )
 
@@ -225,7 +226,18 @@ func mountRoles(srv *server.Server, cfg *config.Config, log *slog.Logger, reg pr
 		closers = append(closers, hc.Close)
 		for i := range cfg.Holders {
 			hcfg := &cfg.Holders[i]
-			h, err := newHolder(cfg, hcfg, hc, log, prometheus.WrapRegistererWith(prometheus.Labels{"holder": hcfg.Base}, reg))
+			var target *rdma.Target
+			if hcfg.RDMA != nil {
+				v, err := rdma.OpenVerbs(hcfg.RDMA.Device)
+				if err != nil {
+					closeAll()
+					return nil, fmt.Errorf("holders[%d].rdma: %w", i, err)
+				}
+				target = rdma.NewTarget(v)
+				closers = append([]func(){func() { target.Close(); v.Close() }}, closers...)
+				log.Info("RDMA reads", "base", hcfg.Base, "device", v.Name())
+			}
+			h, err := newHolder(cfg, hcfg, hc, target, log, prometheus.WrapRegistererWith(prometheus.Labels{"holder": hcfg.Base}, reg))
 			if err != nil {
 				closeAll()
 				return nil, fmt.Errorf("holders[%d]: %w", i, err)
@@ -432,7 +444,7 @@ func processClient(cfg *config.Config, log *slog.Logger) (*client.Client, error)
 
 // newHolder builds a holder from its configuration: the geometries of its
 // own descriptors and of the instances whose holder it is.
-func newHolder(cfg *config.Config, hcfg *config.Holder, c *client.Client, log *slog.Logger, reg prometheus.Registerer) (*holder.Holder, error) {
+func newHolder(cfg *config.Config, hcfg *config.Holder, c *client.Client, target *rdma.Target, log *slog.Logger, reg prometheus.Registerer) (*holder.Holder, error) {
 	geoms := map[kvsp.CompatID]container.Geometry{}
 	paths := append([]string(nil), hcfg.Descriptors...)
 	for _, x := range cfg.Instances {
@@ -485,6 +497,9 @@ func newHolder(cfg *config.Config, hcfg *config.Holder, c *client.Client, log *s
 	hc.Base, hc.Geometries, hc.Capacity, hc.ReadMbitPerS, hc.Disk, hc.DiskReadMbitPerS = hcfg.Base, geoms, capacity, rate, disk, diskRate
 	hc.LeaseQuota = holder.LeaseQuota{Octets: int64(hcfg.LeaseQuota.Octets), MaxTTL: time.Duration(hcfg.LeaseQuota.MaxTTLMs) * time.Millisecond, MaxLeases: hcfg.LeaseQuota.MaxLeases}
 	hc.Index, hc.RecordTTL, hc.Logger, hc.Registerer = c.Index(hcfg.Index), time.Duration(hcfg.RecordTTLMs)*time.Millisecond, log, reg
+	if target != nil {
+		hc.RDMA = target
+	}
 	return holder.New(hc)
 }
 

@@ -197,6 +197,9 @@ func TestServeBadConfig(t *testing.T) {
 		"instances[0].engine.kind": func(s string) string { return strings.Replace(s, "kind: sim", "kind: vllm", 1) },
 		"listen":                   func(s string) string { return strings.Replace(s, "127.0.0.1:0", "nowhere", 1) },
 		"field lisen not found":    func(s string) string { return strings.Replace(s, "listen:", "lisen:", 1) },
+		"holders[0].rdma: rdma: built without RDMA support": func(s string) string {
+			return strings.Replace(s, "    record_ttl_ms: 60000\n", "    record_ttl_ms: 60000\n    rdma: {device: mlx5_0}\n", 1)
+		},
 		"transport: want h2, h3 or quicbulk": func(s string) string {
 			return strings.Replace(s, "quicbulk: true", "quicbulk: true\ntransport: pigeon", 1)
 		},

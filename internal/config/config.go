@@ -137,6 +137,15 @@ type Holder struct {
 	// AttachSocket, with a device tier, is the Unix socket (created 0600)
 	// where engines on the node attach their KV pools (docs/engine-attach.md).
 	AttachSocket string `yaml:"attach_socket"`
+	// RDMA, when set, serves one-sided RDMA reads of blocks in host memory
+	// (POST rdma/reads) on an RDMA device (a binary built with -tags rdma).
+	RDMA *RDMA `yaml:"rdma"`
+}
+
+// RDMA names an RDMA device.
+type RDMA struct {
+	// Device is the verbs device name (ibv_devices); "" the first.
+	Device string `yaml:"device"`
 }
 
 // Tier is one storage tier of a holder.

@@ -1,0 +1,84 @@
+package client
+
+import (
+	"context"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/container"
+)
+
+// RDMAReader reads remote memory by one-sided RDMA READ, one queue pair
+// per holder (rdma.Reader implements it).
+type RDMAReader interface {
+	// Endpoint returns this side's queue pair for holder (its base URI).
+	Endpoint(holder string) (string, error)
+	// Connect connects it to the holder's endpoint (once).
+	Connect(holder, remote string) error
+	// Read reads len(dst) octets at addr with rkey from holder into dst.
+	Read(ctx context.Context, holder string, dst []byte, addr uint64, rkey uint32) error
+}
+
+// ReadBlockRDMA reads a block (or o.Layers of it) by RDMA READ: the
+// holder authorizes the request as a GET and exposes the octets (POST
+// rdma/reads), r reads them, and the container is verified as a GET's is:
+// every layer digest against o.LayerDigests when given (R-BLK-9), the
+// whole against the holder's Repr-Digest (R-BLK-8). The exposure is ended
+// before it returns. Errors leave the caller free to GET instead.
+func (h *Holder) ReadBlockRDMA(ctx context.Context, b BlockRef, g container.Geometry, o GetOptions, r RDMAReader) (*container.Block, error) {
+	ep, err := r.Endpoint(h.base)
+	if err != nil {
+		return nil, err
+	}
+	q := &kvsp.RDMAReadRequest{ScopeID: b.Scope, CompatID: b.Compat, BlockKey: b.Key, Layers: o.Layers, Endpoint: ep}
+	var x kvsp.RDMAReadResponse
+	if _, _, err := h.c.doJSON(ctx, http.MethodPost, join(h.base, "rdma/reads"), q, &x); err != nil {
+		return nil, err
+	}
+	defer func() { // end the exposure now rather than at its TTL
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		defer cancel()
+		h.c.doJSON(dctx, http.MethodDelete, join(h.base, "rdma/reads/"+x.ID), nil, nil)
+	}()
+	hdr, err := hex.DecodeString(x.Header)
+	if err != nil || len(hdr) < container.HeaderLen(1) || len(hdr) > container.HeaderLen(int(g.Layers)) {
+		return nil, fmt.Errorf("%w: rdma read: header", kvsp.ErrInvalid)
+	}
+	addr, _ := strconv.ParseUint(x.Addr, 16, 64) // validated by Decode
+	want, err := container.ParseReprDigest(x.ReprDigest)
+	if err != nil {
+		return nil, fmt.Errorf("%w: rdma read: %v", kvsp.ErrDigestMismatch, err)
+	}
+	maxBlock := uint64(container.HeaderLen(int(g.Layers))) + 2*uint64(g.Layers)*g.RawSectionLen()
+	if x.Length > maxBlock {
+		return nil, fmt.Errorf("%w: rdma read of %d octets: a block of this geometry is at most %d", kvsp.ErrInvalid, x.Length, maxBlock)
+	}
+	if err := r.Connect(h.base, x.Endpoint); err != nil {
+		return nil, err
+	}
+	buf := make([]byte, len(hdr)+int(x.Length))
+	copy(buf, hdr)
+	if err := r.Read(ctx, h.base, buf[len(hdr):], addr, x.RKey); err != nil {
+		return nil, fmt.Errorf("client: rdma read: %w", err)
+	}
+	blk, err := container.OpenBlock(buf, g)
+	if err != nil {
+		return nil, fmt.Errorf("%w: rdma read: %v", kvsp.ErrDigestMismatch, err)
+	}
+	if o.Layers != nil && (blk.Header().FirstLayer != o.Layers[0] || blk.Header().LastLayer() != o.Layers[1]) {
+		return nil, fmt.Errorf("%w: rdma read: layers %d-%d, asked %d-%d", kvsp.ErrInvalid, blk.Header().FirstLayer, blk.Header().LastLayer(), o.Layers[0], o.Layers[1])
+	}
+	if blk.ContainerDigest() != want {
+		return nil, fmt.Errorf("%w: rdma read: Repr-Digest", kvsp.ErrDigestMismatch)
+	}
+	if o.LayerDigests != nil && (o.ReplicaCodec == 0 || blk.Header().Codec == o.ReplicaCodec) {
+		if err := blk.Verify(o.LayerDigests); err != nil {
+			return nil, fmt.Errorf("%w: rdma read: %v", kvsp.ErrDigestMismatch, err)
+		}
+	}
+	return blk, nil
+}

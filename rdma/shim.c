@@ -1,0 +1,3 @@
+//go:build rdma && cgo
+
+#include "../csrc/kvsp_verbs.c"
