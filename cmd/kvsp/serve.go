@@ -418,8 +418,21 @@ func newInstance(x *config.Instance, c *client.Client, keys []kvsp.ScopeKey, log
 	for _, l := range x.Links {
 		links = append(links, kvsp.Link{Holder: l.Holder, MbitPerS: l.MbitPerS, RTTUs: l.RTTUs})
 	}
-	a, err := instance.New(instance.Config{Base: x.Base, Engine: eng, Client: c, Controller: x.Controller, Controllers: x.Controllers, Index: x.Index, Holder: x.Holder,
-		Links: links, Scopes: keys, Logger: log, Registerer: reg})
+	icfg := instance.Config{Base: x.Base, Engine: eng, Client: c, Controller: x.Controller, Controllers: x.Controllers, Index: x.Index, Holder: x.Holder,
+		Links: links, Scopes: keys, Logger: log, Registerer: reg}
+	if x.RDMA != nil {
+		v, err := rdma.OpenVerbs(x.RDMA.Device)
+		if err != nil {
+			stop()
+			return nil, nil, fmt.Errorf("rdma: %w", err)
+		}
+		r := rdma.NewReader(v)
+		icfg.RDMA = r
+		engStop := stop
+		stop = func() { engStop(); r.Close(); v.Close() }
+		log.Info("RDMA reads", "instance", x.Base, "device", v.Name())
+	}
+	a, err := instance.New(icfg)
 	if err != nil {
 		stop()
 		return nil, nil, err

@@ -200,6 +200,9 @@ func TestServeBadConfig(t *testing.T) {
 		"holders[0].rdma: rdma: built without RDMA support": func(s string) string {
 			return strings.Replace(s, "    record_ttl_ms: 60000\n", "    record_ttl_ms: 60000\n    rdma: {device: mlx5_0}\n", 1)
 		},
+		"rdma: rdma: built without RDMA support": func(s string) string {
+			return strings.Replace(s, "    engine: {kind: sim", "    rdma: {device: mlx5_0}\n    engine: {kind: sim", 1)
+		},
 		"transport: want h2, h3 or quicbulk": func(s string) string {
 			return strings.Replace(s, "quicbulk: true", "quicbulk: true\ntransport: pigeon", 1)
 		},

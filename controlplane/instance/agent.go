@@ -37,6 +37,9 @@ type Config struct {
 	// Client calls the PC, the IS and holders with the instance's
 	// identity.
 	Client *client.Client
+	// RDMA, when set, fetches blocks by one-sided RDMA READ (holders that
+	// serve rdma/reads), falling back to GET for the others.
+	RDMA client.RDMAReader
 	// Controller and Index are the PC and IS base URIs; Holder, when set,
 	// is the holder that stores the blocks this instance loads.
 	Controller, Index, Holder string
@@ -506,6 +509,15 @@ func (a *Agent) fetch(ctx context.Context, x *directive, key kvsp.BlockKey, src 
 		}()
 	}
 	ref := client.BlockRef{Compat: d.CompatID, Scope: d.ScopeID, Key: key}
+	if a.cfg.RDMA != nil {
+		err := a.fetchRDMA(ctx, x, h, ref, layerDigests)
+		// A holder without rdma/reads answers 404 like a missing block:
+		// either way, GET (which says which).
+		if err == nil || ctx.Err() != nil || errors.Is(err, kvsp.ErrDigestMismatch) {
+			return err
+		}
+		a.log.Debug("RDMA read failed; fetching by GET", "holder", src, "err", err)
+	}
 	s, err := h.GetBlock(ctx, ref, a.g, client.GetOptions{LayerDigests: layerDigests, ReplicaCodec: container.CodecRaw})
 	if err != nil {
 		return err
@@ -546,6 +558,33 @@ func (a *Agent) fetch(ctx context.Context, x *directive, key kvsp.BlockKey, src 
 	return nil
 }
 
+// fetchRDMA loads one block by RDMA READ, verified whole before any of
+// it reaches the engine.
+func (a *Agent) fetchRDMA(ctx context.Context, x *directive, h *client.Holder, ref client.BlockRef, layerDigests []container.Digest) error {
+	blk, err := h.ReadBlockRDMA(ctx, ref, a.g, client.GetOptions{LayerDigests: layerDigests, ReplicaCodec: container.CodecRaw}, a.cfg.RDMA)
+	if err != nil {
+		return err
+	}
+	kv := a.cfg.Engine.KV()
+	for l := blk.Header().FirstLayer; l <= blk.Header().LastLayer(); l++ {
+		k, v, _ := blk.Layer(l)
+		if err := kv.WriteLayer(ref.Key, l, k, v); err != nil {
+			return err
+		}
+		n := uint64(len(k) + len(v))
+		x.moved.Add(n)
+		a.m.fetched.WithLabelValues(x.purpose).Add(float64(n))
+	}
+	if !kv.Has(ref.Key) {
+		return fmt.Errorf("%w: the block's layers are not all resident", kvsp.ErrLayersUnavailable)
+	}
+	a.m.rdmaBlocks.Inc()
+	if a.cfg.Holder != "" {
+		go a.store(ref.Scope, ref.Compat, ref.Key)
+	}
+	return nil
+}
+
 // store puts a block of the engine's KV at the instance's holder, which
 // publishes the new replica (best effort: the engine has it either way).
 func (a *Agent) store(scope kvsp.ScopeID, compat kvsp.CompatID, key kvsp.BlockKey) {
@@ -579,6 +618,7 @@ type metrics struct {
 	blocks         *prometheus.CounterVec
 	digestFailures prometheus.Counter
 	fetched        *prometheus.CounterVec
+	rdmaBlocks     prometheus.Counter
 	reshards       *prometheus.CounterVec
 }
 
@@ -594,11 +634,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Replicas that failed verification during a prefetch."}),
 		fetched: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_instance_fetched_bytes_total",
 			Help: "Octets of KV received from holders, by purpose (prefetch, resume, reshard)."}, []string{"purpose"}),
+		rdmaBlocks: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvsp_instance_rdma_blocks_total",
+			Help: "Blocks loaded by one-sided RDMA READ (the rest came by GET)."}),
 		reshards: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_instance_reshard_messages_total",
 			Help: "Reshard messages handled, by outcome (acknowledged, failed, committed, aborted)."}, []string{"outcome"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.checkpoints, m.directives, m.blocks, m.digestFailures, m.fetched, m.reshards)
+		reg.MustRegister(m.checkpoints, m.directives, m.blocks, m.digestFailures, m.fetched, m.rdmaBlocks, m.reshards)
 	}
 	return m
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,6 +25,7 @@ import (
 	"github.com/kvsp/kvsp/engine/sim"
 	"github.com/kvsp/kvsp/holder"
 	"github.com/kvsp/kvsp/internal/kvsptest"
+	"github.com/kvsp/kvsp/rdma"
 	"github.com/kvsp/kvsp/server"
 )
 
@@ -62,6 +64,9 @@ type rigOptions struct {
 	d       *kvsp.Descriptor
 	noStore bool
 	second  bool // a second instance, ii2, on its own engine
+	// rdma: h1 serves rdma/reads on an in-process fabric and the agent
+	// reads through rdmaReader.
+	rdma *countingReader
 }
 
 func newRig(t testing.TB, o rigOptions) *rig {
@@ -106,10 +111,23 @@ func newRig(t testing.TB, o rigOptions) *rig {
 		t.Fatal(err)
 	}
 	w.g = w.eng.Geometry()
+	var target holder.RDMA
+	if o.rdma != nil {
+		fab := rdma.NewFabric()
+		tg := rdma.NewTarget(fab.Provider("h1"))
+		t.Cleanup(func() { tg.Close() })
+		target = tg
+		o.rdma.Reader = rdma.NewReader(fab.Provider("ii1"))
+		t.Cleanup(func() { o.rdma.Reader.Close() })
+	}
 	for _, base := range []string{"/h1/", "/hi/"} {
-		h, err := holder.New(holder.Config{Base: w.url(base), Geometries: map[kvsp.CompatID]container.Geometry{w.compat: w.g}, Capacity: 512 << 20,
+		hcfg := holder.Config{Base: w.url(base), Geometries: map[kvsp.CompatID]container.Geometry{w.compat: w.g}, Capacity: 512 << 20,
 			ReadMbitPerS: 100000, Index: hc.Index(w.url("/is/")), RecordTTL: time.Minute,
-			LeaseQuota: holder.LeaseQuota{Octets: 512 << 20, MaxTTL: time.Minute, MaxLeases: 256}})
+			LeaseQuota: holder.LeaseQuota{Octets: 512 << 20, MaxTTL: time.Minute, MaxLeases: 256}}
+		if base == "/h1/" && target != nil {
+			hcfg.RDMA = target
+		}
+		h, err := holder.New(hcfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -128,9 +146,13 @@ func newRig(t testing.TB, o rigOptions) *rig {
 	if o.noStore {
 		own = ""
 	}
-	w.agent, err = instance.New(instance.Config{Base: w.url("/ii1/"), Engine: w.eng, Client: mk(agentID), Index: w.url("/is/"), Holder: own,
+	icfg := instance.Config{Base: w.url("/ii1/"), Engine: w.eng, Client: mk(agentID), Index: w.url("/is/"), Holder: own,
 		Controller: w.url("/pc/"), StatusTTL: 300 * time.Millisecond, Scopes: []kvsp.ScopeKey{w.scopeKey}, Workers: 4, MaxPending: 4,
-		Links: []kvsp.Link{{Holder: w.url("/h1/"), MbitPerS: 100000, RTTUs: 20}}})
+		Links: []kvsp.Link{{Holder: w.url("/h1/"), MbitPerS: 100000, RTTUs: 20}}}
+	if o.rdma != nil {
+		icfg.RDMA = o.rdma
+	}
+	w.agent, err = instance.New(icfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,6 +172,68 @@ func newRig(t testing.TB, o rigOptions) *rig {
 	w.src = w.front.Holder(w.url("/h1/"))
 	w.hi = w.front.Holder(w.url("/hi/"))
 	return w
+}
+
+// countingReader counts the RDMA reads that completed.
+type countingReader struct {
+	*rdma.Reader
+	reads atomic.Int64
+}
+
+func (c *countingReader) Read(ctx context.Context, holder string, dst []byte, addr uint64, rkey uint32) error {
+	err := c.Reader.Read(ctx, holder, dst, addr, rkey)
+	if err == nil {
+		c.reads.Add(1)
+	}
+	return err
+}
+
+// TestPrefetchByRDMA: with an RDMA reader, blocks of a holder that serves
+// rdma/reads are loaded by one-sided READ (verified whole, then placed:
+// the engine's own bytes), and a holder that does not (the instance's own
+// holder, /hi/) is read by GET.
+func TestPrefetchByRDMA(t *testing.T) {
+	cr := &countingReader{}
+	w := newRig(t, rigOptions{rdma: cr})
+	tokens := prompt(4)
+	keys := w.fill(t, tokens, 4)
+	d := w.directive(keys[:4], func(int) []string { return []string{w.url("/h1/")} }, 5000)
+	if _, err := w.pc.Prefetch(context.Background(), d); err != nil {
+		t.Fatal(err)
+	}
+	if st := w.wait(t, d.Directive); st.State != kvsp.PrefetchComplete || len(st.Loaded) != 4 {
+		t.Fatalf("status %+v", st)
+	}
+	if n := cr.reads.Load(); n != 4 {
+		t.Fatalf("%d blocks read by RDMA, want 4", n)
+	}
+	k, v := make([]byte, w.g.RawSectionLen()), make([]byte, w.g.RawSectionLen())
+	wk, wv := make([]byte, len(k)), make([]byte, len(v))
+	for _, key := range keys[:4] {
+		for l := uint32(0); l < w.g.Layers; l++ {
+			w.eng.KV().ReadLayer(key, l, k, v)
+			sim.BlockContent(w.g, key, l, wk, wv)
+			if !bytes.Equal(k, wk) || !bytes.Equal(v, wv) {
+				t.Fatalf("layer %d: RDMA-loaded bytes differ from the engine's own", l)
+			}
+		}
+	}
+	// /hi/ (the instance's own holder, now holding them) has no RDMA: a
+	// second instance-side load from it falls back to GET.
+	w.waitPublished(t, keys[:4], w.url("/hi/"))
+	for _, key := range keys[:4] {
+		w.eng.KV().Drop(key)
+	}
+	d2 := w.directive(keys[:4], func(int) []string { return []string{w.url("/hi/")} }, 5000)
+	if _, err := w.pc.Prefetch(context.Background(), d2); err != nil {
+		t.Fatal(err)
+	}
+	if st := w.wait(t, d2.Directive); st.State != kvsp.PrefetchComplete || len(st.Loaded) != 4 {
+		t.Fatalf("from /hi/: %+v", st)
+	}
+	if n := cr.reads.Load(); n != 4 {
+		t.Fatalf("%d RDMA reads after the GET fallback, want still 4", n)
+	}
 }
 
 func prompt(blocks int) []uint32 {

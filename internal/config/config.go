@@ -192,6 +192,10 @@ type Instance struct {
 	// Links are the instance's links to holders, reported in its status
 	// so placement can estimate fetch times (R-ST-17).
 	Links []Link `yaml:"links"`
+	// RDMA, when set, loads blocks by one-sided RDMA READ from holders
+	// that serve it (GET from the others), on this device (a binary built
+	// with -tags rdma).
+	RDMA *RDMA `yaml:"rdma"`
 }
 
 // Link is an instance's link to a holder.
