@@ -68,6 +68,16 @@ type Request struct {
 	// chain's key and calls OnBlock, so the agent can publish it (R-SES-2).
 	Chain   *kvsp.Chain
 	OnBlock func(key kvsp.BlockKey)
+	// Stats, when set, receives what the prefill reused and computed.
+	Stats *PrefillStats
+}
+
+// PrefillStats says how a request's prompt was served.
+type PrefillStats struct {
+	// CachedTokens were in resident KV (complete blocks, leading run);
+	// ComputedTokens were prefilled (the rest of the prompt, and output
+	// tokens of a resumed session).
+	CachedTokens, ComputedTokens int
 }
 
 // PromptTail returns the prompt tokens after the last complete block.

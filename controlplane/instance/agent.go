@@ -227,6 +227,8 @@ type directive struct {
 	purpose string        // "prefetch" or "reshard", for the metrics
 	moved   atomic.Uint64 // octets of KV received
 
+	done chan struct{} // closed when it finished
+
 	mu        sync.Mutex
 	pending   bool
 	anyFailed bool
@@ -294,7 +296,7 @@ func (a *Agent) Prefetch(d *kvsp.PrefetchDirective, body []byte) error {
 	if pending >= a.cfg.MaxPending {
 		return ErrPendingQuota
 	}
-	x := &directive{d: *d, body: bytes.Clone(body), pending: true, purpose: "prefetch"}
+	x := &directive{d: *d, body: bytes.Clone(body), pending: true, purpose: "prefetch", done: make(chan struct{})}
 	a.directives[d.Directive] = x
 	// deadline_ms counts from receipt.
 	ctx, cancel := context.WithDeadline(context.Background(), received.Add(time.Duration(d.DeadlineMs)*time.Millisecond))
@@ -303,6 +305,28 @@ func (a *Agent) Prefetch(d *kvsp.PrefetchDirective, body []byte) error {
 		a.run(ctx, x)
 	}()
 	return nil
+}
+
+// awaitPrefetch waits until the prefetch directives sent for a request
+// (request_ref: its session) have finished, within their own deadlines,
+// so the request's prefill finds what they loaded.
+func (a *Agent) awaitPrefetch(ctx context.Context, session kvsp.UUID) {
+	ref := session.String()
+	a.mu.Lock()
+	var waits []chan struct{}
+	for _, x := range a.directives {
+		if x.d.RequestRef == ref && x.done != nil {
+			waits = append(waits, x.done)
+		}
+	}
+	a.mu.Unlock()
+	for _, w := range waits {
+		select {
+		case <-w:
+		case <-ctx.Done():
+			return
+		}
+	}
 }
 
 // PrefetchStatus reads a directive's state.
@@ -377,6 +401,9 @@ func (a *Agent) run(ctx context.Context, x *directive) {
 	}
 	x.pending, x.doneAt = false, time.Now()
 	x.mu.Unlock()
+	if x.done != nil {
+		close(x.done)
+	}
 	if x.purpose == "prefetch" {
 		a.m.directives.WithLabelValues(string(x.status().State)).Inc()
 	}
@@ -619,6 +646,7 @@ type metrics struct {
 	digestFailures prometheus.Counter
 	fetched        *prometheus.CounterVec
 	rdmaBlocks     prometheus.Counter
+	prompt         *prometheus.CounterVec
 	reshards       *prometheus.CounterVec
 }
 
@@ -636,11 +664,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Octets of KV received from holders, by purpose (prefetch, resume, reshard)."}, []string{"purpose"}),
 		rdmaBlocks: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvsp_instance_rdma_blocks_total",
 			Help: "Blocks loaded by one-sided RDMA READ (the rest came by GET)."}),
+		prompt: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_instance_prompt_tokens_total",
+			Help: "Prompt tokens of generate requests, by source: cached (KV resident, local or fetched) or computed (prefill)."}, []string{"source"}),
 		reshards: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_instance_reshard_messages_total",
 			Help: "Reshard messages handled, by outcome (acknowledged, failed, committed, aborted)."}, []string{"outcome"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.checkpoints, m.directives, m.blocks, m.digestFailures, m.fetched, m.rdmaBlocks, m.reshards)
+		reg.MustRegister(m.checkpoints, m.directives, m.blocks, m.digestFailures, m.fetched, m.rdmaBlocks, m.prompt, m.reshards)
 	}
 	return m
 }

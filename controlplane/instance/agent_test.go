@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/goleak"
 
 	"github.com/kvsp/kvsp"
@@ -54,6 +56,7 @@ type rig struct {
 	src      *client.Holder   // h1, as a client that fills it
 	hi       *client.Holder
 	url      func(string) string
+	reg      *prometheus.Registry // ii1's metrics
 }
 
 // rigOptions vary the rig: extra mounts handlers at /bad/; d is the
@@ -70,7 +73,7 @@ type rigOptions struct {
 }
 
 func newRig(t testing.TB, o rigOptions) *rig {
-	w := &rig{}
+	w := &rig{reg: prometheus.NewRegistry()}
 	extra := o.extra
 	d := desc
 	if o.d != nil {
@@ -148,7 +151,7 @@ func newRig(t testing.TB, o rigOptions) *rig {
 	}
 	icfg := instance.Config{Base: w.url("/ii1/"), Engine: w.eng, Client: mk(agentID), Index: w.url("/is/"), Holder: own,
 		Controller: w.url("/pc/"), StatusTTL: 300 * time.Millisecond, Scopes: []kvsp.ScopeKey{w.scopeKey}, Workers: 4, MaxPending: 4,
-		Links: []kvsp.Link{{Holder: w.url("/h1/"), MbitPerS: 100000, RTTUs: 20}}}
+		Links: []kvsp.Link{{Holder: w.url("/h1/"), MbitPerS: 100000, RTTUs: 20}}, Registerer: w.reg}
 	if o.rdma != nil {
 		icfg.RDMA = o.rdma
 	}
@@ -186,6 +189,54 @@ func (c *countingReader) Read(ctx context.Context, holder string, dst []byte, ad
 		c.reads.Add(1)
 	}
 	return err
+}
+
+// TestGenerateWaitsForItsPrefetch: a request whose blocks the PC's
+// directive (request_ref: the session) is loading starts its prefill once
+// they are loaded, so it reuses them all and computes only the tail.
+func TestGenerateWaitsForItsPrefetch(t *testing.T) {
+	w := newRig(t, rigOptions{})
+	tokens := prompt(4)
+	keys := w.fill(t, tokens, 4)
+	session := kvsp.NewUUID()
+	d := w.directive(keys[:4], func(int) []string { return []string{w.url("/h1/")} }, 5000)
+	d.RequestRef = session.String()
+	if _, err := w.pc.Prefetch(context.Background(), d); err != nil {
+		t.Fatal(err)
+	}
+	err := w.front.Instance(w.url("/ii1/")).Generate(context.Background(), &kvsp.GenerateRequest{Session: session, Epoch: 1, ScopeID: w.scopeKey.ID(),
+		CompatID: w.compat, Tokens: tokens, MaxTokens: 2}, func(kvsp.GeneratedToken) error { return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	cached := testutil.ToFloat64(counterOf(t, w.reg, "kvsp_instance_prompt_tokens_total", "cached"))
+	computed := testutil.ToFloat64(counterOf(t, w.reg, "kvsp_instance_prompt_tokens_total", "computed"))
+	if cached != 64 || computed != 3 {
+		t.Fatalf("prompt tokens: %v cached, %v computed; want 64 and 3 (the tail)", cached, computed)
+	}
+}
+
+// counterOf finds the counter name{source=label} in reg.
+func counterOf(t *testing.T, reg *prometheus.Registry, name, label string) prometheus.Collector {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetValue() == label {
+					return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "x"}, func() float64 { return m.GetCounter().GetValue() })
+				}
+			}
+		}
+	}
+	t.Fatalf("no %s{%s}", name, label)
+	return nil
 }
 
 // TestPrefetchByRDMA: with an RDMA reader, blocks of a holder that serves

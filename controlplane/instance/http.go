@@ -129,7 +129,10 @@ func (a *Agent) generate(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	req := engine.Request{Tokens: q.Tokens, Keys: keys, MaxTokens: int(q.MaxTokens), Sampler: engine.Sampler{Method: engine.Greedy}}
+	// The blocks the PC's directive for this request is loading are
+	// worth waiting for: the directive's deadline bounds the wait (R-PF-*).
+	a.awaitPrefetch(r.Context(), q.Session)
+	req := engine.Request{Tokens: q.Tokens, Keys: keys, MaxTokens: int(q.MaxTokens), Sampler: engine.Sampler{Method: engine.Greedy}, Stats: &engine.PrefillStats{}}
 	if x != nil { // a resumed session continues from its checkpoint (R-SES-12..14)
 		if len(x.cp.PromptBlocks) != len(keys) || (len(keys) > 0 && x.cp.PromptBlocks[len(keys)-1] != keys[len(keys)-1]) {
 			return fmt.Errorf("%w: the prompt is not the checkpoint's", kvsp.ErrConflict)
@@ -180,6 +183,10 @@ func (a *Agent) generate(w http.ResponseWriter, r *http.Request) error {
 	stop := context.AfterFunc(a.stopCtx, cancel) // Close cuts the stream
 	defer stop()
 	err = a.cfg.Engine.Generate(ctx, req, cp.token)
+	if st := req.Stats; st.CachedTokens+st.ComputedTokens > 0 {
+		a.m.prompt.WithLabelValues("cached").Add(float64(st.CachedTokens))
+		a.m.prompt.WithLabelValues("computed").Add(float64(st.ComputedTokens))
+	}
 	if err == nil {
 		err = cp.finish()
 	}

@@ -169,6 +169,9 @@ func (e *Engine) Generate(ctx context.Context, req engine.Request, emit func(eng
 	}
 	tail := req.PromptTail(bt)
 	recompute := len(tail) + len(req.Generated) + (len(req.Keys)-cached)*bt
+	if req.Stats != nil {
+		req.Stats.CachedTokens, req.Stats.ComputedTokens = cached*bt, recompute
+	}
 	p := pacer{start: time.Now()}
 	defer p.flush(ctx)
 	if err := p.charge(ctx, time.Duration(float64(recompute)/e.cfg.PrefillTokensPerS*float64(time.Second))); err != nil {
