@@ -113,6 +113,16 @@ type GeneratedToken struct {
 	Epoch uint64 `json:"epoch"`
 	Token uint32 `json:"token"`
 	Done  bool   `json:"done,omitempty"`
+	// Prefill, on the first line a stream sends, says how the prompt was
+	// served: prompt tokens reused from KV (resident or loaded) and
+	// tokens computed.
+	Prefill *PrefillInfo `json:"prefill,omitempty"`
+}
+
+// PrefillInfo is how an instance served a request's prompt.
+type PrefillInfo struct {
+	CachedTokens   uint64 `json:"cached_tokens"`
+	ComputedTokens uint64 `json:"computed_tokens"`
 }
 
 // Validate implements Validator.

@@ -68,8 +68,10 @@ type Request struct {
 	// chain's key and calls OnBlock, so the agent can publish it (R-SES-2).
 	Chain   *kvsp.Chain
 	OnBlock func(key kvsp.BlockKey)
-	// Stats, when set, receives what the prefill reused and computed.
-	Stats *PrefillStats
+	// OnPrefill, when set, is called once the prompt is in KV (prefill
+	// done, before the first output token) with what it reused and
+	// computed.
+	OnPrefill func(PrefillStats)
 }
 
 // PrefillStats says how a request's prompt was served.

@@ -84,10 +84,3 @@ func TestDigest(t *testing.T) {
 		t.Fatalf("digest file: %d %q", code, out)
 	}
 }
-
-func TestDemoNotBuilt(t *testing.T) {
-	code, out, errs := runCLI(t, "demo")
-	if code != 1 || out != "" || !strings.Contains(errs, "not built yet") {
-		t.Fatalf("demo: %d %q %q", code, out, errs)
-	}
-}

@@ -72,6 +72,10 @@ type Agent struct {
 	log    *slog.Logger
 	m      *metrics
 	work   chan struct{} // transfer slots
+	// offloads bounds the PUTs to the instance's holder under way;
+	// offloadsQueued counts the blocks waiting or under way.
+	offloads       chan struct{}
+	offloadsQueued atomic.Int64
 	ctl    *client.Controller
 
 	mu         sync.Mutex
@@ -114,7 +118,7 @@ func New(cfg Config) (*Agent, error) {
 		// R-ST-5: the start time in ms increases across restarts as long
 		// as the clock does not go back.
 		epoch: uint64(time.Now().UnixMilli()), log: cfg.Logger, m: newMetrics(cfg.Registerer),
-		work: make(chan struct{}, cfg.Workers), state: kvsp.StateActive, directives: map[kvsp.UUID]*directive{}, resumes: map[kvsp.UUID]*resumed{}, shards: map[string]*shard{}}
+		work: make(chan struct{}, cfg.Workers), offloads: make(chan struct{}, maxOffloads), state: kvsp.StateActive, directives: map[kvsp.UUID]*directive{}, resumes: map[kvsp.UUID]*resumed{}, shards: map[string]*shard{}}
 	a.stopCtx, a.stop = context.WithCancel(context.Background())
 	a.ctl = cfg.Client.Controller(cfg.Controller, cfg.Controllers...)
 	for _, k := range cfg.Scopes {
@@ -537,7 +541,7 @@ func (a *Agent) fetch(ctx context.Context, x *directive, key kvsp.BlockKey, src 
 	}
 	ref := client.BlockRef{Compat: d.CompatID, Scope: d.ScopeID, Key: key}
 	if a.cfg.RDMA != nil {
-		err := a.fetchRDMA(ctx, x, h, ref, layerDigests)
+		err := a.fetchRDMA(ctx, x, src, h, ref, layerDigests)
 		// A holder without rdma/reads answers 404 like a missing block:
 		// either way, GET (which says which).
 		if err == nil || ctx.Err() != nil || errors.Is(err, kvsp.ErrDigestMismatch) {
@@ -579,15 +583,15 @@ func (a *Agent) fetch(ctx context.Context, x *directive, key kvsp.BlockKey, src 
 	if !kv.Has(key) {
 		return fmt.Errorf("%w: the block's layers are not all resident", kvsp.ErrLayersUnavailable)
 	}
-	if a.cfg.Holder != "" {
-		go a.store(d.ScopeID, d.CompatID, key)
+	if src != a.cfg.Holder { // a copy at its own holder, for the next request here
+		a.offload(d.ScopeID, d.CompatID, key)
 	}
 	return nil
 }
 
 // fetchRDMA loads one block by RDMA READ, verified whole before any of
 // it reaches the engine.
-func (a *Agent) fetchRDMA(ctx context.Context, x *directive, h *client.Holder, ref client.BlockRef, layerDigests []container.Digest) error {
+func (a *Agent) fetchRDMA(ctx context.Context, x *directive, src string, h *client.Holder, ref client.BlockRef, layerDigests []container.Digest) error {
 	blk, err := h.ReadBlockRDMA(ctx, ref, a.g, client.GetOptions{LayerDigests: layerDigests, ReplicaCodec: container.CodecRaw}, a.cfg.RDMA)
 	if err != nil {
 		return err
@@ -606,10 +610,41 @@ func (a *Agent) fetchRDMA(ctx context.Context, x *directive, h *client.Holder, r
 		return fmt.Errorf("%w: the block's layers are not all resident", kvsp.ErrLayersUnavailable)
 	}
 	a.m.rdmaBlocks.Inc()
-	if a.cfg.Holder != "" {
-		go a.store(ref.Scope, ref.Compat, ref.Key)
+	if src != a.cfg.Holder {
+		a.offload(ref.Scope, ref.Compat, ref.Key)
 	}
 	return nil
+}
+
+// maxOffloads bounds the PUTs to the instance's holder under way, and
+// maxOffloadsQueued the blocks waiting for one; beyond it a block is not
+// offered (the cache is best effort; the engine has the block anyway).
+const (
+	maxOffloads       = 4
+	maxOffloadsQueued = 4096
+)
+
+// offload stores a block of the engine's KV at the instance's holder in
+// the background.
+func (a *Agent) offload(scope kvsp.ScopeID, compat kvsp.CompatID, key kvsp.BlockKey) {
+	if a.cfg.Holder == "" {
+		return
+	}
+	if a.offloadsQueued.Add(1) > maxOffloadsQueued {
+		a.offloadsQueued.Add(-1)
+		a.m.offloads.WithLabelValues("skipped").Inc()
+		return
+	}
+	go func() {
+		defer a.offloadsQueued.Add(-1)
+		select {
+		case a.offloads <- struct{}{}:
+		case <-a.stopCtx.Done():
+			return
+		}
+		defer func() { <-a.offloads }()
+		a.store(scope, compat, key)
+	}()
 }
 
 // store puts a block of the engine's KV at the instance's holder, which
@@ -634,8 +669,14 @@ func (a *Agent) store(scope kvsp.ScopeID, compat kvsp.CompatID, key kvsp.BlockKe
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	ref := client.BlockRef{Compat: compat, Scope: scope, Key: key}
-	if err := a.cfg.Client.Holder(a.cfg.Holder).PutBlock(ctx, ref, &buf, int64(buf.Len()), dg.Container); err != nil && !errors.Is(err, client.ErrExists) {
-		a.log.Warn("storing a loaded block at the instance's holder failed", "err", err)
+	switch err := a.cfg.Client.Holder(a.cfg.Holder).PutBlock(ctx, ref, &buf, int64(buf.Len()), dg.Container); {
+	case err == nil:
+		a.m.offloads.WithLabelValues("stored").Inc()
+	case errors.Is(err, client.ErrExists):
+		a.m.offloads.WithLabelValues("exists").Inc()
+	default:
+		a.m.offloads.WithLabelValues("failed").Inc()
+		a.log.Warn("storing a block at the instance's holder failed", "err", err)
 	}
 }
 
@@ -647,6 +688,7 @@ type metrics struct {
 	fetched        *prometheus.CounterVec
 	rdmaBlocks     prometheus.Counter
 	prompt         *prometheus.CounterVec
+	offloads       *prometheus.CounterVec
 	reshards       *prometheus.CounterVec
 }
 
@@ -666,11 +708,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Blocks loaded by one-sided RDMA READ (the rest came by GET)."}),
 		prompt: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_instance_prompt_tokens_total",
 			Help: "Prompt tokens of generate requests, by source: cached (KV resident, local or fetched) or computed (prefill)."}, []string{"source"}),
+		offloads: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_instance_offloads_total",
+			Help: "Blocks of the engine's KV offered to the instance's holder, by outcome (stored, exists, failed, skipped: too many waiting)."}, []string{"outcome"}),
 		reshards: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_instance_reshard_messages_total",
 			Help: "Reshard messages handled, by outcome (acknowledged, failed, committed, aborted)."}, []string{"outcome"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.checkpoints, m.directives, m.blocks, m.digestFailures, m.fetched, m.rdmaBlocks, m.prompt, m.reshards)
+		reg.MustRegister(m.checkpoints, m.directives, m.blocks, m.digestFailures, m.fetched, m.rdmaBlocks, m.prompt, m.offloads, m.reshards)
 	}
 	return m
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"sync/atomic"
 
 	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/engine"
@@ -132,7 +133,19 @@ func (a *Agent) generate(w http.ResponseWriter, r *http.Request) error {
 	// The blocks the PC's directive for this request is loading are
 	// worth waiting for: the directive's deadline bounds the wait (R-PF-*).
 	a.awaitPrefetch(r.Context(), q.Session)
-	req := engine.Request{Tokens: q.Tokens, Keys: keys, MaxTokens: int(q.MaxTokens), Sampler: engine.Sampler{Method: engine.Greedy}, Stats: &engine.PrefillStats{}}
+	req := engine.Request{Tokens: q.Tokens, Keys: keys, MaxTokens: int(q.MaxTokens), Sampler: engine.Sampler{Method: engine.Greedy}}
+	var prefill atomic.Pointer[kvsp.PrefillInfo] // for the first line sent
+	req.OnPrefill = func(st engine.PrefillStats) {
+		prefill.Store(&kvsp.PrefillInfo{CachedTokens: uint64(st.CachedTokens), ComputedTokens: uint64(st.ComputedTokens)})
+		a.m.prompt.WithLabelValues("cached").Add(float64(st.CachedTokens))
+		a.m.prompt.WithLabelValues("computed").Add(float64(st.ComputedTokens))
+		// The prompt blocks it computed go to the instance's holder, which
+		// publishes them: the next request with this prefix, on any
+		// instance, can load them instead.
+		for _, k := range keys[min(len(keys), st.CachedTokens/int(a.g.BlockTokens)):] {
+			a.offload(q.ScopeID, q.CompatID, k)
+		}
+	}
 	if x != nil { // a resumed session continues from its checkpoint (R-SES-12..14)
 		if len(x.cp.PromptBlocks) != len(keys) || (len(keys) > 0 && x.cp.PromptBlocks[len(keys)-1] != keys[len(keys)-1]) {
 			return fmt.Errorf("%w: the prompt is not the checkpoint's", kvsp.ErrConflict)
@@ -149,9 +162,7 @@ func (a *Agent) generate(w http.ResponseWriter, r *http.Request) error {
 		chain.Append(nil, req.PromptTail(int(a.g.BlockTokens))...)
 		chain.Append(nil, req.Generated...)
 		req.Chain = chain
-		if a.cfg.Holder != "" {
-			req.OnBlock = func(k kvsp.BlockKey) { go a.store(q.ScopeID, q.CompatID, k) }
-		}
+		req.OnBlock = func(k kvsp.BlockKey) { a.offload(q.ScopeID, q.CompatID, k) }
 	}
 	if s := q.Sampler; s != nil {
 		req.Sampler = engine.Sampler{Method: s.Method, Seed: s.Seed}
@@ -165,6 +176,7 @@ func (a *Agent) generate(w http.ResponseWriter, r *http.Request) error {
 	bw := bufio.NewWriter(w)
 	rc := http.NewResponseController(w) // reaches the connection through the server's wrappers
 	line := func(t kvsp.GeneratedToken) error {
+		t.Prefill = prefill.Swap(nil)
 		b, _ := kvsp.Marshal(&t)
 		bw.Write(append(b, '\n'))
 		if err := bw.Flush(); err != nil {
@@ -183,10 +195,6 @@ func (a *Agent) generate(w http.ResponseWriter, r *http.Request) error {
 	stop := context.AfterFunc(a.stopCtx, cancel) // Close cuts the stream
 	defer stop()
 	err = a.cfg.Engine.Generate(ctx, req, cp.token)
-	if st := req.Stats; st.CachedTokens+st.ComputedTokens > 0 {
-		a.m.prompt.WithLabelValues("cached").Add(float64(st.CachedTokens))
-		a.m.prompt.WithLabelValues("computed").Add(float64(st.ComputedTokens))
-	}
 	if err == nil {
 		err = cp.finish()
 	}

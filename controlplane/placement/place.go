@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -68,12 +67,13 @@ type Config struct {
 	Index       Index
 	Instances   Instances
 	// MaxPending bounds the directives pending at one instance (R-PF-13);
-	// default 4.
+	// default 16, the instance agent's own default.
 	MaxPending int
 	// LeaseMs is the lease_ms of directives; default 2000.
 	LeaseMs uint64
-	// MaxDeadline caps a directive's deadline_ms (twice the estimated
-	// fetch time, at least 10 ms); default 2s.
+	// MaxDeadline caps a directive's deadline_ms (the longer of twice the
+	// estimated fetch and the recomputation of the matched prefix, at
+	// least 10 ms); default 2s.
 	MaxDeadline time.Duration
 	// State, when set, keeps instance epochs and sessions across restarts
 	// (OpenBoltStore); nil keeps them in memory only.
@@ -136,7 +136,7 @@ func New(cfg Config) (*Controller, error) {
 		return nil, errors.New("placement: index and instances required")
 	}
 	if cfg.MaxPending == 0 {
-		cfg.MaxPending = 4
+		cfg.MaxPending = 16 // the instance agent's default
 	}
 	if cfg.LeaseMs == 0 {
 		cfg.LeaseMs = 2000
@@ -430,9 +430,15 @@ func (c *Controller) placeOn(ctx context.Context, q *kvsp.PlaceRequest, mig *mig
 		var best *candidate
 		for i := range cands {
 			cd := &cands[i]
-			cd.cost = costWith(&cd.snap.Status, c.serviceUs(cd.snap, total, q.MaxTokens), plan, len(replicas), bt, total)
+			// The queue as it stands now, with the requests placed since
+			// the instance's last status record (R-PLC-7).
+			st := cd.snap.Status
+			st.Queued = cd.snap.QueuedNow()
+			cd.cost = costWith(&st, c.serviceUs(cd.snap, total, q.MaxTokens), plan, len(replicas), bt, total)
+			// Ties go to the least loaded, then the smallest URI.
 			if best == nil || cd.cost.Total < best.cost.Total ||
-				(cd.cost.Total == best.cost.Total && cd.snap.Status.Instance < best.snap.Status.Instance) {
+				(cd.cost.Total == best.cost.Total && (cd.snap.Load() < best.snap.Load() ||
+					cd.snap.Load() == best.snap.Load() && cd.snap.Status.Instance < best.snap.Status.Instance)) {
 				best = cd
 			}
 		}
@@ -568,10 +574,14 @@ func (c *Controller) prefetch(ctx context.Context, uri string, q *kvsp.PlaceRequ
 	if len(d.Blocks) == 0 {
 		return nil
 	}
-	deadline := time.Duration(math.Max(2*cost.FetchUs, 10e3)) * time.Microsecond
+	// Loading is worth waiting for as long as recomputing the matched
+	// prefix would take (and at least twice the estimated fetch): past
+	// that, the instance recomputes what has not arrived.
+	deadline := time.Duration(max(2*cost.FetchUs, cost.RecomputeAllUs-cost.RecomputeUnmatchedUs, 10e3)) * time.Microsecond
 	deadline = min(deadline, c.cfg.MaxDeadline)
 	d.DeadlineMs = uint64((deadline + time.Millisecond - 1) / time.Millisecond)
-	if !c.reg.reserve(uri, c.cfg.MaxPending, time.Now().Add(time.Duration(d.DeadlineMs)*time.Millisecond+time.Duration(d.LeaseMs)*time.Millisecond)) {
+	// Pending at the instance until done, at the latest its deadline.
+	if !c.reg.reserve(uri, c.cfg.MaxPending, time.Now().Add(time.Duration(d.DeadlineMs)*time.Millisecond)) {
 		c.m.directives.WithLabelValues("quota").Inc()
 		return nil // R-PF-13: the request recomputes instead
 	}

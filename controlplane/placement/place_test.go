@@ -238,6 +238,36 @@ func TestPlaceByCost(t *testing.T) {
 	}
 }
 
+// TestPlaceSpreadsBetweenStatusRecords: R-PLC-7: requests placed before
+// the instances' next status record are counted as their load: equally
+// good idle instances get one each, not all the first; once the batches
+// overflow, the queue the PC placed there weighs like a reported one.
+func TestPlaceSpreadsBetweenStatusRecords(t *testing.T) {
+	w := newWorld(t, 4)
+	for _, ii := range []string{"ii1", "ii2", "ii3"} {
+		w.status(t, ii, 1, 0, kvsp.StateActive)
+	}
+	got := map[string]int{}
+	for i := range 9 {
+		out, err := w.place(t, prompt(2*bt, uint32(20+i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got[out.Instance]++
+	}
+	for _, ii := range []string{"ii1", "ii2", "ii3"} {
+		if got[w.base[ii]] != 3 {
+			t.Fatalf("placements %v: want 3 each", got)
+		}
+	}
+	// A status record resets the count: ii1 reports itself idle, the
+	// others still carry three placed each.
+	w.status(t, "ii1", 1, 0, kvsp.StateActive)
+	if out, err := w.place(t, prompt(2*bt, 40)); err != nil || out.Instance != w.base["ii1"] {
+		t.Fatalf("after ii1's status: %+v %v", out, err)
+	}
+}
+
 // TestPlaceWakesSleeping: R-PLC-10/11: when no active instance has
 // capacity, a sleeping one is set active and sent its prefetch at once;
 // with none to wake, 503 with Retry-After.

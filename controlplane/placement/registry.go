@@ -21,6 +21,9 @@ type instance struct {
 	// serviceUs is the running estimate of a request's service time at
 	// the instance (EWMA), for wait_us.
 	serviceUs float64
+	// placed counts the requests placed on it since its last status
+	// record, which does not show them yet.
+	placed int
 }
 
 // state is the state the PC assigns at now: failed once the record
@@ -97,6 +100,7 @@ func (r *Registry) Put(st *kvsp.InstanceStatus) (kvsp.InstanceState, error) {
 		in.maxEpoch, in.draining, in.pending = st.Epoch, false, nil
 	}
 	in.st = *st
+	in.placed = 0
 	in.st.Links = append([]kvsp.Link(nil), st.Links...)
 	in.expires = now.Add(time.Duration(st.TTLMs) * time.Millisecond)
 	if st.State != kvsp.StateActive {
@@ -128,6 +132,21 @@ type Snapshot struct {
 	Pending int
 	// ServiceUs is the mean service time estimate (0: none yet).
 	ServiceUs float64
+	// Placed counts the requests placed since its last status record.
+	Placed int
+}
+
+// Load estimates the requests at the instance now: running and queued as
+// last reported, and those placed since.
+func (s *Snapshot) Load() uint64 { return s.Status.Running + s.Status.Queued + uint64(s.Placed) }
+
+// QueuedNow estimates its queue now: the reported queue, or what the
+// requests placed since overflow its batch.
+func (s *Snapshot) QueuedNow() uint64 {
+	if l, b := s.Load(), max(1, s.Status.BatchSize); l > b && l-b > s.Status.Queued {
+		return l - b
+	}
+	return s.Status.Queued
 }
 
 // Get returns an instance's snapshot.
@@ -139,7 +158,7 @@ func (r *Registry) Get(uri string) (Snapshot, bool) {
 		return Snapshot{}, false
 	}
 	now := time.Now()
-	return Snapshot{Status: in.st, State: in.state(now), Pending: in.pendingAt(now), ServiceUs: in.serviceUs}, true
+	return Snapshot{Status: in.st, State: in.state(now), Pending: in.pendingAt(now), ServiceUs: in.serviceUs, Placed: in.placed}, true
 }
 
 // All returns every instance's snapshot.
@@ -149,7 +168,7 @@ func (r *Registry) All() []Snapshot {
 	now := time.Now()
 	out := make([]Snapshot, 0, len(r.m))
 	for _, in := range r.m {
-		out = append(out, Snapshot{Status: in.st, State: in.state(now), Pending: in.pendingAt(now), ServiceUs: in.serviceUs})
+		out = append(out, Snapshot{Status: in.st, State: in.state(now), Pending: in.pendingAt(now), ServiceUs: in.serviceUs, Placed: in.placed})
 	}
 	return out
 }
@@ -176,12 +195,13 @@ func (r *Registry) reserve(uri string, max int, deadline time.Time) bool {
 	return true
 }
 
-// observe folds a request's estimated service time into the instance's
-// mean (EWMA, weight 1/8).
+// observe records a request placed on the instance and folds its
+// estimated service time into the instance's mean (EWMA, weight 1/8).
 func (r *Registry) observe(uri string, us float64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if in := r.m[uri]; in != nil {
+		in.placed++
 		if in.serviceUs == 0 {
 			in.serviceUs = us
 		} else {

@@ -169,13 +169,13 @@ func (e *Engine) Generate(ctx context.Context, req engine.Request, emit func(eng
 	}
 	tail := req.PromptTail(bt)
 	recompute := len(tail) + len(req.Generated) + (len(req.Keys)-cached)*bt
-	if req.Stats != nil {
-		req.Stats.CachedTokens, req.Stats.ComputedTokens = cached*bt, recompute
-	}
 	p := pacer{start: time.Now()}
 	defer p.flush(ctx)
 	if err := p.charge(ctx, time.Duration(float64(recompute)/e.cfg.PrefillTokensPerS*float64(time.Second))); err != nil {
 		return err
+	}
+	if req.OnPrefill != nil {
+		req.OnPrefill(engine.PrefillStats{CachedTokens: cached * bt, ComputedTokens: recompute})
 	}
 
 	// Decode, from the context: block keys, tail, tokens so far.

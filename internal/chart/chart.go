@@ -104,7 +104,7 @@ func (c *Chart) Draw() (*image.RGBA, error) {
 	// Horizontal gridlines and y ticks.
 	for y := 0.0; y <= ytop+ystep/2; y += ystep {
 		hline(img, left, right, py(y), grid)
-		s := strconv.FormatFloat(y, 'f', -1, 64)
+		s := strconv.FormatFloat(y, 'f', decimals(ystep), 64)
 		text(img, left-8-7*len(s), py(y)+4, s, black)
 	}
 	// Vertical gridlines and x ticks at the data's x values.
@@ -118,7 +118,24 @@ func (c *Chart) Draw() (*image.RGBA, error) {
 	if tick == nil {
 		tick = func(x float64) string { return strconv.FormatFloat(x, 'g', 4, 64) }
 	}
+	ticks := make([]float64, 0, len(xs))
 	for x := range xs {
+		ticks = append(ticks, x)
+	}
+	if len(ticks) > 12 { // dense data (a time series): round steps instead
+		ticks = ticks[:0]
+		if c.LogX {
+			for e := math.Ceil(lo); e <= hi; e++ {
+				ticks = append(ticks, math.Exp2(e))
+			}
+		} else {
+			_, step := niceCeil(xmax - xmin)
+			for x := math.Ceil(xmin/step) * step; x <= xmax; x += step {
+				ticks = append(ticks, x)
+			}
+		}
+	}
+	for _, x := range ticks {
 		vline(img, px(x), top, bottom, grid)
 		s := tick(x)
 		text(img, px(x)-7*len(s)/2, bottom+18, s, black)
@@ -132,9 +149,13 @@ func (c *Chart) Draw() (*image.RGBA, error) {
 	// Lines, points and legend.
 	for i, s := range c.Series {
 		col := palette[i%len(palette)]
+		r := 3
+		if len(s.Points) > 30 { // a dense series is its line
+			r = 1
+		}
 		for j, p := range s.Points {
 			x, y := px(p.X), py(p.Y)
-			square(img, x, y, 3, col)
+			square(img, x, y, r, col)
 			if j > 0 {
 				q := s.Points[j-1]
 				line(img, px(q.X), py(q.Y), x, y, col)
@@ -147,6 +168,16 @@ func (c *Chart) Draw() (*image.RGBA, error) {
 		text(img, right+48, ly+2, s.Name, black)
 	}
 	return img, nil
+}
+
+// decimals is the number of decimals that show multiples of step.
+func decimals(step float64) int {
+	d := 0
+	for step < 1 && d < 9 {
+		step *= 10
+		d++
+	}
+	return d
 }
 
 // niceCeil returns an axis top of 1, 2 or 5 times a power of ten at or

@@ -54,6 +54,14 @@ func TestDrawRefuses(t *testing.T) {
 	}
 }
 
+func TestDecimals(t *testing.T) {
+	for step, want := range map[float64]int{100: 0, 1: 0, 0.2: 1, 0.05: 2, 0.001: 3} {
+		if got := decimals(step); got != want {
+			t.Errorf("decimals(%v) = %d, want %d", step, got, want)
+		}
+	}
+}
+
 func TestNiceCeil(t *testing.T) {
 	for _, tc := range []struct{ v, top, step float64 }{
 		{480, 500, 100}, {0.93, 1, 0.2}, {1234, 1500, 500}, {7, 8, 2}, {0, 1, 0.2},

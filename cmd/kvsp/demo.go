@@ -1,0 +1,744 @@
+package main
+
+import (
+	"bufio"
+	"compress/gzip"
+	"container/list"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/client"
+	"github.com/kvsp/kvsp/internal/chart"
+	"github.com/kvsp/kvsp/internal/config"
+)
+
+// The Mooncake trace (see trace/NOTICE), the demo's default workload.
+//
+//go:embed trace/synthetic_trace.jsonl.gz
+var embeddedTrace []byte
+
+const demoUsage = `kvsp demo: the whole system in one process, on real prefix-sharing traffic
+
+It creates a development CA and certificates, starts on loopback with
+mutual TLS an Index Service, a Placement Controller, holders (host and
+local-storage tiers) and instances on the simulated engine, and replays a
+Mooncake-format trace through the PC: every cache hit is a real, verified
+transfer of real bytes. It ends with a summary table, a JSON report and a
+PNG chart.
+
+Usage: kvsp demo [flags]
+`
+
+// demoConfig is a run's settings.
+type demoConfig struct {
+	trace                   string
+	speed                   float64
+	instances, holders      int
+	hostCap, diskCap        config.Size
+	requests                int
+	maxOutput               int
+	prefillRate, decodeRate float64
+	transport               string
+	jsonPath, pngPath       string
+	keep                    bool
+}
+
+// The demo model: 2 layers of one 16-wide bf16 KV head, 512-token blocks
+// (the trace's): 64 KiB of KV per block, so the default run moves every
+// hit for real within the 3 minutes on 2 cores.
+const demoDescriptor = `{"model": "kvsp-demo/tiny-2l", "tokenizer_digest": "sha-256:9f42a7a29dca3063ad26d7be7fe6a930fa38afb1a703e4f7ff538db4e133b19c",
+  "model_digest": "sha-256:254e528c669a2084c9727298cacb83e8854e0a6ff80e2bf18096b9dce0f7ebda",
+  "layers": 2, "kv_heads": 1, "head_dim": 16, "kv_dtype": "bf16", "positional": "rope", "block_tokens": 512, "layout": "kvsp-layout-1"}`
+
+const (
+	demoBlockTokens  = 512
+	demoBlockOctets  = 2 * 2 * demoBlockTokens * 16 * 2 // layers x (K,V) x tokens x dim x bf16
+	demoEngineBlocks = 1024                             // the simulated engine's KV capacity, in blocks
+)
+
+func parseDemoFlags(args []string, stderr io.Writer) (*demoConfig, error) {
+	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(stderr, demoUsage); fs.PrintDefaults() }
+	dc := &demoConfig{}
+	fs.StringVar(&dc.trace, "trace", "", "a Mooncake-format trace (JSON lines); default: the embedded Mooncake synthetic trace")
+	fs.Float64Var(&dc.speed, "speed", 8, "replay speed-up of the trace's timestamps")
+	fs.IntVar(&dc.instances, "instances", 3, "inference instances (simulated engines)")
+	fs.IntVar(&dc.holders, "holders", 2, "holders")
+	hostCap := fs.String("host-capacity", "1GiB", "each holder's host tier")
+	diskCap := fs.String("disk-capacity", "4GiB", "each holder's local-storage tier (0: none)")
+	fs.IntVar(&dc.requests, "requests", 0, "requests to replay (default: the whole trace, which fits in about 3 minutes at the default speed)")
+	full := fs.Bool("full", false, "the whole trace with its full output lengths")
+	fs.IntVar(&dc.maxOutput, "max-output", 8, "cap on output tokens per request (TTFT is what is measured)")
+	fs.Float64Var(&dc.prefillRate, "prefill-rate", 42000, "engine prefill, tokens/s (H200-like for a 7-8B model)")
+	fs.Float64Var(&dc.decodeRate, "decode-rate", 3100, "engine decode, tokens/s shared by its batch")
+	fs.StringVar(&dc.transport, "transport", "h2", "how blocks move: h2, h3 or quicbulk")
+	fs.StringVar(&dc.jsonPath, "json", "kvsp-demo.json", "JSON report")
+	fs.StringVar(&dc.pngPath, "png", "kvsp-demo.png", "PNG chart: prefix hit ratio as the trace is replayed")
+	fs.BoolVar(&dc.keep, "keep", false, "keep the working directory (certificates, configuration, logs)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, err
+		}
+		return nil, usageError("demo: %v", err)
+	}
+	var err error
+	if dc.hostCap, err = config.ParseSize(*hostCap); err != nil || dc.hostCap < demoBlockOctets {
+		return nil, usageError("demo: --host-capacity: want a size of at least one block (%d octets)", demoBlockOctets)
+	}
+	if dc.diskCap, err = config.ParseSize(*diskCap); err != nil {
+		return nil, usageError("demo: --disk-capacity: %v", err)
+	}
+	switch {
+	case dc.speed <= 0:
+		return nil, usageError("demo: --speed must be positive")
+	case dc.instances < 1 || dc.instances > 16 || dc.holders < 1 || dc.holders > 8:
+		return nil, usageError("demo: --instances 1..16, --holders 1..8")
+	case dc.requests < 0 || dc.maxOutput < 1 || dc.prefillRate <= 0 || dc.decodeRate <= 0:
+		return nil, usageError("demo: --requests >= 0, --max-output >= 1, rates > 0")
+	case !slices.Contains([]string{"h2", "h3", "quicbulk"}, dc.transport):
+		return nil, usageError("demo: --transport: want h2, h3 or quicbulk")
+	}
+	if *full {
+		dc.requests, dc.maxOutput = 0, 1<<20
+	}
+	return dc, nil
+}
+
+// traceRequest is one line of a Mooncake trace.
+type traceRequest struct {
+	Timestamp    float64 `json:"timestamp"` // ms
+	InputLength  int     `json:"input_length"`
+	OutputLength int     `json:"output_length"`
+	HashIDs      []int64 `json:"hash_ids"`
+}
+
+func loadTrace(r io.Reader) ([]traceRequest, error) {
+	var out []traceRequest
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 1<<20), 64<<20)
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" {
+			continue
+		}
+		var q traceRequest
+		if err := json.Unmarshal([]byte(line), &q); err != nil {
+			return nil, fmt.Errorf("trace line %d: %w", n, err)
+		}
+		if q.InputLength <= 0 || q.InputLength > len(q.HashIDs)*demoBlockTokens || q.InputLength <= (len(q.HashIDs)-1)*demoBlockTokens || q.Timestamp < 0 {
+			return nil, fmt.Errorf("trace line %d: input_length %d does not fit %d blocks of %d tokens", n, q.InputLength, len(q.HashIDs), demoBlockTokens)
+		}
+		out = append(out, q)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	if len(out) == 0 {
+		return nil, errors.New("the trace has no requests")
+	}
+	return out, nil
+}
+
+// demoTokens derives a request's prompt: 512 pseudo-random token ids per
+// hash id, seeded by the id, so equal ids give equal blocks (and Block
+// Keys), truncated to the input length.
+func demoTokens(q *traceRequest) []uint32 {
+	out := make([]uint32, 0, len(q.HashIDs)*demoBlockTokens)
+	for _, id := range q.HashIDs {
+		r := rand.New(rand.NewPCG(uint64(id), 0x6b767370)) // "kvsp"
+		for range demoBlockTokens {
+			out = append(out, r.Uint32N(32000))
+		}
+	}
+	return out[:q.InputLength]
+}
+
+// prefixBound is the infinite-cache bound: the prompt tokens of complete
+// blocks whose whole prefix appeared in an earlier request.
+func prefixBound(reqs []traceRequest) (cached, total int64) {
+	seen := map[int64]bool{}
+	for _, q := range reqs {
+		n := 0
+		for n < len(q.HashIDs) && seen[q.HashIDs[n]] {
+			n++
+		}
+		cached += int64(min(n, q.InputLength/demoBlockTokens) * demoBlockTokens)
+		total += int64(q.InputLength)
+		for _, id := range q.HashIDs {
+			seen[id] = true
+		}
+	}
+	return cached, total
+}
+
+// localOnly models per-instance LRU caches of the engine's capacity (no
+// sharing): the same requests on the same instances, the cached prompt
+// tokens of each.
+func localOnly(reqs []traceRequest, instanceOf []int, instances int) []int {
+	type cache struct {
+		lru *list.List // front: most recent; values: hash ids
+		at  map[int64]*list.Element
+	}
+	caches := make([]cache, instances)
+	for i := range caches {
+		caches[i] = cache{lru: list.New(), at: map[int64]*list.Element{}}
+	}
+	out := make([]int, len(reqs))
+	for i, q := range reqs {
+		if instanceOf[i] < 0 { // not served
+			continue
+		}
+		c := &caches[instanceOf[i]]
+		n := 0
+		for n < q.InputLength/demoBlockTokens && c.at[q.HashIDs[n]] != nil {
+			n++
+		}
+		out[i] = n * demoBlockTokens
+		for _, id := range q.HashIDs {
+			if e := c.at[id]; e != nil {
+				c.lru.MoveToFront(e)
+			} else {
+				c.at[id] = c.lru.PushFront(id)
+			}
+		}
+		for c.lru.Len() > demoEngineBlocks {
+			delete(c.at, c.lru.Remove(c.lru.Back()).(int64))
+		}
+	}
+	return out
+}
+
+// demoResult is one replayed request.
+type demoResult struct {
+	instance int // index in the instance list; -1 when it failed
+	ttft     time.Duration
+	computed int // prompt tokens the engine prefilled (the instance says)
+	err      error
+}
+
+// demoReport is the JSON the run writes.
+type demoReport struct {
+	Date         string                `json:"date"`
+	Model        string                `json:"model"`
+	BlockOctets  int                   `json:"block_octets"`
+	Requests     int                   `json:"requests"`
+	Errors       int                   `json:"errors"`
+	Speed        float64               `json:"speed"`
+	Instances    int                   `json:"instances"`
+	Holders      int                   `json:"holders"`
+	Transport    string                `json:"transport"`
+	WallSeconds  float64               `json:"wall_seconds"`
+	HitRatio     float64               `json:"hit_ratio"`       // cached / all prompt tokens, measured at the engines
+	BoundRatio   float64               `json:"bound_ratio"`     // infinite cache
+	LocalRatio   float64               `json:"local_ratio"`     // per-instance LRU caches only (model)
+	CachedTokens int64                 `json:"cached_tokens"`   // prompt tokens reused (resident or fetched)
+	Computed     int64                 `json:"computed_tokens"` // prompt tokens prefilled
+	Fetched      int64                 `json:"fetched_tokens"`  // prompt tokens loaded from holders
+	TTFT         map[string][2]float64 `json:"ttft_ms"`         // p50, p90 by case
+	Counters     map[string]float64    `json:"counters"`
+	Progress     []chart.Point         `json:"hit_ratio_progress"` // (requests done, measured hit ratio)
+}
+
+func cmdDemo(args []string, stdout, stderr io.Writer) error {
+	dc, err := parseDemoFlags(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var tr io.Reader
+	if dc.trace == "" {
+		zr, err := gzip.NewReader(strings.NewReader(string(embeddedTrace)))
+		if err != nil {
+			return err
+		}
+		tr = zr
+	} else {
+		f, err := os.Open(dc.trace)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		tr = f
+		if strings.HasSuffix(dc.trace, ".gz") {
+			if tr, err = gzip.NewReader(f); err != nil {
+				return err
+			}
+		}
+	}
+	reqs, err := loadTrace(tr)
+	if err != nil {
+		return err
+	}
+	if dc.requests > 0 && dc.requests < len(reqs) {
+		reqs = reqs[:dc.requests]
+	}
+	dir, err := os.MkdirTemp("", "kvsp-demo-")
+	if err != nil {
+		return err
+	}
+	if dc.keep {
+		fmt.Fprintf(stderr, "working directory: %s\n", dir)
+	} else {
+		defer os.RemoveAll(dir)
+	}
+	addr, maddr, err := freeAddr(), freeAddr(), error(nil)
+	if addr == "" || maddr == "" {
+		return errors.New("demo: no free loopback port")
+	}
+	cfgPath := filepath.Join(dir, "kvsp.yaml")
+	if err := os.WriteFile(filepath.Join(dir, "descriptor.json"), []byte(demoDescriptor), 0o644); err != nil {
+		return err
+	}
+	if err := os.WriteFile(cfgPath, []byte(demoConfigYAML(dc, addr, maddr)), 0o644); err != nil {
+		return err
+	}
+	if err := cmdCerts([]string{"--config", cfgPath}, io.Discard); err != nil {
+		return fmt.Errorf("demo: certs: %w", err)
+	}
+	logf, err := os.Create(filepath.Join(dir, "serve.log"))
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ready, done := make(chan string, 1), make(chan error, 1)
+	go func() { done <- serve(ctx, []string{"--config", cfgPath}, logf, nil, ready) }()
+	select {
+	case <-ready:
+	case err := <-done:
+		return fmt.Errorf("demo: the system did not start: %w (log: %s)", err, logf.Name())
+	}
+	stopped := false
+	defer func() {
+		if !stopped {
+			cancel()
+			<-done
+		}
+	}()
+	front, scope, compat, err := demoFront(dir)
+	if err != nil {
+		return err
+	}
+	defer front.Close()
+	fmt.Fprintf(stderr, "kvsp demo: %d requests of %s at %gx; %d instances, %d holders (%s host, %s local-storage), blocks over %s; model %s (%d KiB per %d-token block)\n",
+		len(reqs), traceName(dc), dc.speed, dc.instances, dc.holders, sizeName(int(dc.hostCap)), sizeName(int(dc.diskCap)), dc.transport, "kvsp-demo/tiny-2l", demoBlockOctets>>10, demoBlockTokens)
+
+	base := "https://" + addr
+	ctl := front.Controller(base + "/pc/")
+	instances := make([]string, dc.instances)
+	for i := range instances {
+		instances[i] = base + "/ii" + strconv.Itoa(i+1) + "/"
+	}
+	results := make([]demoResult, len(reqs))
+	var finished atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	var progress []chart.Point
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	scrape := func() map[string]float64 { return scrapeMetrics("http://" + maddr + "/metrics") }
+	report := func(final bool) {
+		m := scrape()
+		c, p := metricSum(m, "kvsp_instance_prompt_tokens_total", `source="cached"`), metricSum(m, "kvsp_instance_prompt_tokens_total", `source="computed"`)
+		ratio := 0.0
+		if c+p > 0 {
+			ratio = c / (c + p)
+		}
+		n := finished.Load()
+		if n > 0 {
+			progress = append(progress, chart.Point{X: float64(n), Y: ratio})
+		}
+		fmt.Fprintf(stderr, "\r\033[K[%5.1fs] %d/%d requests done, prefix hit ratio %.3f, %s fetched", time.Since(start).Seconds(), n, len(reqs), ratio,
+			sizeName(int(metricSum(m, "kvsp_instance_fetched_bytes_total"))&^(1<<10-1)))
+		if final {
+			fmt.Fprintln(stderr)
+		}
+	}
+	sem := make(chan struct{}, 256)
+	for i := range reqs {
+		at := start.Add(time.Duration(reqs[i].Timestamp / dc.speed * float64(time.Millisecond)))
+		for wait := time.Until(at); wait > 0; wait = time.Until(at) {
+			select {
+			case <-tick.C:
+				report(false)
+			case <-time.After(wait):
+			}
+		}
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; finished.Add(1); wg.Done() }()
+			results[i] = runDemoRequest(ctx, front, ctl, instances, scope, compat, &reqs[i], dc.maxOutput)
+		}()
+	}
+	all := make(chan struct{})
+	go func() { wg.Wait(); close(all) }()
+	for waiting := true; waiting; {
+		select {
+		case <-all:
+			waiting = false
+		case <-tick.C:
+			report(false)
+		}
+	}
+	report(true)
+	wall := time.Since(start)
+	m := scrape()
+	cancel()
+	stopped = true
+	if err := <-done; err != nil {
+		fmt.Fprintf(stderr, "kvsp demo: shutdown: %v\n", err)
+	}
+	rep := summarizeDemo(dc, reqs, results, m, progress, wall)
+	writeDemoTable(stdout, dc, &rep)
+	if dc.jsonPath != "" {
+		b, _ := json.MarshalIndent(&rep, "", "  ")
+		if err := os.WriteFile(dc.jsonPath, append(b, '\n'), 0o644); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "wrote %s\n", dc.jsonPath)
+	}
+	if dc.pngPath != "" {
+		if err := writeDemoChart(dc.pngPath, reqs, results, dc.instances, &rep); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "wrote %s\n", dc.pngPath)
+	}
+	if rep.Errors > len(reqs)/100 {
+		return fmt.Errorf("demo: %d of %d requests failed (first: %v)", rep.Errors, len(reqs), firstErr(results))
+	}
+	return nil
+}
+
+func traceName(dc *demoConfig) string {
+	if dc.trace == "" {
+		return "the Mooncake synthetic trace"
+	}
+	return dc.trace
+}
+
+func firstErr(rs []demoResult) error {
+	for _, r := range rs {
+		if r.err != nil {
+			return r.err
+		}
+	}
+	return nil
+}
+
+// freeAddr returns a loopback address with a port free at the time.
+func freeAddr() string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return ""
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// demoConfigYAML is the one process's configuration: every role on one
+// listener.
+func demoConfigYAML(dc *demoConfig, addr, maddr string) string {
+	b := "https://" + addr
+	var s strings.Builder
+	fmt.Fprintf(&s, "listen: %s\nmetrics_listen: %s\nhttp3: %v\nquicbulk: %v\ntransport: %s\n", addr, maddr, dc.transport == "h3", dc.transport == "quicbulk", dc.transport)
+	s.WriteString("tls: {cert: server.pem, key: server.key, client_ca: ca.pem, client_cert: self.pem, client_key: self.key}\npolicy: policy.yaml\nscopes: [{key_file: scope-a.key}]\n")
+	fmt.Fprintf(&s, "index: {base: %s/is/, max_ttl_ms: 3600000, max_lookup_keys: 4096, backend: memory}\n", b)
+	fmt.Fprintf(&s, "controller: {base: %s/pc/, index: %s/is/, state: memory, descriptors: [descriptor.json]}\nholders:\n", b, b)
+	for h := 1; h <= dc.holders; h++ {
+		fmt.Fprintf(&s, "  - base: %s/h%d/\n    index: %s/is/\n    record_ttl_ms: 3600000\n    descriptors: [descriptor.json]\n", b, h, b)
+		fmt.Fprintf(&s, "    tiers: [{name: host, capacity: %d, read_mbit_per_s: 400000}", dc.hostCap)
+		if dc.diskCap > 0 {
+			fmt.Fprintf(&s, ", {name: local-storage, capacity: %d, read_mbit_per_s: 50000, path: h%d-store}", dc.diskCap, h)
+		}
+		s.WriteString("]\n    lease_quota: {octets: 1GiB, max_ttl_ms: 60000, max_leases: 4096}\n")
+	}
+	s.WriteString("instances:\n")
+	for i := 1; i <= dc.instances; i++ {
+		fmt.Fprintf(&s, "  - base: %s/ii%d/\n    controller: %s/pc/\n    index: %s/is/\n    holder: %s/h%d/\n", b, i, b, b, b, (i-1)%dc.holders+1)
+		fmt.Fprintf(&s, "    engine: {kind: sim, descriptor: descriptor.json, prefill_tokens_per_s: %g, decode_tokens_per_s: %g}\n    links: [", dc.prefillRate, dc.decodeRate)
+		for h := 1; h <= dc.holders; h++ {
+			if h > 1 {
+				s.WriteString(", ")
+			}
+			fmt.Fprintf(&s, "{holder: %s/h%d/, mbit_per_s: 100000, rtt_us: 20}", b, h)
+		}
+		s.WriteString("]\n")
+	}
+	return s.String()
+}
+
+// demoFront is the front end: the tool client's certificate, the scope
+// of the generated key, the demo model's compat_id.
+func demoFront(dir string) (*client.Client, kvsp.ScopeID, kvsp.CompatID, error) {
+	pair, err := tls.LoadX509KeyPair(filepath.Join(dir, "client.pem"), filepath.Join(dir, "client.key"))
+	if err != nil {
+		return nil, kvsp.ScopeID{}, kvsp.CompatID{}, err
+	}
+	ca, err := os.ReadFile(filepath.Join(dir, "ca.pem"))
+	if err != nil {
+		return nil, kvsp.ScopeID{}, kvsp.CompatID{}, err
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(ca)
+	c, err := client.New(client.Config{TLS: &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: roots, Certificates: []tls.Certificate{pair}}, Timeout: 30 * time.Second})
+	if err != nil {
+		return nil, kvsp.ScopeID{}, kvsp.CompatID{}, err
+	}
+	kb, err := os.ReadFile(filepath.Join(dir, "scope-a.key"))
+	if err != nil {
+		return nil, kvsp.ScopeID{}, kvsp.CompatID{}, err
+	}
+	sk, err := kvsp.ScopeKeyFromFile(kb)
+	if err != nil {
+		return nil, kvsp.ScopeID{}, kvsp.CompatID{}, err
+	}
+	d, err := kvsp.ParseDescriptor([]byte(demoDescriptor))
+	if err != nil {
+		return nil, kvsp.ScopeID{}, kvsp.CompatID{}, err
+	}
+	compat, err := d.CompatID()
+	return c, sk.ID(), compat, err
+}
+
+// runDemoRequest places a request with the PC and runs it on the instance
+// chosen, timing its first token.
+func runDemoRequest(ctx context.Context, c *client.Client, ctl *client.Controller, instances []string, scope kvsp.ScopeID, compat kvsp.CompatID, q *traceRequest, maxOutput int) demoResult {
+	r := demoResult{instance: -1}
+	tokens := demoTokens(q)
+	out := uint64(max(1, min(q.OutputLength, maxOutput)))
+	t0 := time.Now()
+	var at *kvsp.PlaceResponse
+	var err error
+	for try := 0; ; try++ { // the instances' first status records may still be on their way
+		at, err = ctl.Place(ctx, &kvsp.PlaceRequest{ScopeID: scope, CompatID: compat, Tokens: tokens, MaxTokens: out})
+		if err == nil || try == 50 || ctx.Err() != nil || !errors.Is(err, kvsp.ErrUnavailable) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil {
+		r.err = fmt.Errorf("place: %w", err)
+		return r
+	}
+	r.instance = slices.Index(instances, at.Instance)
+	first := true
+	err = c.Instance(at.Instance).Generate(ctx, &kvsp.GenerateRequest{Session: at.Session, Epoch: at.Epoch, ScopeID: scope, CompatID: compat,
+		Tokens: tokens, MaxTokens: out}, func(t kvsp.GeneratedToken) error {
+		if first {
+			r.ttft, first = time.Since(t0), false
+			r.computed = q.InputLength
+			if t.Prefill != nil {
+				r.computed = int(t.Prefill.ComputedTokens)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		r.instance, r.err = -1, fmt.Errorf("generate: %w", err)
+	}
+	return r
+}
+
+// scrapeMetrics reads a Prometheus text exposition into series
+// name{labels} -> value, and name -> the sum over its series.
+func scrapeMetrics(url string) map[string]float64 {
+	out := map[string]float64{}
+	resp, err := (&http.Client{Timeout: 5 * time.Second}).Get(url)
+	if err != nil {
+		return out
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<16), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		if i < 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err != nil {
+			continue
+		}
+		key := line[:i]
+		out[key] += v
+		if j := strings.IndexByte(key, '{'); j > 0 { // and the total over labels
+			out[key[:j]] += v
+		}
+	}
+	return out
+}
+
+// percentile of sorted durations, in ms.
+// metricSum sums the series of name whose labels include every one of
+// labels (`source="cached"`).
+func metricSum(m map[string]float64, name string, labels ...string) float64 {
+	if len(labels) == 0 {
+		return m[name]
+	}
+	var v float64
+	for k, x := range m {
+		if !strings.HasPrefix(k, name+"{") {
+			continue
+		}
+		ok := true
+		for _, l := range labels {
+			ok = ok && strings.Contains(k, l)
+		}
+		if ok {
+			v += x
+		}
+	}
+	return v
+}
+
+func percentileMs(ds []time.Duration, p float64) float64 {
+	if len(ds) == 0 {
+		return 0
+	}
+	return float64(ds[min(len(ds)-1, int(p*float64(len(ds))))].Microseconds()) / 1000
+}
+
+func summarizeDemo(dc *demoConfig, reqs []traceRequest, results []demoResult, m map[string]float64, progress []chart.Point, wall time.Duration) demoReport {
+	rep := demoReport{Date: time.Now().UTC().Format(time.RFC3339), Model: "kvsp-demo/tiny-2l", BlockOctets: demoBlockOctets, Requests: len(reqs),
+		Speed: dc.speed, Instances: dc.instances, Holders: dc.holders, Transport: dc.transport, WallSeconds: wall.Seconds(),
+		TTFT: map[string][2]float64{}, Counters: map[string]float64{}, Progress: progress}
+	rep.CachedTokens = int64(metricSum(m, "kvsp_instance_prompt_tokens_total", `source="cached"`))
+	rep.Computed = int64(metricSum(m, "kvsp_instance_prompt_tokens_total", `source="computed"`))
+	if t := rep.CachedTokens + rep.Computed; t > 0 {
+		rep.HitRatio = float64(rep.CachedTokens) / float64(t)
+	}
+	rep.Fetched = int64(metricSum(m, "kvsp_instance_prefetch_blocks_total", `outcome="loaded"`)) * demoBlockTokens
+	bc, bt := prefixBound(reqs)
+	rep.BoundRatio = float64(bc) / float64(bt)
+	instanceOf := make([]int, len(results))
+	var kvspT, kvspModelT, noneT, localT []time.Duration
+	model := func(tokens int) time.Duration {
+		return time.Duration(float64(tokens) / dc.prefillRate * float64(time.Second))
+	}
+	for i, r := range results {
+		instanceOf[i] = r.instance
+		if r.err != nil {
+			rep.Errors++
+			continue
+		}
+		kvspT = append(kvspT, r.ttft)
+		kvspModelT = append(kvspModelT, model(r.computed))
+		noneT = append(noneT, model(reqs[i].InputLength))
+	}
+	local := localOnly(reqs, instanceOf, dc.instances)
+	var lc int64
+	for i, r := range results {
+		if r.err != nil {
+			continue
+		}
+		lc += int64(local[i])
+		localT = append(localT, model(reqs[i].InputLength-local[i]))
+	}
+	rep.LocalRatio = float64(lc) / float64(bt)
+	for name, ds := range map[string][]time.Duration{"kvsp_measured": kvspT, "kvsp": kvspModelT, "no_cache": noneT, "local_only": localT} {
+		slices.Sort(ds)
+		rep.TTFT[name] = [2]float64{percentileMs(ds, 0.5), percentileMs(ds, 0.9)}
+	}
+	for _, k := range []string{"kvsp_holder_bytes_served_total", "kvsp_holder_gets_total", "kvsp_holder_puts_total", "kvsp_holder_evictions_total",
+		"kvsp_holder_demotions_total", "kvsp_holder_lease_rejections_total", "kvsp_holder_digest_failures_total", "kvsp_instance_digest_failures_total",
+		"kvsp_instance_fetched_bytes_total", "kvsp_pc_migrations_total", "kvsp_pc_directives_total", "kvsp_instance_rdma_blocks_total"} {
+		rep.Counters[k] = m[k]
+	}
+	for k, v := range m { // every labelled kvsp series, for the record
+		if strings.HasPrefix(k, "kvsp_") && strings.Contains(k, "{") && !strings.Contains(k, "_bucket{") {
+			rep.Counters[k] = v
+		}
+	}
+	return rep
+}
+
+func writeDemoTable(w io.Writer, dc *demoConfig, r *demoReport) {
+	fmt.Fprintf(w, "\nkvsp demo: %d requests at %gx in %.0f s (%d CPUs); %d instances, %d holders; model %s, %d KiB per %d-token block\n\n",
+		r.Requests, r.Speed, r.WallSeconds, runtime.GOMAXPROCS(0), r.Instances, r.Holders, r.Model, r.BlockOctets>>10, demoBlockTokens)
+	row := func(k, v string) { fmt.Fprintf(w, "  %-34s %s\n", k, v) }
+	row("requests (failed)", fmt.Sprintf("%d (%d)", r.Requests, r.Errors))
+	row("prefix hit ratio (prompt tokens)", fmt.Sprintf("%.3f: %.2f of the infinite-cache bound %.3f; local caches only %.3f", r.HitRatio, r.HitRatio/max(r.BoundRatio, 1e-9), r.BoundRatio, r.LocalRatio))
+	row("prompt tokens cached / computed", fmt.Sprintf("%d / %d", r.CachedTokens, r.Computed))
+	row("tokens fetched from holders", fmt.Sprintf("%d (%s over %s, verified)", r.Fetched, sizeName(int(r.Counters["kvsp_instance_fetched_bytes_total"])&^(1<<10-1)), r.Transport))
+	row("TTFT p50 / p90 (prefill)", fmt.Sprintf("KVSP %.0f / %.0f ms, local caches only %.0f / %.0f ms, no cache %.0f / %.0f ms",
+		r.TTFT["kvsp"][0], r.TTFT["kvsp"][1], r.TTFT["local_only"][0], r.TTFT["local_only"][1], r.TTFT["no_cache"][0], r.TTFT["no_cache"][1]))
+	row("TTFT p50 / p90 (wall clock, KVSP)", fmt.Sprintf("%.0f / %.0f ms", r.TTFT["kvsp_measured"][0], r.TTFT["kvsp_measured"][1]))
+	row("holders: served / stored", fmt.Sprintf("%s in %.0f GETs / %.0f blocks", sizeName(int(r.Counters["kvsp_holder_bytes_served_total"])&^(1<<10-1)), r.Counters["kvsp_holder_gets_total"], r.Counters["kvsp_holder_puts_total"]))
+	row("evictions / demotions", fmt.Sprintf("%.0f / %.0f", r.Counters["kvsp_holder_evictions_total"], r.Counters["kvsp_holder_demotions_total"]))
+	row("lease rejections", fmt.Sprintf("%.0f", r.Counters["kvsp_holder_lease_rejections_total"]))
+	row("digest failures (holders, instances)", fmt.Sprintf("%.0f, %.0f", r.Counters["kvsp_holder_digest_failures_total"], r.Counters["kvsp_instance_digest_failures_total"]))
+	row("migrations", fmt.Sprintf("%.0f", r.Counters["kvsp_pc_migrations_total"]))
+	fmt.Fprintf(w, "\n  TTFT (prefill): the engine's %g tokens/s applied to the prompt tokens each case computes (KVSP: what\n  the instances report; local caches only: per-instance LRU caches of %d blocks on the same placement).\n  Wall clock: from POST place to the first token, queueing and transfers included.\n\n", dc.prefillRate, demoEngineBlocks)
+}
+
+func writeDemoChart(path string, reqs []traceRequest, results []demoResult, instances int, r *demoReport) error {
+	instanceOf := make([]int, len(results))
+	for i, x := range results {
+		instanceOf[i] = x.instance
+	}
+	local := localOnly(reqs, instanceOf, instances)
+	bound, loc := chart.Series{Name: "infinite cache"}, chart.Series{Name: "local caches only"}
+	seen := map[int64]bool{}
+	var bc, lc, total int64
+	step := max(1, len(reqs)/100)
+	for i, q := range reqs {
+		n := 0
+		for n < len(q.HashIDs) && seen[q.HashIDs[n]] {
+			n++
+		}
+		bc += int64(min(n, q.InputLength/demoBlockTokens) * demoBlockTokens)
+		lc += int64(local[i])
+		total += int64(q.InputLength)
+		for _, id := range q.HashIDs {
+			seen[id] = true
+		}
+		if (i+1)%step == 0 || i == len(reqs)-1 {
+			bound.Points = append(bound.Points, chart.Point{X: float64(i + 1), Y: float64(bc) / float64(total)})
+			loc.Points = append(loc.Points, chart.Point{X: float64(i + 1), Y: float64(lc) / float64(total)})
+		}
+	}
+	c := &chart.Chart{Title: fmt.Sprintf("kvsp demo: prefix hit ratio of prompt tokens, %d requests at %gx", r.Requests, r.Speed),
+		XLabel: "requests replayed", YLabel: "hit ratio", XTick: func(x float64) string { return strconv.Itoa(int(x)) },
+		Series: []chart.Series{{Name: "KVSP (measured)", Points: r.Progress}, bound, loc}}
+	if len(r.Progress) == 0 {
+		c.Series = c.Series[1:]
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := c.WritePNG(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
