@@ -76,7 +76,7 @@ type Agent struct {
 	// offloadsQueued counts the blocks waiting or under way.
 	offloads       chan struct{}
 	offloadsQueued atomic.Int64
-	ctl    *client.Controller
+	ctl            *client.Controller
 
 	mu         sync.Mutex
 	state      kvsp.InstanceState
