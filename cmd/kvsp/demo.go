@@ -347,6 +347,17 @@ func cmdDemo(args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stderr, "kvsp demo: %d requests of %s at %gx; %d instances, %d holders (%s host, %s local-storage), blocks over %s; model %s (%d KiB per %d-token block)\n",
 		len(reqs), traceName(dc), dc.speed, dc.instances, dc.holders, sizeName(int(dc.hostCap)), sizeName(int(dc.diskCap)), dc.transport, "kvsp-demo/tiny-2l", demoBlockOctets>>10, demoBlockTokens)
 
+	// Ready when the PC has a status record from every instance.
+	for deadline := time.Now().Add(15 * time.Second); ; {
+		m := scrapeMetrics("http://" + maddr + "/metrics")
+		if metricSum(m, "kvsp_http_requests_total", `code="200"`, `route="PUT /pc/instances/{instance}/status"`) >= float64(dc.instances) {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("demo: the instances did not report to the PC within 15 s (log: %s)", logf.Name())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	base := "https://" + addr
 	ctl := front.Controller(base + "/pc/")
 	instances := make([]string, dc.instances)
