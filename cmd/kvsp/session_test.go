@@ -98,20 +98,31 @@ func TestPartitionedInstanceCannotExtendItsSession(t *testing.T) {
 	stopped := make(chan struct{})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
+	quit, resumed := make(chan struct{}), make(chan struct{})
 	go func() {
-		<-stopped
+		defer close(resumed)
+		select {
+		case <-stopped:
+		case <-quit:
+			return
+		}
+		defer c.p1.cmd.Process.Signal(syscall.SIGCONT)
 		// Until the PC has moved the session, place answers b1.
 		deadline := time.Now().Add(30 * time.Second)
 		for time.Now().Before(deadline) {
 			q := *c.q
 			q.Session = &c.session
 			if out, err := c.front.Controller(c.pc).Place(ctx, &q); err == nil && out.Epoch == 2 && out.Instance == c.b2 {
-				break
+				return
 			}
-			time.Sleep(100 * time.Millisecond)
+			select {
+			case <-quit: // the session ended first
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
 		}
-		c.p1.cmd.Process.Signal(syscall.SIGCONT)
 	}()
+	defer func() { close(quit); <-resumed }()
 	paused := false
 	session, err := c.front.RunSession(ctx, c.front.Controller(c.pc), c.q, 100*time.Millisecond, func(i uint64, tok uint32) error {
 		got = append(got, tok)
