@@ -259,12 +259,8 @@ func cmdBench(args []string, stdout, stderr io.Writer) error {
 		rep.UDPBuffers = bulkTr.BufferReport().String()
 	}
 	writeBenchTable(stdout, &rep)
-	if bc.jsonPath != "" {
-		b, _ := json.MarshalIndent(&rep, "", "  ")
-		if err := os.WriteFile(bc.jsonPath, append(b, '\n'), 0o644); err != nil {
-			return err
-		}
-		fmt.Fprintf(stdout, "wrote %s\n", bc.jsonPath)
+	if err := writeJSONReport(stdout, bc.jsonPath, &rep); err != nil {
+		return err
 	}
 	if bc.pngPath != "" {
 		if err := writeBenchChart(bc.pngPath, &rep); err != nil {
@@ -272,6 +268,23 @@ func cmdBench(args []string, stdout, stderr io.Writer) error {
 		}
 		fmt.Fprintf(stdout, "wrote %s\n", bc.pngPath)
 	}
+	return nil
+}
+
+// writeJSONReport writes v, indented, to path (nothing when path is
+// empty) and says so on w.
+func writeJSONReport(w io.Writer, path string, v any) error {
+	if path == "" {
+		return nil
+	}
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "wrote %s\n", path)
 	return nil
 }
 
@@ -436,15 +449,7 @@ func remoteBenchHolder(bc *benchConfig) (*benchTarget, error) {
 	if err != nil {
 		return nil, fmt.Errorf("config: tls.client_cert: %w", err)
 	}
-	d, err := loadDescriptor(bc.descriptor)
-	if err != nil {
-		return nil, err
-	}
-	g, err := geometryOf(d)
-	if err != nil {
-		return nil, err
-	}
-	compat, err := d.CompatID()
+	g, compat, err := descriptorGeometry(bc.descriptor)
 	if err != nil {
 		return nil, err
 	}
@@ -712,13 +717,5 @@ func writeBenchChart(path string, rep *benchReport) error {
 	if len(c.Series) == 0 {
 		return errors.New("bench: no whole-block result to chart (add all to --layers)")
 	}
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	if err := c.WritePNG(f); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+	return c.WritePNGFile(path)
 }

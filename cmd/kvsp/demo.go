@@ -426,12 +426,8 @@ func cmdDemo(args []string, stdout, stderr io.Writer) error {
 	}
 	rep := summarizeDemo(dc, reqs, results, m, progress, wall)
 	writeDemoTable(stdout, dc, &rep)
-	if dc.jsonPath != "" {
-		b, _ := json.MarshalIndent(&rep, "", "  ")
-		if err := os.WriteFile(dc.jsonPath, append(b, '\n'), 0o644); err != nil {
-			return err
-		}
-		fmt.Fprintf(stdout, "wrote %s\n", dc.jsonPath)
+	if err := writeJSONReport(stdout, dc.jsonPath, &rep); err != nil {
+		return err
 	}
 	if dc.pngPath != "" {
 		if err := writeDemoChart(dc.pngPath, reqs, results, dc.instances, &rep); err != nil {
@@ -743,13 +739,5 @@ func writeDemoChart(path string, reqs []traceRequest, results []demoResult, inst
 	if len(r.Progress) == 0 {
 		c.Series = c.Series[1:]
 	}
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	if err := c.WritePNG(f); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+	return c.WritePNGFile(path)
 }

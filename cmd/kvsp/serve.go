@@ -455,6 +455,21 @@ func processClient(cfg *config.Config, log *slog.Logger) (*client.Client, error)
 	return client.New(cc)
 }
 
+// descriptorGeometry reads a descriptor file: the block geometry and the
+// Compatibility ID of its model.
+func descriptorGeometry(path string) (container.Geometry, kvsp.CompatID, error) {
+	d, err := loadDescriptor(path)
+	if err != nil {
+		return container.Geometry{}, kvsp.CompatID{}, fmt.Errorf("descriptor %s: %w", path, err)
+	}
+	g, err := geometryOf(d)
+	if err != nil {
+		return container.Geometry{}, kvsp.CompatID{}, err
+	}
+	id, err := d.CompatID()
+	return g, id, err
+}
+
 // newHolder builds a holder from its configuration: the geometries of its
 // own descriptors and of the instances whose holder it is.
 func newHolder(cfg *config.Config, hcfg *config.Holder, c *client.Client, target *rdma.Target, log *slog.Logger, reg prometheus.Registerer) (*holder.Holder, error) {
@@ -466,15 +481,7 @@ func newHolder(cfg *config.Config, hcfg *config.Holder, c *client.Client, target
 		}
 	}
 	for _, p := range paths {
-		d, err := loadDescriptor(p)
-		if err != nil {
-			return nil, fmt.Errorf("descriptor %s: %w", p, err)
-		}
-		g, err := geometryOf(d)
-		if err != nil {
-			return nil, err
-		}
-		id, err := d.CompatID()
+		g, id, err := descriptorGeometry(p)
 		if err != nil {
 			return nil, err
 		}

@@ -246,44 +246,53 @@ func counterOf(t *testing.T, reg *prometheus.Registry, name, label string) prome
 func TestPrefetchByRDMA(t *testing.T) {
 	cr := &countingReader{}
 	w := newRig(t, rigOptions{rdma: cr})
-	tokens := prompt(4)
-	keys := w.fill(t, tokens, 4)
-	d := w.directive(keys[:4], func(int) []string { return []string{w.url("/h1/")} }, 5000)
-	if _, err := w.pc.Prefetch(context.Background(), d); err != nil {
-		t.Fatal(err)
-	}
-	if st := w.wait(t, d.Directive); st.State != kvsp.PrefetchComplete || len(st.Loaded) != 4 {
-		t.Fatalf("status %+v", st)
-	}
+	keys := w.fill(t, prompt(4), 4)
+	w.prefetchAll(t, keys[:4], w.url("/h1/"))
 	if n := cr.reads.Load(); n != 4 {
 		t.Fatalf("%d blocks read by RDMA, want 4", n)
 	}
-	k, v := make([]byte, w.g.RawSectionLen()), make([]byte, w.g.RawSectionLen())
-	wk, wv := make([]byte, len(k)), make([]byte, len(v))
-	for _, key := range keys[:4] {
-		for l := uint32(0); l < w.g.Layers; l++ {
-			w.eng.KV().ReadLayer(key, l, k, v)
-			sim.BlockContent(w.g, key, l, wk, wv)
-			if !bytes.Equal(k, wk) || !bytes.Equal(v, wv) {
-				t.Fatalf("layer %d: RDMA-loaded bytes differ from the engine's own", l)
-			}
-		}
-	}
+	w.engineHolds(t, keys[:4])
 	// /hi/ (the instance's own holder, now holding them) has no RDMA: a
 	// second instance-side load from it falls back to GET.
 	w.waitPublished(t, keys[:4], w.url("/hi/"))
 	for _, key := range keys[:4] {
 		w.eng.KV().Drop(key)
 	}
-	d2 := w.directive(keys[:4], func(int) []string { return []string{w.url("/hi/")} }, 5000)
-	if _, err := w.pc.Prefetch(context.Background(), d2); err != nil {
-		t.Fatal(err)
-	}
-	if st := w.wait(t, d2.Directive); st.State != kvsp.PrefetchComplete || len(st.Loaded) != 4 {
-		t.Fatalf("from /hi/: %+v", st)
-	}
+	w.prefetchAll(t, keys[:4], w.url("/hi/"))
 	if n := cr.reads.Load(); n != 4 {
 		t.Fatalf("%d RDMA reads after the GET fallback, want still 4", n)
+	}
+	w.engineHolds(t, keys[:4])
+}
+
+// prefetchAll has the agent load keys from src and waits until it did.
+func (w *rig) prefetchAll(t *testing.T, keys []kvsp.BlockKey, src string) {
+	t.Helper()
+	d := w.directive(keys, func(int) []string { return []string{src} }, 5000)
+	if _, err := w.pc.Prefetch(context.Background(), d); err != nil {
+		t.Fatal(err)
+	}
+	if st := w.wait(t, d.Directive); st.State != kvsp.PrefetchComplete || len(st.Loaded) != len(keys) {
+		t.Fatalf("prefetch from %s: %+v", src, st)
+	}
+}
+
+// engineHolds checks that the engine's KV of keys is the bytes the
+// engine would have computed itself.
+func (w *rig) engineHolds(t *testing.T, keys []kvsp.BlockKey) {
+	t.Helper()
+	k, v := make([]byte, w.g.RawSectionLen()), make([]byte, w.g.RawSectionLen())
+	wk, wv := make([]byte, len(k)), make([]byte, len(v))
+	for i, key := range keys {
+		for l := uint32(0); l < w.g.Layers; l++ {
+			if err := w.eng.KV().ReadLayer(key, l, k, v); err != nil {
+				t.Fatal(err)
+			}
+			sim.BlockContent(w.g, key, l, wk, wv)
+			if !bytes.Equal(k, wk) || !bytes.Equal(v, wv) {
+				t.Fatalf("block %d layer %d: loaded bytes differ from the engine's own", i, l)
+			}
+		}
 	}
 }
 
@@ -431,19 +440,7 @@ func TestPrefetchLoadsVerified(t *testing.T) {
 	if st.State != kvsp.PrefetchComplete || len(st.Loaded) != 6 || st.Loaded[5] != keys[5] || len(st.Failed) != 0 {
 		t.Fatalf("status %+v", st)
 	}
-	k, v := make([]byte, w.g.RawSectionLen()), make([]byte, w.g.RawSectionLen())
-	wk, wv := make([]byte, len(k)), make([]byte, len(v))
-	for i, h := range keys[:6] {
-		for l := uint32(0); l < w.g.Layers; l++ {
-			if err := w.eng.KV().ReadLayer(keys[i], l, k, v); err != nil {
-				t.Fatal(err)
-			}
-			sim.BlockContent(w.g, h, l, wk, wv)
-			if !bytes.Equal(k, wk) || !bytes.Equal(v, wv) {
-				t.Fatalf("block %d layer %d: loaded bytes differ from the engine's own", i, l)
-			}
-		}
-	}
+	w.engineHolds(t, keys[:6])
 	cold, _ := sim.New(sim.Config{Descriptor: desc, PrefillTokensPerS: 42000, DecodeTokensPerS: 5000})
 	req := engine.Request{Tokens: tokens, Keys: keys, MaxTokens: 8, Sampler: engine.Sampler{Method: engine.Greedy}}
 	if a, b := tokensOf(t, w.eng, req), tokensOf(t, cold, req); !equal(a, b) {

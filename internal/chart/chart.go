@@ -14,6 +14,7 @@ import (
 	"image/png"
 	"io"
 	"math"
+	"os"
 	"strconv"
 
 	"golang.org/x/image/font"
@@ -61,6 +62,19 @@ func (c *Chart) WritePNG(w io.Writer) error {
 		return err
 	}
 	return png.Encode(w, img)
+}
+
+// WritePNGFile draws the chart into a new file at path.
+func (c *Chart) WritePNGFile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := c.WritePNG(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // Draw renders the chart.
