@@ -33,6 +33,8 @@ Usage:
   kvsp bench [flags]                  the layer-streaming benchmark: verified block GETs per transport,
                                       block size, layer range and stream count; table, JSON and PNG
                                       (kvsp bench -h lists the flags)
+  kvsp replay --config FILE [flags]   replay a trace against a running deployment through its PC: hit ratio
+                                      against the infinite-cache bound, TTFT; JSON and PNG
   kvsp demo [flags]                   the whole system in one process on loopback (IS, PC, holders, simulated
                                       instances, mutual TLS) replaying a prefix-sharing trace; summary table,
                                       JSON and PNG (kvsp demo -h lists the flags)
@@ -59,6 +61,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = cmdKeys(args[1:], stdout)
 	case "bench":
 		err = cmdBench(args[1:], stdout, stderr)
+	case "replay":
+		err = cmdReplay(args[1:], stdout, stderr)
 	case "demo":
 		err = cmdDemo(args[1:], stdout, stderr)
 	default:

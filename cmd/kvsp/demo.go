@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"compress/gzip"
 	"container/list"
 	"context"
 	"crypto/tls"
@@ -22,8 +21,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/kvsp/kvsp"
@@ -229,35 +226,48 @@ func localOnly(reqs []traceRequest, instanceOf []int, instances int) []int {
 	return out
 }
 
-// demoResult is one replayed request.
-type demoResult struct {
-	instance int // index in the instance list; -1 when it failed
-	ttft     time.Duration
-	computed int // prompt tokens the engine prefilled (the instance says)
-	err      error
+// sharedLRU models one LRU cache of capBlocks blocks shared by every
+// instance, each block available as soon as a request computed it: the
+// cached prompt tokens and all prompt tokens.
+func sharedLRU(reqs []traceRequest, capBlocks int) (cached, total int64) {
+	lru, at := list.New(), map[int64]*list.Element{}
+	for _, q := range reqs {
+		n := 0
+		for n < q.InputLength/demoBlockTokens && at[q.HashIDs[n]] != nil {
+			n++
+		}
+		cached += int64(n * demoBlockTokens)
+		total += int64(q.InputLength)
+		for _, id := range q.HashIDs {
+			if e := at[id]; e != nil {
+				lru.MoveToFront(e)
+			} else {
+				at[id] = lru.PushFront(id)
+			}
+		}
+		for lru.Len() > capBlocks {
+			delete(at, lru.Remove(lru.Back()).(int64))
+		}
+	}
+	return cached, total
 }
 
 // demoReport is the JSON the run writes.
 type demoReport struct {
-	Date         string                `json:"date"`
-	Model        string                `json:"model"`
-	BlockOctets  int                   `json:"block_octets"`
-	Requests     int                   `json:"requests"`
-	Errors       int                   `json:"errors"`
-	Speed        float64               `json:"speed"`
-	Instances    int                   `json:"instances"`
-	Holders      int                   `json:"holders"`
-	Transport    string                `json:"transport"`
-	WallSeconds  float64               `json:"wall_seconds"`
-	HitRatio     float64               `json:"hit_ratio"`       // cached / all prompt tokens, measured at the engines
-	BoundRatio   float64               `json:"bound_ratio"`     // infinite cache
-	LocalRatio   float64               `json:"local_ratio"`     // per-instance LRU caches only (model)
-	CachedTokens int64                 `json:"cached_tokens"`   // prompt tokens reused (resident or fetched)
-	Computed     int64                 `json:"computed_tokens"` // prompt tokens prefilled
-	Fetched      int64                 `json:"fetched_tokens"`  // prompt tokens loaded from holders
-	TTFT         map[string][2]float64 `json:"ttft_ms"`         // p50, p90 by case
-	Counters     map[string]float64    `json:"counters"`
-	Progress     []chart.Point         `json:"hit_ratio_progress"` // (requests done, measured hit ratio)
+	Date        string `json:"date"`
+	Model       string `json:"model"`
+	BlockOctets int    `json:"block_octets"`
+	Instances   int    `json:"instances"`
+	Holders     int    `json:"holders"`
+	Transport   string `json:"transport"`
+	HostOctets  int64  `json:"host_octets"`
+	DiskOctets  int64  `json:"disk_octets"`
+	Fetched     int64  `json:"fetched_tokens"` // prompt tokens loaded from holders
+	// LRURatio models one shared LRU cache of the holders' capacity, with
+	// blocks available the moment they are computed.
+	LRURatio float64 `json:"lru_ratio"`
+	replaySummary
+	Counters map[string]float64 `json:"counters"`
 }
 
 func cmdDemo(args []string, stdout, stderr io.Writer) error {
@@ -268,27 +278,7 @@ func cmdDemo(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	var tr io.Reader
-	if dc.trace == "" {
-		zr, err := gzip.NewReader(strings.NewReader(string(embeddedTrace)))
-		if err != nil {
-			return err
-		}
-		tr = zr
-	} else {
-		f, err := os.Open(dc.trace)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		tr = f
-		if strings.HasSuffix(dc.trace, ".gz") {
-			if tr, err = gzip.NewReader(f); err != nil {
-				return err
-			}
-		}
-	}
-	reqs, err := loadTrace(tr)
+	reqs, err := openTrace(dc.trace)
 	if err != nil {
 		return err
 	}
@@ -358,79 +348,25 @@ func cmdDemo(args []string, stdout, stderr io.Writer) error {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	base := "https://" + addr
-	ctl := front.Controller(base + "/pc/")
-	instances := make([]string, dc.instances)
-	for i := range instances {
-		instances[i] = base + "/ii" + strconv.Itoa(i+1) + "/"
-	}
-	results := make([]demoResult, len(reqs))
-	var finished atomic.Int64
-	var wg sync.WaitGroup
-	start := time.Now()
-	var progress []chart.Point
-	tick := time.NewTicker(time.Second)
-	defer tick.Stop()
 	scrape := func() map[string]float64 { return scrapeMetrics("http://" + maddr + "/metrics") }
-	report := func(final bool) {
-		m := scrape()
-		c, p := metricSum(m, "kvsp_instance_prompt_tokens_total", `source="cached"`), metricSum(m, "kvsp_instance_prompt_tokens_total", `source="computed"`)
-		ratio := 0.0
-		if c+p > 0 {
-			ratio = c / (c + p)
-		}
-		n := finished.Load()
-		if n > 0 {
-			progress = append(progress, chart.Point{X: float64(n), Y: ratio})
-		}
-		fmt.Fprintf(stderr, "\r\033[K[%5.1fs] %d/%d requests done, prefix hit ratio %.3f, %s fetched", time.Since(start).Seconds(), n, len(reqs), ratio,
-			sizeName(int(metricSum(m, "kvsp_instance_fetched_bytes_total"))&^(1<<10-1)))
-		if final {
-			fmt.Fprintln(stderr)
-		}
-	}
-	sem := make(chan struct{}, 256)
-	for i := range reqs {
-		at := start.Add(time.Duration(reqs[i].Timestamp / dc.speed * float64(time.Millisecond)))
-		for wait := time.Until(at); wait > 0; wait = time.Until(at) {
-			select {
-			case <-tick.C:
-				report(false)
-			case <-time.After(wait):
-			}
-		}
-		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer func() { <-sem; finished.Add(1); wg.Done() }()
-			results[i] = runDemoRequest(ctx, front, ctl, instances, scope, compat, &reqs[i], dc.maxOutput)
-		}()
-	}
-	all := make(chan struct{})
-	go func() { wg.Wait(); close(all) }()
-	for waiting := true; waiting; {
-		select {
-		case <-all:
-			waiting = false
-		case <-tick.C:
-			report(false)
-		}
-	}
-	report(true)
-	wall := time.Since(start)
+	rp := &replayer{c: front, ctl: front.Controller("https://" + addr + "/pc/"), scope: scope, compat: compat, speed: dc.speed, maxOutput: dc.maxOutput,
+		status: func() string {
+			return sizeName(int(metricSum(scrape(), "kvsp_instance_fetched_bytes_total"))&^(1<<10-1)) + " fetched"
+		}}
+	results, progress, wall := rp.run(ctx, reqs, stderr)
 	m := scrape()
 	cancel()
 	stopped = true
 	if err := <-done; err != nil {
 		fmt.Fprintf(stderr, "kvsp demo: shutdown: %v\n", err)
 	}
-	rep := summarizeDemo(dc, reqs, results, m, progress, wall)
+	rep, local := summarizeDemo(dc, reqs, results, m, progress, wall)
 	writeDemoTable(stdout, dc, &rep)
 	if err := writeJSONReport(stdout, dc.jsonPath, &rep); err != nil {
 		return err
 	}
 	if dc.pngPath != "" {
-		if err := writeDemoChart(dc.pngPath, reqs, results, dc.instances, &rep); err != nil {
+		if err := hitRatioChart(fmt.Sprintf("kvsp demo: prefix hit ratio of prompt tokens, %d requests at %gx", rep.Requests, rep.Speed), reqs, local, progress).WritePNGFile(dc.pngPath); err != nil {
 			return err
 		}
 		fmt.Fprintf(stdout, "wrote %s\n", dc.pngPath)
@@ -446,15 +382,6 @@ func traceName(dc *demoConfig) string {
 		return "the Mooncake synthetic trace"
 	}
 	return dc.trace
-}
-
-func firstErr(rs []demoResult) error {
-	for _, r := range rs {
-		if r.err != nil {
-			return r.err
-		}
-	}
-	return nil
 }
 
 // freeAddr returns a loopback address with a port free at the time.
@@ -532,45 +459,6 @@ func demoFront(dir string) (*client.Client, kvsp.ScopeID, kvsp.CompatID, error) 
 	return c, sk.ID(), compat, err
 }
 
-// runDemoRequest places a request with the PC and runs it on the instance
-// chosen, timing its first token.
-func runDemoRequest(ctx context.Context, c *client.Client, ctl *client.Controller, instances []string, scope kvsp.ScopeID, compat kvsp.CompatID, q *traceRequest, maxOutput int) demoResult {
-	r := demoResult{instance: -1}
-	tokens := demoTokens(q)
-	out := uint64(max(1, min(q.OutputLength, maxOutput)))
-	t0 := time.Now()
-	var at *kvsp.PlaceResponse
-	var err error
-	for try := 0; ; try++ { // the instances' first status records may still be on their way
-		at, err = ctl.Place(ctx, &kvsp.PlaceRequest{ScopeID: scope, CompatID: compat, Tokens: tokens, MaxTokens: out})
-		if err == nil || try == 50 || ctx.Err() != nil || !errors.Is(err, kvsp.ErrUnavailable) {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if err != nil {
-		r.err = fmt.Errorf("place: %w", err)
-		return r
-	}
-	r.instance = slices.Index(instances, at.Instance)
-	first := true
-	err = c.Instance(at.Instance).Generate(ctx, &kvsp.GenerateRequest{Session: at.Session, Epoch: at.Epoch, ScopeID: scope, CompatID: compat,
-		Tokens: tokens, MaxTokens: out}, func(t kvsp.GeneratedToken) error {
-		if first {
-			r.ttft, first = time.Since(t0), false
-			r.computed = q.InputLength
-			if t.Prefill != nil {
-				r.computed = int(t.Prefill.ComputedTokens)
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		r.instance, r.err = -1, fmt.Errorf("generate: %w", err)
-	}
-	return r
-}
-
 // scrapeMetrics reads a Prometheus text exposition into series
 // name{labels} -> value, and name -> the sum over its series.
 func scrapeMetrics(url string) map[string]float64 {
@@ -634,46 +522,15 @@ func percentileMs(ds []time.Duration, p float64) float64 {
 	return float64(ds[min(len(ds)-1, int(p*float64(len(ds))))].Microseconds()) / 1000
 }
 
-func summarizeDemo(dc *demoConfig, reqs []traceRequest, results []demoResult, m map[string]float64, progress []chart.Point, wall time.Duration) demoReport {
-	rep := demoReport{Date: time.Now().UTC().Format(time.RFC3339), Model: "kvsp-demo/tiny-2l", BlockOctets: demoBlockOctets, Requests: len(reqs),
-		Speed: dc.speed, Instances: dc.instances, Holders: dc.holders, Transport: dc.transport, WallSeconds: wall.Seconds(),
-		TTFT: map[string][2]float64{}, Counters: map[string]float64{}, Progress: progress}
-	rep.CachedTokens = int64(metricSum(m, "kvsp_instance_prompt_tokens_total", `source="cached"`))
-	rep.Computed = int64(metricSum(m, "kvsp_instance_prompt_tokens_total", `source="computed"`))
-	if t := rep.CachedTokens + rep.Computed; t > 0 {
-		rep.HitRatio = float64(rep.CachedTokens) / float64(t)
-	}
+func summarizeDemo(dc *demoConfig, reqs []traceRequest, results []replayResult, m map[string]float64, progress []chart.Point, wall time.Duration) (demoReport, []int) {
+	sum, local := summarize(reqs, results, progress, wall, dc.speed, dc.prefillRate)
+	rep := demoReport{Date: time.Now().UTC().Format(time.RFC3339), Model: "kvsp-demo/tiny-2l", BlockOctets: demoBlockOctets,
+		Instances: dc.instances, Holders: dc.holders, Transport: dc.transport, HostOctets: int64(dc.hostCap), DiskOctets: int64(dc.diskCap),
+		replaySummary: sum, Counters: map[string]float64{}}
 	rep.Fetched = int64(metricSum(m, "kvsp_instance_prefetch_blocks_total", `outcome="loaded"`)) * demoBlockTokens
-	bc, bt := prefixBound(reqs)
-	rep.BoundRatio = float64(bc) / float64(bt)
-	instanceOf := make([]int, len(results))
-	var kvspT, kvspModelT, noneT, localT []time.Duration
-	model := func(tokens int) time.Duration {
-		return time.Duration(float64(tokens) / dc.prefillRate * float64(time.Second))
-	}
-	for i, r := range results {
-		instanceOf[i] = r.instance
-		if r.err != nil {
-			rep.Errors++
-			continue
-		}
-		kvspT = append(kvspT, r.ttft)
-		kvspModelT = append(kvspModelT, model(r.computed))
-		noneT = append(noneT, model(reqs[i].InputLength))
-	}
-	local := localOnly(reqs, instanceOf, dc.instances)
-	var lc int64
-	for i, r := range results {
-		if r.err != nil {
-			continue
-		}
-		lc += int64(local[i])
-		localT = append(localT, model(reqs[i].InputLength-local[i]))
-	}
-	rep.LocalRatio = float64(lc) / float64(bt)
-	for name, ds := range map[string][]time.Duration{"kvsp_measured": kvspT, "kvsp": kvspModelT, "no_cache": noneT, "local_only": localT} {
-		slices.Sort(ds)
-		rep.TTFT[name] = [2]float64{percentileMs(ds, 0.5), percentileMs(ds, 0.9)}
+	capBlocks := int(int64(dc.holders) * int64(dc.hostCap+dc.diskCap) / demoBlockOctets)
+	if c, t := sharedLRU(reqs, capBlocks); t > 0 {
+		rep.LRURatio = float64(c) / float64(t)
 	}
 	for _, k := range []string{"kvsp_holder_bytes_served_total", "kvsp_holder_gets_total", "kvsp_holder_puts_total", "kvsp_holder_evictions_total",
 		"kvsp_holder_demotions_total", "kvsp_holder_lease_rejections_total", "kvsp_holder_digest_failures_total", "kvsp_instance_digest_failures_total",
@@ -685,59 +542,20 @@ func summarizeDemo(dc *demoConfig, reqs []traceRequest, results []demoResult, m 
 			rep.Counters[k] = v
 		}
 	}
-	return rep
+	return rep, local
 }
 
 func writeDemoTable(w io.Writer, dc *demoConfig, r *demoReport) {
 	fmt.Fprintf(w, "\nkvsp demo: %d requests at %gx in %.0f s (%d CPUs); %d instances, %d holders; model %s, %d KiB per %d-token block\n\n",
 		r.Requests, r.Speed, r.WallSeconds, runtime.GOMAXPROCS(0), r.Instances, r.Holders, r.Model, r.BlockOctets>>10, demoBlockTokens)
+	writeReplayRows(w, &r.replaySummary)
 	row := func(k, v string) { fmt.Fprintf(w, "  %-34s %s\n", k, v) }
-	row("requests (failed)", fmt.Sprintf("%d (%d)", r.Requests, r.Errors))
-	row("prefix hit ratio (prompt tokens)", fmt.Sprintf("%.3f: %.2f of the infinite-cache bound %.3f; local caches only %.3f", r.HitRatio, r.HitRatio/max(r.BoundRatio, 1e-9), r.BoundRatio, r.LocalRatio))
-	row("prompt tokens cached / computed", fmt.Sprintf("%d / %d", r.CachedTokens, r.Computed))
+	row("one shared LRU of that capacity", fmt.Sprintf("%.3f (model: %s of host and local-storage in all, no transfer delay)", r.LRURatio, sizeName(int(int64(r.Holders)*(r.HostOctets+r.DiskOctets)))))
 	row("tokens fetched from holders", fmt.Sprintf("%d (%s over %s, verified)", r.Fetched, sizeName(int(r.Counters["kvsp_instance_fetched_bytes_total"])&^(1<<10-1)), r.Transport))
-	row("TTFT p50 / p90 (prefill)", fmt.Sprintf("KVSP %.0f / %.0f ms, local caches only %.0f / %.0f ms, no cache %.0f / %.0f ms",
-		r.TTFT["kvsp"][0], r.TTFT["kvsp"][1], r.TTFT["local_only"][0], r.TTFT["local_only"][1], r.TTFT["no_cache"][0], r.TTFT["no_cache"][1]))
-	row("TTFT p50 / p90 (wall clock, KVSP)", fmt.Sprintf("%.0f / %.0f ms", r.TTFT["kvsp_measured"][0], r.TTFT["kvsp_measured"][1]))
 	row("holders: served / stored", fmt.Sprintf("%s in %.0f GETs / %.0f blocks", sizeName(int(r.Counters["kvsp_holder_bytes_served_total"])&^(1<<10-1)), r.Counters["kvsp_holder_gets_total"], r.Counters["kvsp_holder_puts_total"]))
 	row("evictions / demotions", fmt.Sprintf("%.0f / %.0f", r.Counters["kvsp_holder_evictions_total"], r.Counters["kvsp_holder_demotions_total"]))
 	row("lease rejections", fmt.Sprintf("%.0f", r.Counters["kvsp_holder_lease_rejections_total"]))
 	row("digest failures (holders, instances)", fmt.Sprintf("%.0f, %.0f", r.Counters["kvsp_holder_digest_failures_total"], r.Counters["kvsp_instance_digest_failures_total"]))
 	row("migrations", fmt.Sprintf("%.0f", r.Counters["kvsp_pc_migrations_total"]))
 	fmt.Fprintf(w, "\n  TTFT (prefill): the engine's %g tokens/s applied to the prompt tokens each case computes (KVSP: what\n  the instances report; local caches only: per-instance LRU caches of %d blocks on the same placement).\n  Wall clock: from POST place to the first token, queueing and transfers included.\n\n", dc.prefillRate, demoEngineBlocks)
-}
-
-func writeDemoChart(path string, reqs []traceRequest, results []demoResult, instances int, r *demoReport) error {
-	instanceOf := make([]int, len(results))
-	for i, x := range results {
-		instanceOf[i] = x.instance
-	}
-	local := localOnly(reqs, instanceOf, instances)
-	bound, loc := chart.Series{Name: "infinite cache"}, chart.Series{Name: "local caches only"}
-	seen := map[int64]bool{}
-	var bc, lc, total int64
-	step := max(1, len(reqs)/100)
-	for i, q := range reqs {
-		n := 0
-		for n < len(q.HashIDs) && seen[q.HashIDs[n]] {
-			n++
-		}
-		bc += int64(min(n, q.InputLength/demoBlockTokens) * demoBlockTokens)
-		lc += int64(local[i])
-		total += int64(q.InputLength)
-		for _, id := range q.HashIDs {
-			seen[id] = true
-		}
-		if (i+1)%step == 0 || i == len(reqs)-1 {
-			bound.Points = append(bound.Points, chart.Point{X: float64(i + 1), Y: float64(bc) / float64(total)})
-			loc.Points = append(loc.Points, chart.Point{X: float64(i + 1), Y: float64(lc) / float64(total)})
-		}
-	}
-	c := &chart.Chart{Title: fmt.Sprintf("kvsp demo: prefix hit ratio of prompt tokens, %d requests at %gx", r.Requests, r.Speed),
-		XLabel: "requests replayed", YLabel: "hit ratio", XTick: func(x float64) string { return strconv.Itoa(int(x)) },
-		Series: []chart.Series{{Name: "KVSP (measured)", Points: r.Progress}, bound, loc}}
-	if len(r.Progress) == 0 {
-		c.Series = c.Series[1:]
-	}
-	return c.WritePNGFile(path)
 }

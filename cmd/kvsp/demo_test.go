@@ -1,9 +1,11 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"image/png"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -45,6 +47,12 @@ func TestDemo(t *testing.T) {
 	if rep.HitRatio < 0.8*rep.BoundRatio || rep.HitRatio > rep.BoundRatio+1e-9 || rep.Fetched == 0 {
 		t.Fatalf("hit ratio %.3f of bound %.3f, %d tokens fetched:\n%s", rep.HitRatio, rep.BoundRatio, rep.Fetched, out)
 	}
+	if rep.LRURatio < wantBound-1e-9 { // 128 MiB of 64 KiB blocks hold them all
+		t.Fatalf("shared LRU %v, want the bound %v", rep.LRURatio, wantBound)
+	}
+	if c, tot := sharedLRU(nil, 1); c != 0 || tot != 0 {
+		t.Fatal("sharedLRU of nothing")
+	}
 	if rep.CachedTokens+rep.Computed != int64(n*2460) {
 		t.Fatalf("the instances report %d prompt tokens, the trace has %d", rep.CachedTokens+rep.Computed, n*2460)
 	}
@@ -71,5 +79,55 @@ func TestDemoBadTrace(t *testing.T) {
 	code, _, errs := runCLI(t, "demo", "-trace", p)
 	if code != 1 || !strings.Contains(errs, "trace line 1") {
 		t.Fatalf("exit %d: %s", code, errs)
+	}
+}
+
+// TestReplay: kvsp replay drives a running deployment (a kvsp serve
+// process with the demo's roles) through its PC with the tool client's
+// identity, and reports what its instances reused.
+func TestReplay(t *testing.T) {
+	dir := t.TempDir()
+	addr, maddr := freeAddr(), freeAddr()
+	dc := &demoConfig{instances: 2, holders: 1, hostCap: 64 << 20, prefillRate: 42000, decodeRate: 3100, transport: "h2"}
+	cfg := writeFile(t, dir, "kvsp.yaml", demoConfigYAML(dc, addr, maddr))
+	writeFile(t, dir, "descriptor.json", demoDescriptor)
+	if code, out, errs := runCLI(t, "certs", "--config", cfg); code != 0 {
+		t.Fatalf("certs: %d %s %s", code, out, errs)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ready, done := make(chan string, 1), make(chan error, 1)
+	go func() { done <- serve(ctx, []string{"--config", cfg}, io.Discard, nil, ready) }()
+	select {
+	case <-ready:
+	case err := <-done:
+		t.Fatalf("serve: %v", err)
+	}
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	}()
+	var trace strings.Builder
+	for i := range 12 {
+		fmt.Fprintf(&trace, `{"timestamp": %d, "input_length": 1600, "output_length": 2, "hash_ids": [7, 8, %d, %d]}`+"\n", 500+i*250, 100+i, 200+i)
+	}
+	tracePath := writeFile(t, dir, "trace.jsonl", trace.String())
+	jsonPath := filepath.Join(dir, "r.json")
+	code, out, errs := runCLI(t, "replay", "--config", cfg, "--cert", filepath.Join(dir, "client.pem"), "--key", filepath.Join(dir, "client.key"),
+		"--trace", tracePath, "--json", jsonPath, "--png", "", "--prefill-rate", "42000")
+	if code != 0 {
+		t.Fatalf("replay: %d\n%s\n%s", code, out, errs)
+	}
+	var s replaySummary
+	data, _ := os.ReadFile(jsonPath)
+	if err := json.Unmarshal(data, &s); err != nil {
+		t.Fatal(err)
+	}
+	// Requests 2..12 reuse 2 x 512 of 1600 tokens.
+	want := float64(11*2*512) / float64(12*1600)
+	if s.Requests != 12 || s.Errors != 0 || s.CachedTokens+s.Computed != 12*1600 || s.BoundRatio < want-1e-9 || s.BoundRatio > want+1e-9 ||
+		s.HitRatio < 0.8*s.BoundRatio || s.TTFT["kvsp"][1] == 0 {
+		t.Fatalf("replay %+v (bound want %v)\n%s", s, want, out)
 	}
 }
