@@ -56,16 +56,16 @@ test-gpu: ## stripped test and benchmark binaries of the GPU path in bin/gpu-che
 test: deps vet test-race ## the README's test command: vet, then every test with the race detector
 	@echo "make test: ok"
 
-deps: ## install what the tests need when it is missing (redis-server, redis-cli and etcd, from Debian)
-	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null && command -v etcd >/dev/null || { \
-		echo "installing redis-server, redis-tools and etcd-server"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server redis-tools etcd-server >/dev/null; }
+deps: ## install what the tests need when it is missing (redis-server, redis-cli and etcd, and chromium for the status page's rendering test, from Debian)
+	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null && command -v etcd >/dev/null && command -v chromium >/dev/null || { \
+		echo "installing redis-server, redis-tools, etcd-server and chromium"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server redis-tools etcd-server chromium >/dev/null; }
 
 vet: ## go vet
 	$(GO) vet -tags nogpu ./...
 
 test-race: ## go test -race over every package (shuffled); Redis tests are required, not skipped
-	KVSP_REQUIRE_REDIS=1 KVSP_REQUIRE_ETCD=1 $(GO) test -race -shuffle=on -tags nogpu ./...
+	KVSP_REQUIRE_REDIS=1 KVSP_REQUIRE_ETCD=1 KVSP_REQUIRE_CHROMIUM=1 $(GO) test -race -shuffle=on -tags nogpu ./...
 	$(GO) test -tags nogpu,purego -run 'Hex' . # the portable paths of code that has assembly
 	$(GO) test -race ./gpu/ # the CUDA build of gpu: without a driver it must say so
 

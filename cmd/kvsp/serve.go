@@ -94,7 +94,8 @@ func serve(ctx context.Context, args []string, stderr io.Writer, hup <-chan os.S
 	if bulk != nil {
 		bulk.Handler = srv.Handler()
 	}
-	closeRoles, err := mountRoles(srv, cfg, log, reg)
+	var roles mounted
+	closeRoles, err := mountRoles(srv, cfg, log, reg, &roles)
 	if err != nil {
 		return err
 	}
@@ -113,6 +114,9 @@ func serve(ctx context.Context, args []string, stderr io.Writer, hup <-chan os.S
 		}
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		if roles.pc != nil {
+			mux.Handle("/", &statusPage{pc: roles.pc, reg: reg})
+		}
 		metrics = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		go metrics.Serve(mln)
 	}
@@ -161,7 +165,12 @@ func serve(ctx context.Context, args []string, stderr io.Writer, hup <-chan os.S
 // Roles whose handlers have not landed yet (placement, instance)
 // get their base path only, which answers authenticated 404 problem
 // details.
-func mountRoles(srv *server.Server, cfg *config.Config, log *slog.Logger, reg prometheus.Registerer) (func(), error) {
+// mounted is what mountRoles built that serve needs afterwards.
+type mounted struct {
+	pc *placement.Controller // the placement controller, for the status page
+}
+
+func mountRoles(srv *server.Server, cfg *config.Config, log *slog.Logger, reg prometheus.Registerer, out *mounted) (func(), error) {
 	var closers []func()
 	closeAll := func() {
 		for _, c := range closers {
@@ -320,6 +329,7 @@ func mountRoles(srv *server.Server, cfg *config.Config, log *slog.Logger, reg pr
 			closeAll()
 			return nil, err
 		}
+		out.pc = pc
 		pcCtx, pcCancel := context.WithCancel(context.Background())
 		var pcDone sync.WaitGroup
 		pcDone.Go(func() { pc.Run(pcCtx, 250*time.Millisecond) })

@@ -238,6 +238,33 @@ type candidate struct {
 	cost Cost
 }
 
+// SessionSummary is a session as an operator sees it: no tokens, no
+// scope.
+type SessionSummary struct {
+	ID           kvsp.UUID
+	Epoch        uint64
+	Instance     string
+	Created      time.Time
+	MaxTokens    uint64
+	OutputOffset uint64 // of its last checkpoint
+}
+
+// Sessions lists the sessions the PC keeps, newest first.
+func (c *Controller) Sessions() []SessionSummary {
+	c.mu.Lock()
+	out := make([]SessionSummary, 0, len(c.sessions))
+	for _, s := range c.sessions {
+		x := SessionSummary{ID: s.ID, Epoch: s.Epoch, Instance: s.Instance, Created: s.Created, MaxTokens: s.MaxTokens}
+		if s.Checkpoint != nil {
+			x.OutputOffset = s.Checkpoint.OutputOffset
+		}
+		out = append(out, x)
+	}
+	c.mu.Unlock()
+	slices.SortFunc(out, func(a, b SessionSummary) int { return b.Created.Compare(a.Created) })
+	return out
+}
+
 // Place chooses the instance for a request and sends it the directive
 // for the cached prefix it lacks (spec "Placement Inputs", "Prefetch
 // Directives").
