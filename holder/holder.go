@@ -328,7 +328,7 @@ func (h *Holder) getBlock(w http.ResponseWriter, r *http.Request) error {
 	wh.Set("Content-Length", strconv.FormatInt(body.Len(), 10))
 	n, err := body.WriteTo(w)
 	h.m.gets.Inc()
-	h.m.bytesServed.Add(float64(n))
+	h.m.bytesServed.WithLabelValues(string(p.tier()), r.Proto).Add(float64(n))
 	return err
 }
 

@@ -8,7 +8,7 @@ type metrics struct {
 	gets, getMisses, puts, putRejected prometheus.Counter
 	evictions, demotions, corrupt      prometheus.Counter
 	leaseRejected                      prometheus.Counter
-	bytesServed                        prometheus.Counter
+	bytesServed                        *prometheus.CounterVec
 	inFlight                           prometheus.Gauge
 	device                             *prometheus.GaugeVec
 }
@@ -26,7 +26,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		demotions:     c("demotions_total", "Blocks demoted to a slower tier (device to host, host to local-storage)."),
 		corrupt:       c("digest_failures_total", "Stored blocks that failed verification (dropped and withdrawn)."),
 		leaseRejected: c("lease_rejections_total", "Lease requests refused by quota."),
-		bytesServed:   c("bytes_served_total", "Block octets sent."),
+		bytesServed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_holder_bytes_served_total",
+			Help: "Block octets sent, by the tier they were read from (device, host, local-storage, engine: an attached engine's pages) and protocol (HTTP/1.1, HTTP/2.0, HTTP/3.0, KVSP-BULK/1, rdma)."}, []string{"tier", "proto"}),
 		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvsp_holder_inflight_put_bytes",
 			Help: "Octets of block PUTs being received (memory held by requests in flight)."}),
 		device: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kvsp_holder_device_tier",

@@ -175,6 +175,7 @@ func (h *Holder) createRDMARead(w http.ResponseWriter, r *http.Request) error {
 		return fmt.Errorf("%w: %d RDMA reads outstanding; DELETE finished ones", kvsp.ErrTooManyRequests, rdmaMaxPerClient)
 	}
 	h.m.gets.Inc()
+	h.m.bytesServed.WithLabelValues(string(parts.tier()), "rdma").Add(float64(len(v.Data())))
 	return server.WriteJSON(w, http.StatusCreated, &kvsp.RDMAReadResponse{
 		ID: id, Endpoint: local, Addr: strconv.FormatUint(addr, 16), RKey: rkey, Length: uint64(len(v.Data())),
 		Header: hex.EncodeToString(v.AppendHeader(nil)), ReprDigest: container.ReprDigest(d), TTLMs: uint64(ttl / time.Millisecond),

@@ -550,6 +550,20 @@ type parts struct {
 	devLayers int
 	tail      []byte
 	att       *attached
+	fromDisk  bool // blk was read back from the local-storage tier
+}
+
+// tier names where the parts were served from, for the metrics.
+func (p *parts) tier() kvsp.Tier {
+	switch {
+	case p.fromDisk:
+		return kvsp.TierLocalStorage
+	case p.blk != nil:
+		return kvsp.TierHost
+	case p.att != nil:
+		return "engine"
+	}
+	return kvsp.TierDevice
 }
 
 // errGone: the entry left the store between a lookup and its acquire.
@@ -576,6 +590,7 @@ func (s *store) acquire(e *entry, g container.Geometry) (p parts, release func()
 	}
 	s.mu.Unlock()
 	p.blk, err = s.disk.Get(e.id.name(), g)
+	p.fromDisk = true
 	return p, func() {}, err
 }
 

@@ -545,6 +545,37 @@ func summarizeDemo(dc *demoConfig, reqs []traceRequest, results []replayResult, 
 	return rep, local
 }
 
+// servedByTier sums kvsp_holder_bytes_served_total by its tier and proto
+// labels: "host over HTTP/2.0 3.1 GiB, ...".
+func servedByTier(m map[string]float64) string {
+	sums := map[string]float64{}
+	for k, v := range m {
+		if !strings.HasPrefix(k, "kvsp_holder_bytes_served_total{") {
+			continue
+		}
+		label := func(name string) string {
+			_, rest, ok := strings.Cut(k, name+`="`)
+			if !ok {
+				return "?"
+			}
+			val, _, _ := strings.Cut(rest, `"`)
+			return val
+		}
+		sums[label("tier")+" over "+label("proto")] += v
+	}
+	var parts []string
+	for k, v := range sums {
+		if v > 0 {
+			parts = append(parts, fmt.Sprintf("%s %s", k, sizeName(int(v)&^(1<<10-1))))
+		}
+	}
+	slices.Sort(parts)
+	if len(parts) == 0 {
+		return "nothing"
+	}
+	return strings.Join(parts, ", ")
+}
+
 func writeDemoTable(w io.Writer, dc *demoConfig, r *demoReport) {
 	fmt.Fprintf(w, "\nkvsp demo: %d requests at %gx in %.0f s (%d CPUs); %d instances, %d holders; model %s, %d KiB per %d-token block\n\n",
 		r.Requests, r.Speed, r.WallSeconds, runtime.GOMAXPROCS(0), r.Instances, r.Holders, r.Model, r.BlockOctets>>10, demoBlockTokens)
@@ -553,6 +584,7 @@ func writeDemoTable(w io.Writer, dc *demoConfig, r *demoReport) {
 	row("one shared LRU of that capacity", fmt.Sprintf("%.3f (model: %s of host and local-storage in all, no transfer delay)", r.LRURatio, sizeName(int(int64(r.Holders)*(r.HostOctets+r.DiskOctets)))))
 	row("tokens fetched from holders", fmt.Sprintf("%d (%s over %s, verified)", r.Fetched, sizeName(int(r.Counters["kvsp_instance_fetched_bytes_total"])&^(1<<10-1)), r.Transport))
 	row("holders: served / stored", fmt.Sprintf("%s in %.0f GETs / %.0f blocks", sizeName(int(r.Counters["kvsp_holder_bytes_served_total"])&^(1<<10-1)), r.Counters["kvsp_holder_gets_total"], r.Counters["kvsp_holder_puts_total"]))
+	row("served by tier and protocol", servedByTier(r.Counters))
 	row("evictions / demotions", fmt.Sprintf("%.0f / %.0f", r.Counters["kvsp_holder_evictions_total"], r.Counters["kvsp_holder_demotions_total"]))
 	row("lease rejections", fmt.Sprintf("%.0f", r.Counters["kvsp_holder_lease_rejections_total"]))
 	row("digest failures (holders, instances)", fmt.Sprintf("%.0f, %.0f", r.Counters["kvsp_holder_digest_failures_total"], r.Counters["kvsp_instance_digest_failures_total"]))

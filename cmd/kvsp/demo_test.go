@@ -56,7 +56,7 @@ func TestDemo(t *testing.T) {
 	if rep.CachedTokens+rep.Computed != int64(n*2460) {
 		t.Fatalf("the instances report %d prompt tokens, the trace has %d", rep.CachedTokens+rep.Computed, n*2460)
 	}
-	for _, want := range []string{"prefix hit ratio", "TTFT p50 / p90", "lease rejections", "digest failures", "migrations"} {
+	for _, want := range []string{"prefix hit ratio", "TTFT p50 / p90", "lease rejections", "digest failures", "migrations", "host over HTTP/2.0"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("the table lacks %q:\n%s", want, out)
 		}
