@@ -24,7 +24,7 @@ type Memory struct {
 	done   chan struct{}
 	// OnExpire, when set, is called with the number of records each sweep
 	// removed (metrics).
-	onExpire func(n int)
+	onExpire atomic.Pointer[func(n int)]
 }
 
 type memShard struct {
@@ -193,8 +193,8 @@ func (m *Memory) sweeper(interval time.Duration) {
 				n := s.sweepLocked(time.Now(), sweepBatch)
 				more := len(s.heap) > 0 && !s.heap[0].at.After(time.Now())
 				s.mu.Unlock() // lookups get in between batches
-				if m.onExpire != nil && n > 0 {
-					m.onExpire(n)
+				if f := m.onExpire.Load(); f != nil && n > 0 {
+					(*f)(n)
 				}
 				if !more {
 					break

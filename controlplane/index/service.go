@@ -62,7 +62,8 @@ func New(cfg Config, b Backend) (*Service, error) {
 	}
 	s := &Service{cfg: cfg, b: b, m: newMetrics(cfg.Registerer)}
 	if mem, ok := b.(*Memory); ok {
-		mem.onExpire = func(n int) { s.m.expirations.Add(float64(n)) }
+		f := func(n int) { s.m.expirations.Add(float64(n)) }
+		mem.onExpire.Store(&f) // its sweeper is already running
 	}
 	return s, nil
 }

@@ -1,0 +1,173 @@
+package holder_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/client"
+	"github.com/kvsp/kvsp/container"
+	"github.com/kvsp/kvsp/holder"
+	"github.com/kvsp/kvsp/internal/faultproxy"
+	"github.com/kvsp/kvsp/internal/kvsptest"
+)
+
+// TestL4_ConcurrentPutGetOneKey (RELIABILITY L4, R-BLK-14, A-4): 16
+// clients PUT different bytes for one key with If-None-Match: * while 16
+// GET it: exactly one PUT wins, the others get 412, and every GET sees
+// 404 or the whole winning block, verified, never torn bytes.
+func TestL4_ConcurrentPutGetOneKey(t *testing.T) {
+	f := start(t, 1<<20)
+	hc := f.hold[kvsptest.ClientA]
+	blocks := make([][]byte, 16)
+	digests := map[container.Digest]int{}
+	for i := range blocks {
+		var blk *container.Block
+		blocks[i], blk = makeBlock(uint64(100+i), 0, 4)
+		digests[blk.ContainerDigest()] = i
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	won, lost := -1, 0
+	seen := map[int]int{} // winner index -> GETs that saw it
+	misses := 0
+	for i := range 16 {
+		wg.Go(func() {
+			_, blk := makeBlock(uint64(100+i), 0, 4)
+			err := hc.PutBlock(context.Background(), ref(40), bytes.NewReader(blocks[i]), int64(len(blocks[i])), blk.ContainerDigest())
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				if won >= 0 {
+					t.Errorf("two PUTs won: %d and %d", won, i)
+				}
+				won = i
+			case errors.Is(err, client.ErrExists):
+				lost++
+			default:
+				t.Errorf("PUT %d: %v", i, err)
+			}
+		})
+		wg.Go(func() {
+			for range 20 {
+				s, err := hc.GetBlock(context.Background(), ref(40), geom, client.GetOptions{})
+				if errors.Is(err, kvsp.ErrNotFound) {
+					mu.Lock()
+					misses++
+					mu.Unlock()
+					continue
+				}
+				if err != nil {
+					t.Errorf("GET: %v", err)
+					return
+				}
+				var got bytes.Buffer
+				hdr, _ := s.Reader.Header()
+				var h [4096]byte
+				got.Write(hdr.Append(h[:0]))
+				for {
+					l, err := s.Next()
+					if err != nil {
+						if err.Error() != "EOF" {
+							t.Errorf("GET body: %v", err)
+						}
+						break
+					}
+					got.Write(l.K)
+					got.Write(l.V)
+				}
+				s.Close()
+				blk, err := container.OpenBlock(got.Bytes(), geom)
+				if err != nil {
+					t.Errorf("a GET saw a torn block: %v", err)
+					continue
+				}
+				idx, ok := digests[blk.ContainerDigest()]
+				if !ok || !bytes.Equal(got.Bytes(), blocks[idx]) {
+					t.Error("a GET saw bytes no client PUT")
+					continue
+				}
+				mu.Lock()
+				seen[idx]++
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if won < 0 || lost != 15 {
+		t.Fatalf("winner %d, %d PUTs refused with 412; want one winner and 15", won, lost)
+	}
+	for idx := range seen {
+		if idx != won {
+			t.Fatalf("a GET saw PUT %d's bytes; PUT %d won", idx, won)
+		}
+	}
+	t.Logf("PUT %d won; GETs: %d saw it, %d missed before it landed", won, seen[won], misses)
+}
+
+// TestF3_LeaseExpiresDuringSlowGET (RELIABILITY F3): a GET slowed to
+// about a second by a bandwidth toxic, its lease expired and its block
+// evicted half-way, still delivers the whole block, every layer
+// verified: the holder keeps the streamed buffer until the stream ends.
+func TestF3_LeaseExpiresDuringSlowGET(t *testing.T) {
+	data, blk := bigBlock(3)
+	f := start(t, 2*int64(len(data)), func(c *holder.Config) {
+		c.Geometries = map[kvsp.CompatID]container.Geometry{compat: geom, bigCompat: bigGeom}
+		c.LeaseQuota.Octets = 1 << 30
+	})
+	hc := f.hold[kvsptest.ClientA]
+	bref := func(k byte) client.BlockRef { r := ref(k); r.Compat = bigCompat; return r }
+	if err := hc.PutBlock(context.Background(), bref(1), bytes.NewReader(data), int64(len(data)), blk.ContainerDigest()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := hc.Lease(context.Background(), &kvsp.LeaseRequest{ScopeID: scope, CompatID: bigCompat, BlockKeys: []kvsp.BlockKey{bref(1).Key}, TTLMs: 300}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := faultproxy.Start(f.srv.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	p.Set(faultproxy.Faults{BytesPerSecond: int64(len(data))}) // about a second
+	slow, _ := client.New(client.Config{TLS: f.pki.ClientTLS(f.pki.Leaf(kvsptest.ClientA)), Attempts: 1})
+	defer slow.Close()
+	s, err := slow.Holder("https://"+p.Addr()+"/h1/").GetBlock(context.Background(), bref(1), bigGeom, client.GetOptions{LayerDigests: blk.LayerDigests()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var got bytes.Buffer
+	for i := 0; ; i++ {
+		l, err := s.Next()
+		if err != nil {
+			if err != io.EOF {
+				t.Fatalf("after %d layers: %v", i, err)
+			}
+			break
+		}
+		got.Write(l.K)
+		got.Write(l.V)
+		if i == 2 { // the lease is over by now: evict the block under the stream
+			time.Sleep(350 * time.Millisecond)
+			for k := byte(2); k < 5; k++ {
+				d, b := bigBlock(k)
+				if err := hc.PutBlock(context.Background(), bref(k), bytes.NewReader(d), int64(len(d)), b.ContainerDigest()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := hc.GetBlock(context.Background(), bref(1), bigGeom, client.GetOptions{}); !errors.Is(err, kvsp.ErrNotFound) {
+				t.Fatalf("the block was not evicted: %v", err)
+			}
+		}
+	}
+	_, hl, _ := container.ParseHeader(data, bigGeom)
+	if want := data[hl:]; !bytes.Equal(got.Bytes(), want) {
+		t.Fatal("the slow GET delivered other bytes")
+	}
+}
