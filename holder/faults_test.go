@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -169,5 +170,107 @@ func TestF3_LeaseExpiresDuringSlowGET(t *testing.T) {
 	_, hl, _ := container.ParseHeader(data, bigGeom)
 	if want := data[hl:]; !bytes.Equal(got.Bytes(), want) {
 		t.Fatal("the slow GET delivered other bytes")
+	}
+}
+
+// TestB4_PathAndQueryParsing (RELIABILITY B4, R-HTTP-*, A-16): malformed
+// block paths and queries get 400 or 404 problem details, never another
+// resource's bytes, and the holder keeps serving.
+func TestB4_PathAndQueryParsing(t *testing.T) {
+	f := start(t, 1<<20)
+	data, blk := makeBlock(7, 0, 4)
+	r := ref(0xab) // a key with hex letters
+	if err := f.hold[kvsptest.ClientA].PutBlock(context.Background(), r, bytes.NewReader(data), int64(len(data)), blk.ContainerDigest()); err != nil {
+		t.Fatal(err)
+	}
+	good := path(r)
+	c, s, k := r.Compat.String(), r.Scope.String(), r.Key.String()
+	const sameOr404 = -1 // a path the server cleans, redirecting to this very block
+	for p, want := range map[string]int{
+		"/h1/blocks/" + c + "/" + strings.ToUpper(s) + "/" + k: 400, // hex ids are lower case
+		"/h1/blocks/" + c + "/" + s + "/" + strings.ToUpper(k): 400,
+		"/h1/blocks/" + c[:62] + "/" + s + "/" + k:             400, // wrong lengths
+		"/h1/blocks/" + c + "/" + s[:30] + "/" + k:             400,
+		"/h1/blocks/" + c + "/" + s + "/" + k + "00":            400,
+		"/h1/blocks/" + c + "%2F" + s + "/" + k:                 404, // an escaped slash is not a separator
+		"/h1/blocks/" + c + "/" + s + "/../" + s + "/" + k:      sameOr404,
+		"/h1/blocks/" + c + "/" + s + "/" + k + "/extra":        404,
+		"/h1/blocks/" + c + "/" + s:                             404,
+		good + "?layers=5-2":                                    400,
+		good + "?layers=0-":                                     400,
+		good + "?layers=0-1e30":                                 400,
+		good + "?layers=-1-2":                                   400,
+		good + "?layers=%2B1-2":                                 400,
+		good + "?layers=3-4":                                    404, // past the end: kvsp-layers-unavailable
+		good + "?codec=0xFFFF":                                  400,
+		good + "?codec=65536":                                   400,
+	} {
+		st, hdr, body := f.raw(t, kvsptest.ClientA, "GET", p, nil, nil)
+		if want == sameOr404 {
+			if (st == 200 && bytes.Equal(body, data)) || st == 404 {
+				continue
+			}
+			want = 404
+		}
+		if st != want || !strings.Contains(hdr.Get("Content-Type"), "problem+json") || bytes.Contains(body, data[len(data)-64:]) {
+			t.Errorf("%s: %d %s %.120q", p, st, hdr.Get("Content-Type"), body)
+		}
+	}
+	if st, _, body := f.raw(t, kvsptest.ClientA, "GET", good, nil, nil); st != 200 || !bytes.Equal(body, data) {
+		t.Fatalf("the holder stopped serving: %d", st)
+	}
+}
+
+// TestS5_CrossScopeIsolationPaired (RELIABILITY S5, R-BLK-13, R-BLK-19,
+// R-IS-*): an identity without scope S is refused every way into S (GET,
+// PUT, lease, lookup), before any probe; the paired positive check shows
+// the same requests succeed for an identity of S, so the test cannot pass
+// with the cache off.
+func TestS5_CrossScopeIsolationPaired(t *testing.T) {
+	f := start(t, 1<<20)
+	data, blk := makeBlock(9, 0, 4)
+	if err := f.hold[kvsptest.ClientA].PutBlock(context.Background(), ref(9), bytes.NewReader(data), int64(len(data)), blk.ContainerDigest()); err != nil {
+		t.Fatal(err)
+	}
+	other := f.hold["spiffe://kvsp.test/client/nosc"] // scope bbbb… only
+	if _, err := other.GetBlock(context.Background(), ref(9), geom, client.GetOptions{}); !errors.Is(err, kvsp.ErrScopeDenied) {
+		t.Errorf("GET into another scope: %v", err)
+	}
+	if _, err := other.GetBlock(context.Background(), ref(99), geom, client.GetOptions{}); !errors.Is(err, kvsp.ErrScopeDenied) {
+		t.Errorf("GET of an absent block of another scope: %v (not 403: an existence oracle)", err)
+	}
+	if err := other.PutBlock(context.Background(), ref(98), bytes.NewReader(data), int64(len(data)), blk.ContainerDigest()); !errors.Is(err, kvsp.ErrScopeDenied) {
+		t.Errorf("PUT into another scope: %v", err)
+	}
+	if _, err := other.Lease(context.Background(), &kvsp.LeaseRequest{ScopeID: scope, CompatID: compat, BlockKeys: []kvsp.BlockKey{ref(9).Key}, TTLMs: 1000}); !errors.Is(err, kvsp.ErrScopeDenied) {
+		t.Errorf("lease in another scope: %v", err)
+	}
+	oc, _ := client.New(client.Config{TLS: f.pki.ClientTLS(f.pki.Leaf("spiffe://kvsp.test/client/nosc"))})
+	defer oc.Close()
+	if _, err := oc.Index(f.srv.URL("/is/")).Lookup(context.Background(), &kvsp.LookupRequest{ScopeID: scope, CompatID: compat, BlockKeys: []kvsp.BlockKey{ref(9).Key}}); !errors.Is(err, kvsp.ErrScopeDenied) {
+		t.Errorf("lookup in another scope: %v", err)
+	}
+	// The same keys under the identity's own scope: no B replica.
+	bScope, _ := kvsp.ParseScopeID(strings.Repeat("b", 32))
+	if r, err := oc.Index(f.srv.URL("/is/")).Lookup(context.Background(), &kvsp.LookupRequest{ScopeID: bScope, CompatID: compat, BlockKeys: []kvsp.BlockKey{ref(9).Key}}); err != nil || r.Matched != 0 {
+		t.Errorf("A's keys under B's scope: %+v %v", r, err)
+	}
+	// Paired positive: a second identity of the scope gets it all.
+	b := f.hold["spiffe://kvsp.test/client/b"]
+	s, err := b.GetBlock(context.Background(), ref(9), geom, client.GetOptions{LayerDigests: blk.LayerDigests()})
+	if err != nil {
+		t.Fatalf("the paired positive GET: %v", err)
+	}
+	s.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		r, err := f.is.Lookup(context.Background(), &kvsp.LookupRequest{ScopeID: scope, CompatID: compat, BlockKeys: []kvsp.BlockKey{ref(9).Key}})
+		if err == nil && r.Matched == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the paired positive lookup: %+v %v", r, err)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
