@@ -1,11 +1,6 @@
 package main
 
 import (
-	"context"
-	"encoding/json"
-	"image/png"
-	"io"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -23,13 +18,7 @@ func TestBench(t *testing.T) {
 		t.Fatalf("bench: %d\n%s\n%s", code, out, errs)
 	}
 	var rep benchReport
-	data, err := os.ReadFile(jsonPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal(data, &rep); err != nil {
-		t.Fatal(err)
-	}
+	readReport(t, jsonPath, &rep)
 	if len(rep.Results) != 3*2*2*2 {
 		t.Fatalf("%d results, want 24", len(rep.Results))
 	}
@@ -50,16 +39,7 @@ func TestBench(t *testing.T) {
 			t.Errorf("table lacks %q:\n%s", want, out)
 		}
 	}
-	f, err := os.Open(pngPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	img, err := png.Decode(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if b := img.Bounds(); b.Dx() < 600 || b.Dy() < 400 {
+	if b := decodePNG(t, pngPath).Bounds(); b.Dx() < 600 || b.Dy() < 400 {
 		t.Fatalf("chart of %v", b)
 	}
 }
@@ -96,24 +76,7 @@ func TestBenchRunningHolder(t *testing.T) {
 	dir := t.TempDir()
 	cfg := writeFile(t, dir, "kvsp.yaml", testConfig)
 	writeFile(t, dir, "descriptor.json", appendixDescriptor)
-	if code, out, errs := runCLI(t, "certs", "--config", cfg); code != 0 {
-		t.Fatalf("certs: %d %s %s", code, out, errs)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ready, done := make(chan string, 1), make(chan error, 1)
-	go func() { done <- serve(ctx, []string{"--config", cfg}, io.Discard, nil, ready) }()
-	var addr string
-	select {
-	case addr = <-ready:
-	case err := <-done:
-		t.Fatalf("serve: %v", err)
-	}
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	}()
+	addr := serveCerts(t, cfg)
 	jsonPath := filepath.Join(dir, "b.json")
 	code, out, errs := runCLI(t, "bench", "-holder", "https://"+addr+"/h1/", "-config", cfg, "-descriptor", filepath.Join(dir, "descriptor.json"),
 		"-transports", "h2,quicbulk", "-streams", "2", "-layers", "all", "-duration", "150ms", "-json", jsonPath, "-png", "")
@@ -121,10 +84,7 @@ func TestBenchRunningHolder(t *testing.T) {
 		t.Fatalf("bench: %d\n%s\n%s", code, out, errs)
 	}
 	var rep benchReport
-	data, _ := os.ReadFile(jsonPath)
-	if err := json.Unmarshal(data, &rep); err != nil {
-		t.Fatal(err)
-	}
+	readReport(t, jsonPath, &rep)
 	if len(rep.Results) != 2 {
 		t.Fatalf("%d results", len(rep.Results))
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"image"
 	"image/png"
 	"io"
 	"os"
@@ -35,10 +36,7 @@ func TestDemo(t *testing.T) {
 		t.Fatalf("demo: %d\n%s\n%s", code, out, errs)
 	}
 	var rep demoReport
-	data, _ := os.ReadFile(jsonPath)
-	if err := json.Unmarshal(data, &rep); err != nil {
-		t.Fatal(err)
-	}
+	readReport(t, jsonPath, &rep)
 	// Bound: requests 2..24 reuse 4 x 512 of 2460 tokens.
 	wantBound := float64((n-1)*4*512) / float64(n*2460)
 	if rep.Requests != n || rep.Errors != 0 || rep.BoundRatio < wantBound-1e-9 || rep.BoundRatio > wantBound+1e-9 {
@@ -61,14 +59,7 @@ func TestDemo(t *testing.T) {
 			t.Errorf("the table lacks %q:\n%s", want, out)
 		}
 	}
-	f, err := os.Open(pngPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if _, err := png.Decode(f); err != nil {
-		t.Fatal(err)
-	}
+	decodePNG(t, pngPath)
 }
 
 // TestDemoBadTrace: a trace line that is not a Mooncake request is an
@@ -86,28 +77,9 @@ func TestDemoBadTrace(t *testing.T) {
 // process with the demo's roles) through its PC with the tool client's
 // identity, and reports what its instances reused.
 func TestReplay(t *testing.T) {
-	dir := t.TempDir()
-	addr, maddr := freeAddr(), freeAddr()
 	dc := &demoConfig{instances: 2, holders: 1, hostCap: 64 << 20, prefillRate: 42000, decodeRate: 3100, transport: "h2"}
-	cfg := writeFile(t, dir, "kvsp.yaml", demoConfigYAML(dc, addr, maddr))
-	writeFile(t, dir, "descriptor.json", demoDescriptor)
-	if code, out, errs := runCLI(t, "certs", "--config", cfg); code != 0 {
-		t.Fatalf("certs: %d %s %s", code, out, errs)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ready, done := make(chan string, 1), make(chan error, 1)
-	go func() { done <- serve(ctx, []string{"--config", cfg}, io.Discard, nil, ready) }()
-	select {
-	case <-ready:
-	case err := <-done:
-		t.Fatalf("serve: %v", err)
-	}
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	}()
+	dir, _, _ := demoDeployment(t, dc)
+	cfg := filepath.Join(dir, "kvsp.yaml")
 	var trace strings.Builder
 	for i := range 12 {
 		fmt.Fprintf(&trace, `{"timestamp": %d, "input_length": 1600, "output_length": 2, "hash_ids": [7, 8, %d, %d]}`+"\n", 500+i*250, 100+i, 200+i)
@@ -120,14 +92,75 @@ func TestReplay(t *testing.T) {
 		t.Fatalf("replay: %d\n%s\n%s", code, out, errs)
 	}
 	var s replaySummary
-	data, _ := os.ReadFile(jsonPath)
-	if err := json.Unmarshal(data, &s); err != nil {
-		t.Fatal(err)
-	}
+	readReport(t, jsonPath, &s)
 	// Requests 2..12 reuse 2 x 512 of 1600 tokens.
 	want := float64(11*2*512) / float64(12*1600)
 	if s.Requests != 12 || s.Errors != 0 || s.CachedTokens+s.Computed != 12*1600 || s.BoundRatio < want-1e-9 || s.BoundRatio > want+1e-9 ||
 		s.HitRatio < 0.8*s.BoundRatio || s.TTFT["kvsp"][1] == 0 {
 		t.Fatalf("replay %+v (bound want %v)\n%s", s, want, out)
 	}
+}
+
+// serveCerts writes a configuration's certificates (kvsp certs) and runs
+// kvsp serve in this process until the test ends; it returns the listen
+// address.
+func serveCerts(t *testing.T, cfg string) string {
+	t.Helper()
+	if code, out, errs := runCLI(t, "certs", "--config", cfg); code != 0 {
+		t.Fatalf("certs: %d %s %s", code, out, errs)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ready, done := make(chan string, 1), make(chan error, 1)
+	go func() { done <- serve(ctx, []string{"--config", cfg}, io.Discard, nil, ready) }()
+	var addr string
+	select {
+	case addr = <-ready:
+	case err := <-done:
+		cancel()
+		t.Fatalf("serve: %v", err)
+	}
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
+	return addr
+}
+
+// demoDeployment is a kvsp serve process with the demo's roles (dc), its
+// directory and its addresses.
+func demoDeployment(t *testing.T, dc *demoConfig) (dir, addr, maddr string) {
+	dir = t.TempDir()
+	addr, maddr = freeAddr(), freeAddr()
+	writeFile(t, dir, "descriptor.json", demoDescriptor)
+	serveCerts(t, writeFile(t, dir, "kvsp.yaml", demoConfigYAML(dc, addr, maddr)))
+	return dir, addr, maddr
+}
+
+// readReport decodes a JSON report.
+func readReport(t *testing.T, path string, v any) {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(data, v); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// decodePNG decodes a PNG file.
+func decodePNG(t *testing.T, path string) image.Image {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	img, err := png.Decode(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return img
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"image/png"
 	"io"
 	"net/http"
 	"os"
@@ -19,28 +18,7 @@ import (
 // it). Chromium comes from Debian (make deps installs it); without it
 // the rendering half is skipped unless KVSP_REQUIRE_CHROMIUM is set.
 func TestStatusPage(t *testing.T) {
-	dir := t.TempDir()
-	addr, maddr := freeAddr(), freeAddr()
-	dc := &demoConfig{instances: 2, holders: 1, hostCap: 64 << 20, prefillRate: 42000, decodeRate: 3100, transport: "h2"}
-	cfg := writeFile(t, dir, "kvsp.yaml", demoConfigYAML(dc, addr, maddr))
-	writeFile(t, dir, "descriptor.json", demoDescriptor)
-	if code, out, errs := runCLI(t, "certs", "--config", cfg); code != 0 {
-		t.Fatalf("certs: %d %s %s", code, out, errs)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ready, done := make(chan string, 1), make(chan error, 1)
-	go func() { done <- serve(ctx, []string{"--config", cfg}, io.Discard, nil, ready) }()
-	select {
-	case <-ready:
-	case err := <-done:
-		t.Fatalf("serve: %v", err)
-	}
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	}()
+	dir, addr, maddr := demoDeployment(t, &demoConfig{instances: 2, holders: 1, hostCap: 64 << 20, prefillRate: 42000, decodeRate: 3100, transport: "h2"})
 	front, scope, compat, err := demoFront(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -102,15 +80,7 @@ func TestStatusPage(t *testing.T) {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("chromium: %v\n%s", err, out)
 	}
-	f, err := os.Open(shot)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	img, err := png.Decode(f)
-	if err != nil {
-		t.Fatal(err)
-	}
+	img := decodePNG(t, shot)
 	ink := 0
 	b := img.Bounds()
 	for y := b.Min.Y; y < b.Max.Y; y += 4 {
