@@ -274,3 +274,57 @@ func TestS5_CrossScopeIsolationPaired(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestL1_LeaseQuotaFairness (RELIABILITY L1, R-LS-6, R-PF-13): a client
+// that leases until its quota answers 429 kvsp-lease-quota (with
+// Retry-After) does not take anything from another client, whose leases
+// and GETs go on; releasing gives the first its quota back.
+func TestL1_LeaseQuotaFairness(t *testing.T) {
+	f := start(t, 1<<20) // quota: 2 leases, 3 blocks' octets per client
+	ctx := context.Background()
+	x, y := f.hold[kvsptest.ClientA], f.hold["spiffe://kvsp.test/client/b"]
+	for i := byte(1); i <= 4; i++ {
+		data, blk := makeBlock(uint64(i), 0, 4)
+		if err := x.PutBlock(ctx, ref(i), bytes.NewReader(data), int64(len(data)), blk.ContainerDigest()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lease := func(h *client.Holder, k byte) (*kvsp.LeaseResponse, error) {
+		return h.Lease(ctx, &kvsp.LeaseRequest{ScopeID: scope, CompatID: compat, BlockKeys: []kvsp.BlockKey{ref(k).Key}, TTLMs: 5000})
+	}
+	var held []string
+	for k := byte(1); ; k++ {
+		l, err := lease(x, k)
+		if err != nil {
+			if !errors.Is(err, kvsp.ErrLeaseQuota) {
+				t.Fatalf("lease %d: %v, want 429 kvsp-lease-quota", k, err)
+			}
+			break
+		}
+		held = append(held, l.Lease)
+		if k > 10 {
+			t.Fatal("no quota")
+		}
+	}
+	st, hdr, _ := f.raw(t, kvsptest.ClientA, "POST", "/h1/leases", map[string]string{"Content-Type": kvsp.MediaType},
+		[]byte(`{"scope_id":"`+scope.String()+`","compat_id":"`+compat.String()+`","block_keys":["`+ref(4).Key.String()+`"],"ttl_ms":5000}`))
+	if st != 429 || hdr.Get("Retry-After") == "" {
+		t.Fatalf("over the quota: %d, Retry-After %q", st, hdr.Get("Retry-After"))
+	}
+	for k := byte(1); k <= 2; k++ { // the other client is untouched
+		if _, err := lease(y, k); err != nil {
+			t.Fatalf("the other client's lease %d: %v", k, err)
+		}
+		s, err := y.GetBlock(ctx, ref(k), geom, client.GetOptions{})
+		if err != nil {
+			t.Fatalf("the other client's GET: %v", err)
+		}
+		s.Close()
+	}
+	if err := x.ReleaseLease(ctx, held[0]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lease(x, 4); err != nil {
+		t.Fatalf("after a release: %v", err)
+	}
+}
