@@ -53,7 +53,7 @@ test-gpu: ## stripped test and benchmark binaries of the GPU path in bin/gpu-che
 	cp scripts/gpu-check.sh $(BIN)/gpu-check/run.sh
 	@du -sh $(BIN)/gpu-check
 
-test: deps vet test-race ## the README's test command: vet, then every test with the race detector
+test: deps fmt-check vet test-race ## the README's test command: gofmt, vet, then every test with the race detector
 	@echo "make test: ok"
 
 deps: ## install what the tests need when it is missing (redis-server, redis-cli and etcd, and chromium for the status page's rendering test, from Debian)

@@ -191,19 +191,19 @@ func TestB4_PathAndQueryParsing(t *testing.T) {
 		"/h1/blocks/" + c + "/" + s + "/" + strings.ToUpper(k): 400,
 		"/h1/blocks/" + c[:62] + "/" + s + "/" + k:             400, // wrong lengths
 		"/h1/blocks/" + c + "/" + s[:30] + "/" + k:             400,
-		"/h1/blocks/" + c + "/" + s + "/" + k + "00":            400,
-		"/h1/blocks/" + c + "%2F" + s + "/" + k:                 404, // an escaped slash is not a separator
-		"/h1/blocks/" + c + "/" + s + "/../" + s + "/" + k:      sameOr404,
-		"/h1/blocks/" + c + "/" + s + "/" + k + "/extra":        404,
-		"/h1/blocks/" + c + "/" + s:                             404,
-		good + "?layers=5-2":                                    400,
-		good + "?layers=0-":                                     400,
-		good + "?layers=0-1e30":                                 400,
-		good + "?layers=-1-2":                                   400,
-		good + "?layers=%2B1-2":                                 400,
-		good + "?layers=3-4":                                    404, // past the end: kvsp-layers-unavailable
-		good + "?codec=0xFFFF":                                  400,
-		good + "?codec=65536":                                   400,
+		"/h1/blocks/" + c + "/" + s + "/" + k + "00":           400,
+		"/h1/blocks/" + c + "%2F" + s + "/" + k:                404, // an escaped slash is not a separator
+		"/h1/blocks/" + c + "/" + s + "/../" + s + "/" + k:     sameOr404,
+		"/h1/blocks/" + c + "/" + s + "/" + k + "/extra":       404,
+		"/h1/blocks/" + c + "/" + s:                            404,
+		good + "?layers=5-2":                                   400,
+		good + "?layers=0-":                                    400,
+		good + "?layers=0-1e30":                                400,
+		good + "?layers=-1-2":                                  400,
+		good + "?layers=%2B1-2":                                400,
+		good + "?layers=3-4":                                   404, // past the end: kvsp-layers-unavailable
+		good + "?codec=0xFFFF":                                 400,
+		good + "?codec=65536":                                  400,
 	} {
 		st, hdr, body := f.raw(t, kvsptest.ClientA, "GET", p, nil, nil)
 		if want == sameOr404 {

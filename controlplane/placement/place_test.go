@@ -302,7 +302,14 @@ func TestPlaceWakesSleeping(t *testing.T) {
 func TestPlacePendingQuota(t *testing.T) {
 	w := newWorld(t, 1)
 	link := kvsp.Link{Holder: h1Base, MbitPerS: 200000, RTTUs: 12}
-	w.status(t, "ii1", 1, 0, kvsp.StateActive, link)
+	// A slow prefill makes the directive's deadline (the recomputation of
+	// the matched prefix) the 2 s cap: its slot is still taken when the
+	// second request comes, however loaded the machine.
+	st := &kvsp.InstanceStatus{Instance: w.base["ii1"], Epoch: 1, State: kvsp.StateActive, BatchSize: 8, PrefillTokensPerS: 10,
+		DecodeTokensPerS: 3100, Links: []kvsp.Link{link}, TTLMs: 60000, CompatID: compat}
+	if _, err := w.ctl.PutStatus(context.Background(), st); err != nil {
+		t.Fatal(err)
+	}
 	a, b := prompt(4*bt, 4), prompt(4*bt, 5)
 	w.publish(t, a, 4)
 	w.publish(t, b, 4)
