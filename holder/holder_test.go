@@ -293,6 +293,26 @@ func gather(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	return 0
 }
 
+// servedFrom reads kvsp_holder_bytes_served_total{tier, proto}.
+func servedFrom(reg *prometheus.Registry, tier, proto string) float64 {
+	mfs, _ := reg.Gather()
+	for _, mf := range mfs {
+		if mf.GetName() != "kvsp_holder_bytes_served_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["tier"] == tier && labels["proto"] == proto {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
+}
+
 // TestLeases: create, renew, release, quotas and ownership (R-LS-1..12,
 //
 func TestLeases(t *testing.T) {
@@ -456,10 +476,12 @@ func TestLocalStorageTier(t *testing.T) {
 	f := start(t, 1) // for its PKI and IS; the holders under test are built below
 	hc, _ := client.New(client.Config{TLS: f.pki.ClientTLS(f.pki.Leaf(kvsptest.Holder1))})
 	defer hc.Close()
+	var regs []*prometheus.Registry
 	newHolder := func(d *tier.Disk, base string) *holder.Holder {
+		regs = append(regs, prometheus.NewRegistry())
 		h, err := holder.New(holder.Config{Base: "https://127.0.0.1" + base, Geometries: map[kvsp.CompatID]container.Geometry{compat: geom},
 			Capacity: blockSize(), Disk: d, DiskReadMbitPerS: 8000, Index: hc.Index(f.srv.URL("/is/")), RecordTTL: 30 * time.Second,
-			LeaseQuota: holder.LeaseQuota{Octets: 1 << 20, MaxTTL: time.Second, MaxLeases: 1}})
+			LeaseQuota: holder.LeaseQuota{Octets: 1 << 20, MaxTTL: time.Second, MaxLeases: 1}, Registerer: regs[len(regs)-1]})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -493,6 +515,9 @@ func TestLocalStorageTier(t *testing.T) {
 	}
 	if st, b := get(1); st != 200 || !bytes.Equal(b, blocks[1]) {
 		t.Fatalf("block 1 from disk: %d", st)
+	}
+	if n := servedFrom(regs[0], "local-storage", "HTTP/2.0"); n != float64(len(blocks[1])) {
+		t.Fatalf("octets served from local-storage over HTTP/2: %v, want %d", n, len(blocks[1]))
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for {

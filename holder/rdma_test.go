@@ -72,6 +72,20 @@ func TestRDMARead(t *testing.T) {
 	if _, err := hc.ReadBlockRDMA(context.Background(), ref(1), geom, client.GetOptions{Layers: &kvsp.LayerRange{2, 7}}, reader); !errors.Is(err, kvsp.ErrLayersUnavailable) {
 		t.Fatalf("layers past the block: %v", err)
 	}
+	// Bad requests: problem details, nothing exposed.
+	for name, body := range map[string]string{
+		"endpoint not a queue pair": `{"scope_id":"` + scope.String() + `","compat_id":"` + compat.String() + `","block_key":"` + ref(1).Key.String() + `","endpoint":"garbage"}`,
+		"no block key":              `{"scope_id":"` + scope.String() + `","compat_id":"` + compat.String() + `","endpoint":"v1.0001.000001.000001.00000000000000000000000000000000"}`,
+		"not JSON":                  `{"scope_id":`,
+	} {
+		st, hdr, b := f.raw(t, kvsptest.ClientA, "POST", "/h1/rdma/reads", map[string]string{"Content-Type": kvsp.MediaType}, []byte(body))
+		if st != 400 || hdr.Get("Content-Type") != kvsp.MediaTypeProblem {
+			t.Errorf("%s: %d %s", name, st, b)
+		}
+	}
+	if st, _, _ := f.raw(t, kvsptest.ClientA, "DELETE", "/h1/rdma/reads/nope", nil, nil); st != 404 {
+		t.Errorf("DELETE of no exposure: %d", st)
+	}
 }
 
 // flipReader corrupts what it reads: the client must notice.

@@ -73,6 +73,25 @@ func TestDemoBadTrace(t *testing.T) {
 	}
 }
 
+// TestDemoReplayUsage: bad flags are usage errors (exit 2) naming the
+// command, before anything starts.
+func TestDemoReplayUsage(t *testing.T) {
+	for _, args := range [][]string{
+		{"demo", "-speed", "0"},
+		{"demo", "-host-capacity", "1KiB"},
+		{"demo", "-instances", "0"},
+		{"demo", "-transport", "pigeon"},
+		{"replay"},
+		{"replay", "-config", "x.yaml", "-speed", "-1"},
+		{"replay", "-config", "x.yaml", "-cert", "c.pem"},
+	} {
+		code, _, errs := runCLI(t, args...)
+		if code != 2 || !strings.Contains(errs, args[0]+": ") {
+			t.Errorf("%v: exit %d, %q", args, code, errs)
+		}
+	}
+}
+
 // TestReplay: kvsp replay drives a running deployment (a kvsp serve
 // process with the demo's roles) through its PC with the tool client's
 // identity, and reports what its instances reused.

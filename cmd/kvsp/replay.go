@@ -309,6 +309,9 @@ func cmdReplay(args []string, stdout, stderr io.Writer) error {
 	if *cfgPath == "" || *speed <= 0 || *requests < 0 || *maxOutput < 1 || *prefillRate < 0 {
 		return usageError("replay: --config is required; --speed > 0, --requests >= 0, --max-output >= 1")
 	}
+	if (*cert == "") != (*key == "") {
+		return usageError("replay: --cert and --key go together")
+	}
 	cfg, err := config.Load(*cfgPath)
 	if err != nil {
 		return err
@@ -348,9 +351,6 @@ func cmdReplay(args []string, stdout, stderr io.Writer) error {
 	}
 	if *requests > 0 && *requests < len(reqs) {
 		reqs = reqs[:*requests]
-	}
-	if (*cert == "") != (*key == "") {
-		return usageError("replay: --cert and --key go together")
 	}
 	if *cert == "" {
 		*cert, *key = cfg.TLS.ClientCert, cfg.TLS.ClientKey

@@ -580,11 +580,18 @@ func (a *Agent) fetch(ctx context.Context, x *directive, key kvsp.BlockKey, src 
 			return err
 		}
 	}
-	if !kv.Has(key) {
+	return a.loaded(src, client.BlockRef{Compat: d.CompatID, Scope: d.ScopeID, Key: key})
+}
+
+// loaded finishes a block fetched from src: every layer must be resident,
+// and a copy goes to the instance's own holder (unless it came from
+// there), for the next request here.
+func (a *Agent) loaded(src string, ref client.BlockRef) error {
+	if !a.cfg.Engine.KV().Has(ref.Key) {
 		return fmt.Errorf("%w: the block's layers are not all resident", kvsp.ErrLayersUnavailable)
 	}
-	if src != a.cfg.Holder { // a copy at its own holder, for the next request here
-		a.offload(d.ScopeID, d.CompatID, key)
+	if src != a.cfg.Holder {
+		a.offload(ref.Scope, ref.Compat, ref.Key)
 	}
 	return nil
 }
@@ -606,14 +613,8 @@ func (a *Agent) fetchRDMA(ctx context.Context, x *directive, src string, h *clie
 		x.moved.Add(n)
 		a.m.fetched.WithLabelValues(x.purpose).Add(float64(n))
 	}
-	if !kv.Has(ref.Key) {
-		return fmt.Errorf("%w: the block's layers are not all resident", kvsp.ErrLayersUnavailable)
-	}
 	a.m.rdmaBlocks.Inc()
-	if src != a.cfg.Holder {
-		a.offload(ref.Scope, ref.Compat, ref.Key)
-	}
-	return nil
+	return a.loaded(src, ref)
 }
 
 // maxOffloads bounds the PUTs to the instance's holder under way, and

@@ -263,6 +263,32 @@ func TestPrefetchByRDMA(t *testing.T) {
 		t.Fatalf("%d RDMA reads after the GET fallback, want still 4", n)
 	}
 	w.engineHolds(t, keys[:4])
+	// Loaded from h1, each block was stored once at the instance's own
+	// holder; loaded from there, none is offered back to it (offloads are
+	// asynchronous: any would show within a few loopback PUTs).
+	for end := time.Now().Add(300 * time.Millisecond); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		if exists := offloadsExisting(t, w); exists != 0 {
+			t.Fatalf("%v blocks loaded from the instance's own holder were offered back to it", exists)
+		}
+	}
+	if stored := testutil.ToFloat64(counterOf(t, w.reg, "kvsp_instance_offloads_total", "stored")); stored != 4 {
+		t.Fatalf("%v blocks stored at the instance's holder, want 4", stored)
+	}
+}
+
+// offloadsExisting counts the offloads the instance's holder already had.
+func offloadsExisting(t *testing.T, w *rig) float64 {
+	mfs, _ := w.reg.Gather()
+	for _, mf := range mfs {
+		if mf.GetName() == "kvsp_instance_offloads_total" {
+			for _, m := range mf.GetMetric() {
+				if m.GetLabel()[0].GetValue() == "exists" {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
 }
 
 // prefetchAll has the agent load keys from src and waits until it did.
