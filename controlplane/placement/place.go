@@ -15,6 +15,7 @@ import (
 	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/client"
 	"github.com/kvsp/kvsp/controlplane/index"
+	"github.com/kvsp/kvsp/internal/failpoint"
 )
 
 // Index is the Index Service as the PC uses it: client.Index, or an
@@ -98,18 +99,24 @@ type Config struct {
 
 // Controller is a Placement Controller.
 type Controller struct {
-	started  atomic.Int64 // unix ns of the start, or of the last takeover
-	planTerm atomic.Int64 // orders this PC's reshard plans after its predecessors'
-	standby  atomic.Bool  // a standby of an HA group: serves nothing
-	leader   atomic.Pointer[string]
-	cfg      Config
-	keys     map[kvsp.ScopeID]kvsp.ScopeKey
-	reg      *Registry
-	log      *slog.Logger
-	m        *metrics
-	mu       sync.Mutex
-	sessions map[kvsp.UUID]*Session
-	maps     map[string]*shardEntry // sequence-sharded contexts by map identifier
+	started atomic.Int64 // unix ns of the start, or of the last takeover
+	// beat is when the migration sweep last ran (unix ns; 0 while Run is
+	// not running) and awake when the PC last came back from a stall: see
+	// stalled.
+	beat       atomic.Int64
+	awake      atomic.Int64
+	stallAfter atomic.Int64 // a sweep later than this (ns) is a stall
+	planTerm   atomic.Int64 // orders this PC's reshard plans after its predecessors'
+	standby    atomic.Bool  // a standby of an HA group: serves nothing
+	leader     atomic.Pointer[string]
+	cfg        Config
+	keys       map[kvsp.ScopeID]kvsp.ScopeKey
+	reg        *Registry
+	log        *slog.Logger
+	m          *metrics
+	mu         sync.Mutex
+	sessions   map[kvsp.UUID]*Session
+	maps       map[string]*shardEntry // sequence-sharded contexts by map identifier
 }
 
 // Session is a session the PC placed (the session-migration issue adds its
@@ -319,6 +326,9 @@ func (c *Controller) lost(s *Session) (from string, epoch uint64, lost, failed b
 	}
 	st, ok := c.reg.Get(from)
 	failed = !ok || st.State == kvsp.StateFailed
+	if failed && ok && c.stalled(time.Now(), time.Duration(st.Status.TTLMs)*time.Millisecond) {
+		return from, epoch, false, false // no fresh evidence yet: the PC's silence, not the instance's
+	}
 	restarted := ok && epoch != 0 && st.Status.Instance != "" && st.Status.Epoch != epoch
 	return from, epoch, failed || restarted, failed
 }
@@ -371,16 +381,44 @@ type migration struct {
 	cp        *kvsp.Checkpoint
 }
 
+// stalled reports whether the PC cannot tell yet an instance whose
+// status (of time to live ttl) expired from its own stall (RELIABILITY F8:
+// a PC that was stopped, swapped out or starved sees every status expire
+// at once when it resumes, though the instances reported all along and
+// their records are on the way). It is while the sweep is overdue (the PC
+// is stalled now, or resuming), and for one ttl after it resumed: every
+// instance gets a full period to report before it is judged failed.
+func (c *Controller) stalled(now time.Time, ttl time.Duration) bool {
+	beat := c.beat.Load()
+	if beat == 0 {
+		return false // no sweep runs: nothing measures the PC's own pauses
+	}
+	return now.Sub(time.Unix(0, beat)) > time.Duration(c.stallAfter.Load()) || now.Sub(time.Unix(0, c.awake.Load())) < ttl
+}
+
 // Run migrates the sessions of failed instances as their failure is
-// detected (status TTL), until ctx ends.
+// detected (status TTL), until ctx ends. A sweep that comes late (the PC
+// was stalled: more than four periods, and at least half a second) gives
+// the instances a status TTL to report before any of them is judged
+// failed.
 func (c *Controller) Run(ctx context.Context, every time.Duration) {
 	t := time.NewTicker(every)
 	defer t.Stop()
+	c.stallAfter.Store(int64(max(4*every, 500*time.Millisecond)))
+	c.beat.Store(time.Now().UnixNano())
+	defer c.beat.Store(0)
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+		failpoint.Eval("pc/sweep") // F8: a stall of the controller
+		now := time.Now()
+		if gap := now.Sub(time.Unix(0, c.beat.Swap(now.UnixNano()))); gap > time.Duration(c.stallAfter.Load()) {
+			c.awake.Store(now.UnixNano())
+			c.m.stalls.Inc()
+			c.log.Warn("controller stalled: every instance gets its status TTL to report before it is judged failed", "stalled", gap.Round(time.Millisecond))
 		}
 		if c.standby.Load() {
 			continue
@@ -625,6 +663,7 @@ type metrics struct {
 	leader      prometheus.Gauge
 	reshards    *prometheus.CounterVec
 	migrations  prometheus.Counter
+	stalls      prometheus.Counter
 	checkpoints *prometheus.CounterVec
 	placements  *prometheus.CounterVec
 	directives  *prometheus.CounterVec
@@ -635,6 +674,7 @@ type metrics struct {
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		migrations: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvsp_pc_migrations_total", Help: "Sessions moved off a failed instance."}),
+		stalls:     prometheus.NewCounter(prometheus.CounterOpts{Name: "kvsp_pc_stalls_total", Help: "Times the controller's sweep ran late (a stall): instances then get a status TTL before being judged failed."}),
 		checkpoints: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_pc_checkpoints_total",
 			Help: "Session checkpoints accepted: recorded (a higher offset) or ignored (not newer)."}, []string{"outcome"}),
 		placements: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_pc_placements_total",
@@ -650,7 +690,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "1 while this controller serves (the leader of its group, or alone), 0 while a standby."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.migrations, m.checkpoints, m.placements, m.directives, m.wakeups, m.matched, m.reshards, m.leader)
+		reg.MustRegister(m.migrations, m.stalls, m.checkpoints, m.placements, m.directives, m.wakeups, m.matched, m.reshards, m.leader)
 	}
 	return m
 }
