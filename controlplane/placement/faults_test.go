@@ -2,8 +2,18 @@ package placement_test
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/anishathalye/porcupine"
 
 	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/internal/failpoint"
@@ -93,4 +103,186 @@ func TestF8_PCStallDoesNotMassFailInstances(t *testing.T) {
 	if len(rs) != 1 || rs[0].Checkpoint.Session != dead.Session {
 		t.Fatalf("resumes sent: %+v, want only the dead instance's session", rs)
 	}
+}
+
+// The operations of F14's history on one session's checkpoint register.
+type (
+	cpInput struct {
+		op     string // "checkpoint", "continue" (the front end's place, which may migrate), "read"
+		epoch  uint64 // checkpoint: the sender's epoch
+		offset uint64 // checkpoint: its output_offset
+	}
+	cpOutput struct {
+		kind   string // "ack", "stale", "forbidden" (checkpoint); "epoch" (continue); "state" (read)
+		epoch  uint64 // stale: the session's epoch in the problem; continue, read: the epoch
+		offset uint64 // ack: the recorded offset; read: the checkpoint's
+	}
+	cpState struct{ epoch, offset uint64 }
+)
+
+// cpModel is the register A-24 and R-SES-3/4 specify: checkpoints of the
+// current epoch raise the recorded offset to the highest seen (a lower or
+// equal one is acknowledged with the recorded offset), a lower epoch is
+// 409 kvsp-stale-epoch carrying the current epoch, a higher one 403; a
+// place for the session answers its epoch, one higher when it migrated it.
+var cpModel = porcupine.Model{
+	Init: func() any { return cpState{epoch: 1} },
+	Step: func(state, input, output any) (bool, any) {
+		s, in, out := state.(cpState), input.(cpInput), output.(cpOutput)
+		switch in.op {
+		case "checkpoint":
+			switch {
+			case in.epoch < s.epoch:
+				return out.kind == "stale" && out.epoch == s.epoch, s
+			case in.epoch > s.epoch:
+				return out.kind == "forbidden", s
+			}
+			n := cpState{s.epoch, max(s.offset, in.offset)}
+			return out.kind == "ack" && out.offset == n.offset, n
+		case "continue":
+			return out.kind == "epoch" && (out.epoch == s.epoch || out.epoch == s.epoch+1), cpState{out.epoch, s.offset}
+		default: // read
+			return out.kind == "state" && out.epoch == s.epoch && out.offset == s.offset, s
+		}
+	},
+	DescribeOperation: func(input, output any) string { return fmt.Sprintf("%+v -> %+v", input, output) },
+	DescribeState:     func(state any) string { return fmt.Sprintf("%+v", state) },
+}
+
+// TestF14_CheckpointRegisterLinearizable (RELIABILITY F14; A-24, R-SES-3,
+// R-SES-4, R-SES-15): eight clients send concurrent checkpoint PUTs over
+// mutual TLS with epochs around the one they last saw and random offsets,
+// restart the session's instance and ask the PC where the session
+// continues (which migrates it: the epoch goes up), and read the register.
+// The recorded history is checked with porcupine against the model above:
+// it must be linearizable, and every rejection must carry the right
+// problem type (and the session's epoch, for a stale one).
+func TestF14_CheckpointRegisterLinearizable(t *testing.T) {
+	w := newWorld(t, 64)
+	var instEpoch sync.Map // instance base -> *atomic.Uint64
+	for _, n := range []string{"ii1", "ii2", "ii3"} {
+		w.status(t, n, 1, 0, kvsp.StateActive)
+		e := new(atomic.Uint64)
+		e.Store(1)
+		instEpoch.Store(w.base[n], e)
+	}
+	tokens := prompt(3*bt+5, 14)
+	placed, err := w.place(t, tokens)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := placed.Session
+	front := w.front.Controller(w.srv.URL("/pc/"))
+	start := time.Now()
+	var (
+		mu      sync.Mutex
+		history []porcupine.Operation
+		stats   = map[string]int{}
+	)
+	record := func(client int, in cpInput, call time.Time, out cpOutput) {
+		mu.Lock()
+		defer mu.Unlock()
+		history = append(history, porcupine.Operation{ClientId: client, Input: in, Output: out,
+			Call: call.Sub(start).Nanoseconds(), Return: time.Since(start).Nanoseconds()})
+		stats[in.op+"/"+out.kind]++
+	}
+	var wg sync.WaitGroup
+	for client := range 8 {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(client), 14))
+			seen := uint64(1)
+			for range 40 {
+				switch r := rng.IntN(100); {
+				case r < 60:
+					e := max(1, seen+uint64(rng.IntN(3))) - 1 // seen-1 .. seen+1
+					if e == 0 {
+						e = 1
+					}
+					off := uint64(1 + rng.IntN(200))
+					cp := &kvsp.Checkpoint{Session: id, Epoch: e, CompatID: compat, ScopeID: w.scopeKey.ID(), PromptBlocks: []kvsp.BlockKey{{1}, {2}, {3}},
+						PromptTail: make([]uint32, 5), Generated: make([]uint32, off), OutputOffset: off,
+						Sampler: kvsp.Sampler{Method: "greedy", Params: map[string]any{}, Step: off, Deterministic: true}}
+					call := time.Now()
+					ack, err := w.ctl.PutCheckpoint(context.Background(), cp)
+					var out cpOutput
+					var p *kvsp.Problem
+					switch {
+					case err == nil:
+						out = cpOutput{kind: "ack", offset: ack.OutputOffset}
+					case errors.Is(err, kvsp.ErrStaleEpoch) && errors.As(err, &p):
+						out = cpOutput{kind: "stale", epoch: problemEpoch(p)}
+						seen = max(seen, out.epoch)
+					case errors.Is(err, kvsp.ErrForbidden):
+						out = cpOutput{kind: "forbidden"}
+					default:
+						t.Errorf("checkpoint epoch %d: %v (want an acknowledgement, 409 kvsp-stale-epoch or 403)", e, err)
+						return
+					}
+					record(client, cpInput{op: "checkpoint", epoch: e, offset: off}, call, out)
+				case r < 75:
+					// The session's instance restarts (a higher epoch):
+					// the next place migrates the session.
+					s, _ := w.pc.Session(id)
+					v, _ := instEpoch.Load(s.Instance)
+					st := &kvsp.InstanceStatus{Instance: s.Instance, Epoch: v.(*atomic.Uint64).Add(1), State: kvsp.StateActive, BatchSize: 8,
+						PrefillTokensPerS: 42000, DecodeTokensPerS: 3100, Links: []kvsp.Link{}, TTLMs: 60000, CompatID: compat}
+					if _, err := w.ctl.PutStatus(context.Background(), st); err != nil && !errors.Is(err, kvsp.ErrStaleEpoch) {
+						t.Errorf("status: %v", err)
+						return
+					}
+					q := &kvsp.PlaceRequest{ScopeID: w.scopeKey.ID(), CompatID: compat, Tokens: tokens, MaxTokens: 16, Session: &id}
+					call := time.Now()
+					out, err := front.Place(context.Background(), q)
+					if err != nil {
+						t.Errorf("place for the session: %v", err)
+						return
+					}
+					seen = max(seen, out.Epoch)
+					record(client, cpInput{op: "continue"}, call, cpOutput{kind: "epoch", epoch: out.Epoch})
+				default:
+					call := time.Now()
+					s, _ := w.pc.Session(id)
+					out := cpOutput{kind: "state", epoch: s.Epoch}
+					if s.Checkpoint != nil {
+						out.offset = s.Checkpoint.OutputOffset
+					}
+					record(client, cpInput{op: "read"}, call, out)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	res, info := porcupine.CheckOperationsVerbose(cpModel, history, 60*time.Second)
+	if res != porcupine.Ok {
+		if f, err := os.CreateTemp("", "kvsp-f14-*.html"); err == nil {
+			porcupine.Visualize(cpModel, info, f)
+			f.Close()
+			t.Logf("history visualised in %s", f.Name())
+		}
+		t.Fatalf("the checkpoint register's history of %d operations is not linearizable (%v)", len(history), res)
+	}
+	if stats["checkpoint/ack"] == 0 || stats["checkpoint/stale"] == 0 || stats["checkpoint/forbidden"] == 0 || stats["continue/epoch"] == 0 {
+		t.Fatalf("the history lacks a kind of outcome, so it proves little: %v", stats)
+	}
+	s, _ := w.pc.Session(id)
+	t.Logf("%d operations linearizable: %v; final epoch %d", len(history), stats, s.Epoch)
+}
+
+// problemEpoch reads the epoch extension member of a stale-epoch problem.
+func problemEpoch(p *kvsp.Problem) uint64 {
+	switch v := p.Extensions["epoch"].(type) {
+	case float64:
+		return uint64(v)
+	case uint64:
+		return v
+	case int64:
+		return uint64(v)
+	case json.Number:
+		n, _ := strconv.ParseUint(string(v), 10, 64)
+		return n
+	}
+	return 0
 }
