@@ -46,10 +46,11 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-func startServe(t *testing.T, cfg, addr string) *proc {
+func startServe(t *testing.T, cfg, addr string, env ...string) *proc {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), "KVSP_TEST_ARGS=serve\x1f--config\x1f"+cfg)
+	cmd.Env = append(cmd.Env, env...)
 	logs := &syncBuffer{}
 	cmd.Stderr = logs
 	if err := cmd.Start(); err != nil {
@@ -72,6 +73,17 @@ func startServe(t *testing.T, cfg, addr string) *proc {
 	}
 	t.Fatalf("kvsp serve did not listen on %s:\n%s", addr, logs.String())
 	return nil
+}
+
+// exited reports a process that ended on its own (a zombie not yet
+// waited for: kill reaps it).
+func (p *proc) exited() bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid))
+	if err != nil {
+		return true
+	}
+	_, rest, _ := strings.Cut(string(b), ") ")
+	return strings.HasPrefix(rest, "Z")
 }
 
 // kill sends SIGKILL: nothing is flushed, nothing is withdrawn.

@@ -44,7 +44,7 @@ func TestSessionSurvivesSIGKILL(t *testing.T) {
 		got = append(got, tok)
 		if i == 400 && !killed {
 			killed = true
-			c.p1.kill() // SIGKILL the serving instance
+			c.serve(t).kill() // SIGKILL the serving instance
 		}
 		return nil
 	})
@@ -86,13 +86,13 @@ func TestPCRestartMidSession(t *testing.T) {
 	}
 }
 
-// TestPartitionedInstanceCannotExtendItsSession (issue 8): the instance
+// TestF9_EpochFencingPartitionedInstance (RELIABILITY F9; issue 8): the instance
 // serving a top-p session is SIGSTOPped; once its status expires the PC
 // moves the session to the other instance at a higher epoch; when the
 // first one is SIGCONTed its checkpoints carry the old epoch and are
 // refused, so it releases no further token (R-SES-6, R-SES-15); the front
 // end gets one consistent output, equal to an uninterrupted run.
-func TestPartitionedInstanceCannotExtendItsSession(t *testing.T) {
+func TestF9_EpochFencingPartitionedInstance(t *testing.T) {
 	c := startSessionCluster(t, &kvsp.PlaceSampler{Method: "top-p", Params: map[string]any{"p": 0.9}, Seed: 4})
 	var got []uint32
 	stopped := make(chan struct{})
@@ -128,7 +128,7 @@ func TestPartitionedInstanceCannotExtendItsSession(t *testing.T) {
 		got = append(got, tok)
 		if i == 200 && !paused {
 			paused = true
-			c.p1.cmd.Process.Signal(syscall.SIGSTOP)
+			c.serve(t).cmd.Process.Signal(syscall.SIGSTOP)
 			close(stopped)
 		}
 		return nil
@@ -170,14 +170,35 @@ func (c *sessionCluster) ctl() *client.Controller { return c.front.Controller(c.
 
 // restartPC kills the PC's process with SIGKILL and starts it again on
 // the same state file.
-func (c *sessionCluster) restartPC(t *testing.T) {
+func (c *sessionCluster) restartPC(t *testing.T, env ...string) {
 	c.pcProc.kill()
-	c.pcProc = startServe(t, c.pcCfg, c.pcAddr)
+	c.pcProc = startServe(t, c.pcCfg, c.pcAddr, env...)
 }
 
 // restartInstance starts instance i again after a kill (a new epoch).
 func (c *sessionCluster) restartInstance(t *testing.T, i int) {
 	c.inst[i] = startServe(t, c.instCfg[i], c.instAddr[i])
+}
+
+// serve makes the instance that serves the session now (the PC says
+// which) c.p1, and the other c.b2: placement spreads requests, so the
+// session need not be on the first instance.
+func (c *sessionCluster) serve(t *testing.T) *proc {
+	t.Helper()
+	q := *c.q
+	out, err := c.front.Controller(c.pc).Place(context.Background(), &q)
+	if err != nil {
+		t.Errorf("where the session runs: %v", err)
+		return c.p1
+	}
+	for i, x := range c.instAddr {
+		if "https://"+x+"/ii/" == out.Instance {
+			c.p1 = c.inst[i]
+		} else {
+			c.b2 = "https://" + x + "/ii/"
+		}
+	}
+	return c.p1
 }
 
 func (c *sessionCluster) uninterrupted() []uint32 { return c.uninterruptedOf(c.q) }
@@ -212,6 +233,7 @@ type clusterOptions struct {
 	// transport: "" HTTP/2; "quicbulk": every process serves the bulk
 	// path and moves blocks over it.
 	transport string
+	pcEnv     []string // "bolt": the PC process's extra environment (failpoints)
 }
 
 func startSessionClusterWith(t *testing.T, o clusterOptions) *sessionCluster {
@@ -297,7 +319,7 @@ holders:
 		startServe(t, writeFile(t, dir, "a.yaml", "listen: "+a+"\n"+common+roles), a)
 		c.pcAddr = pcAddrs[0]
 		c.pcCfg = writeFile(t, dir, "pc.yaml", "listen: "+c.pcAddr+"\n"+common+pcRole(c.pcAddr, "state: bolt, state_path: pc.db"))
-		c.pcProc = startServe(t, c.pcCfg, c.pcAddr)
+		c.pcProc = startServe(t, c.pcCfg, c.pcAddr, o.pcEnv...)
 	case "etcd":
 		startServe(t, writeFile(t, dir, "a.yaml", "listen: "+a+"\n"+common+roles), a)
 		self, _ := tls.LoadX509KeyPair(filepath.Join(dir, "self.pem"), filepath.Join(dir, "self.key"))

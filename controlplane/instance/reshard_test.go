@@ -305,11 +305,15 @@ func TestReshardRetainsInPlace(t *testing.T) {
 	}
 }
 
-// TestReshardMemberNeverAcknowledges: a member that never acknowledges its
-// plan makes the PC abort after deadline_ms (R-RSH-11): every member is
-// sent the abort, the ones that fetched discard it (R-RSH-12), and version
-// v stays authoritative at the PC and at every instance (R-RSH-8).
-func TestReshardMemberNeverAcknowledges(t *testing.T) {
+// TestF12_ReshardDeadlineAbort (RELIABILITY F12; issue 8): a member that
+// never acknowledges its plan makes the PC abort after deadline_ms
+// (R-RSH-11): every member is sent the abort, the ones that fetched discard
+// it (R-RSH-12), version v stays authoritative at the PC and at every
+// instance (R-RSH-8), and a late commit of the aborted version is 409
+// kvsp-plan-conflict (R-RSH-13). That retained ranges cost zero octets is
+// TestReshardRetainsInPlace's; a member that lost its commit catching up,
+// TestReshardLostCommitIsResent's.
+func TestF12_ReshardDeadlineAbort(t *testing.T) {
 	w := newGroup(t)
 	ctx := context.Background()
 	tokens := prompt(8)[:128]
@@ -352,6 +356,16 @@ func TestReshardMemberNeverAcknowledges(t *testing.T) {
 		if !w.engs[w.url("/ii1/")].KV().Has(keys[i]) {
 			t.Fatalf("ii1 lost block %d of version 1", i)
 		}
+	}
+	// A commit of the aborted version arriving late (a message of the
+	// aborted round) changes nothing.
+	for _, m := range []string{"/ii1/", "/ii3/"} {
+		if _, err := w.asPC.Instance(w.url(m)).Reshard(ctx, &kvsp.Reshard{Kind: kvsp.ReshardCommit, Map: "c3f8e1", Commit: 2}); !errors.Is(err, kvsp.ErrPlanConflict) {
+			t.Fatalf("a late commit of the aborted version at %s: %v, want 409 kvsp-plan-conflict", m, err)
+		}
+	}
+	if v, r := w.ranges("/ii1/"); v != 1 || !reflect.DeepEqual(r, []kvsp.TokenRange{{0, 64}}) {
+		t.Fatalf("ii1 after the late commit: v%d %v", v, r)
 	}
 	// Abort again: idempotent; a plan for the aborted version can be sent
 	// again, and now succeeds without the stuck member.

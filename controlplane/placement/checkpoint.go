@@ -5,6 +5,7 @@ import (
 	"net/http"
 
 	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/internal/failpoint"
 	"github.com/kvsp/kvsp/server"
 )
 
@@ -45,6 +46,7 @@ func (c *Controller) PutCheckpoint(cp *kvsp.Checkpoint, speaksFor func(string) b
 			s.Checkpoint = prev
 			return 0, err
 		}
+		failpoint.Eval("pc/checkpoint-persisted") // F15: a crash before the acknowledgement
 		c.m.checkpoints.WithLabelValues("recorded").Inc()
 	} else {
 		c.m.checkpoints.WithLabelValues("ignored").Inc() // same epoch, not newer: idempotent

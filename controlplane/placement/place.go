@@ -545,6 +545,9 @@ func (c *Controller) placeOn(ctx context.Context, q *kvsp.PlaceRequest, mig *mig
 		s.Instance, s.InstanceEpoch = uri, chosen.snap.Status.Epoch
 		out.Session, out.Epoch = s.ID, s.Epoch
 		err := c.persist(s)
+		if err == nil {
+			failpoint.Eval("pc/epoch-persisted") // F15: a crash before anyone hears of the epoch
+		}
 		c.mu.Unlock()
 		if err != nil {
 			return nil, err
