@@ -429,7 +429,7 @@ func newInstance(x *config.Instance, c *client.Client, keys []kvsp.ScopeKey, log
 		links = append(links, kvsp.Link{Holder: l.Holder, MbitPerS: l.MbitPerS, RTTUs: l.RTTUs})
 	}
 	icfg := instance.Config{Base: x.Base, Engine: eng, Client: c, Controller: x.Controller, Controllers: x.Controllers, Index: x.Index, Holder: x.Holder,
-		Links: links, Scopes: keys, Logger: log, Registerer: reg}
+		Links: links, Scopes: keys, EpochFile: x.EpochFile, Logger: log, Registerer: reg}
 	if x.RDMA != nil {
 		v, err := rdma.OpenVerbs(x.RDMA.Device)
 		if err != nil {

@@ -58,6 +58,11 @@ type Config struct {
 	// MaxPending bounds the directives pending at once (R-PF-13, 429);
 	// default 16.
 	MaxPending int
+	// EpochFile, when set, keeps the instance's epoch above the previous
+	// start's even if the clock went back (R-ST-5's persisted counter).
+	EpochFile string
+	// Now is the wall clock that gives the epoch; default time.Now.
+	Now        func() time.Time
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
 }
@@ -114,10 +119,15 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	epoch, err := startEpoch(cfg.EpochFile, cfg.Now())
+	if err != nil {
+		return nil, err
+	}
 	a := &Agent{cfg: cfg, compat: compat, g: cfg.Engine.Geometry(), keys: map[kvsp.ScopeID]kvsp.ScopeKey{},
-		// R-ST-5: the start time in ms increases across restarts as long
-		// as the clock does not go back.
-		epoch: uint64(time.Now().UnixMilli()), log: cfg.Logger, m: newMetrics(cfg.Registerer),
+		epoch: epoch, log: cfg.Logger, m: newMetrics(cfg.Registerer),
 		work: make(chan struct{}, cfg.Workers), offloads: make(chan struct{}, maxOffloads), state: kvsp.StateActive, directives: map[kvsp.UUID]*directive{}, resumes: map[kvsp.UUID]*resumed{}, shards: map[string]*shard{}}
 	a.stopCtx, a.stop = context.WithCancel(context.Background())
 	a.ctl = cfg.Client.Controller(cfg.Controller, cfg.Controllers...)

@@ -57,6 +57,8 @@ type rig struct {
 	hi       *client.Holder
 	url      func(string) string
 	reg      *prometheus.Registry // ii1's metrics
+	// as makes a client with an identity of the rig's PKI.
+	as func(id string) *client.Client
 }
 
 // rigOptions vary the rig: extra mounts handlers at /bad/; d is the
@@ -106,6 +108,7 @@ func newRig(t testing.TB, o rigOptions) *rig {
 		t.Cleanup(c.Close)
 		return c
 	}
+	w.as = mk
 	hc := mk(kvsptest.Holder1)
 	var err error
 	w.compat, _ = d.CompatID()

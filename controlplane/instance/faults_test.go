@@ -3,11 +3,18 @@ package instance_test
 import (
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/controlplane/instance"
 	"github.com/kvsp/kvsp/engine/sim"
 	"github.com/kvsp/kvsp/internal/faultproxy"
 )
@@ -98,4 +105,78 @@ func TestF13_PrefetchUnderBadNetworks(t *testing.T) {
 			t.Logf("%s: %s, %d of %d loaded in %v", tc.name, st.State, len(st.Loaded), len(keys), took.Round(time.Millisecond))
 		})
 	}
+}
+
+// TestF11_EpochMonotonicAcrossRestarts (RELIABILITY F11; R-ST-4, R-ST-5,
+// R-ST-6, A-12): an instance restarted with its clock stepped back an hour
+// still starts at a higher epoch, from the counter it persisted
+// (Config.EpochFile); the PC accepts it as a restart and refuses the old
+// incarnation's late status with 409 kvsp-stale-epoch carrying the new
+// epoch, keeping the new record. Without the file the stepped-back start
+// gets a lower epoch, which the PC refuses: what the counter is for. A
+// damaged file stops the start with a clear error rather than guess.
+func TestF11_EpochMonotonicAcrossRestarts(t *testing.T) {
+	w := newRig(t, rigOptions{})
+	file := filepath.Join(t.TempDir(), "ii2.epoch")
+	now := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	start := func(clock time.Time, epochFile string) (*instance.Agent, error) {
+		eng, _ := sim.New(sim.Config{Descriptor: desc, PrefillTokensPerS: 42000, DecodeTokensPerS: 5000})
+		return instance.New(instance.Config{Base: w.url("/ii2/"), Engine: eng, Client: w.as(agentID), Controller: w.url("/pc/"),
+			Scopes: []kvsp.ScopeKey{w.scopeKey}, EpochFile: epochFile, Now: func() time.Time { return clock }})
+	}
+	ctl := w.as(agentID).Controller(w.url("/pc/"))
+	first, err := start(now, file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := first.Status()
+	if old.Epoch != uint64(now.UnixMilli()) {
+		t.Fatalf("first epoch %d, want the start time in ms %d", old.Epoch, now.UnixMilli())
+	}
+	if _, err := ctl.PutStatus(context.Background(), old); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(file); err != nil || fi.Mode().Perm()&0o077 != 0 {
+		t.Fatalf("epoch file: %v %v", fi, err)
+	}
+	// The restart, an hour back in time.
+	second, err := start(now.Add(-time.Hour), file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur := second.Status()
+	if cur.Epoch <= old.Epoch {
+		t.Fatalf("epoch after a restart with the clock stepped back: %d, not above %d", cur.Epoch, old.Epoch)
+	}
+	if _, err := ctl.PutStatus(context.Background(), cur); err != nil {
+		t.Fatalf("the restarted instance's status: %v", err)
+	}
+	_, err = ctl.PutStatus(context.Background(), old)
+	var p *kvsp.Problem
+	if !errors.Is(err, kvsp.ErrStaleEpoch) || !errors.As(err, &p) || numberText(p.Extensions["epoch"]) != fmt.Sprint(cur.Epoch) {
+		t.Fatalf("the old incarnation's status: %v, want 409 kvsp-stale-epoch with epoch %d", err, cur.Epoch)
+	}
+	if s, _ := w.ctl.Registry().Get(w.url("/ii2/")); s.Status.Epoch != cur.Epoch {
+		t.Fatalf("the PC's record after the stale status: epoch %d, want %d", s.Status.Epoch, cur.Epoch)
+	}
+	// Without the counter, the same restart goes below: refused.
+	third, err := start(now.Add(-time.Hour), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ctl.PutStatus(context.Background(), third.Status()); !errors.Is(err, kvsp.ErrStaleEpoch) {
+		t.Fatalf("a stepped-back epoch without the counter: %v, want 409 kvsp-stale-epoch", err)
+	}
+	os.WriteFile(file, []byte("17x\n"), 0o600)
+	if _, err := start(now, file); err == nil || !strings.Contains(err.Error(), "not a decimal epoch") {
+		t.Fatalf("a damaged epoch file: %v", err)
+	}
+}
+
+// numberText is a JSON number of a problem's extension member in decimal.
+func numberText(v any) string {
+	if f, ok := v.(float64); ok {
+		return strconv.FormatFloat(f, 'f', -1, 64)
+	}
+	return fmt.Sprint(v)
 }

@@ -196,6 +196,9 @@ type Instance struct {
 	// that serve it (GET from the others), on this device (a binary built
 	// with -tags rdma).
 	RDMA *RDMA `yaml:"rdma"`
+	// EpochFile keeps the instance's epoch increasing across restarts even
+	// if the clock goes back (R-ST-5); relative to the configuration file.
+	EpochFile string `yaml:"epoch_file"`
 }
 
 // Link is an instance's link to a holder.
@@ -332,6 +335,7 @@ func (c *Config) resolve() {
 	for i := range c.Instances {
 		c.Instances[i].Engine.Descriptor = c.Path(c.Instances[i].Engine.Descriptor)
 		c.Instances[i].Engine.AttachSocket = c.Path(c.Instances[i].Engine.AttachSocket)
+		c.Instances[i].EpochFile = c.Path(c.Instances[i].EpochFile)
 	}
 	if c.Controller != nil {
 		if c.Controller.StatePath != "" {
