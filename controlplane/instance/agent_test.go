@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
+	"log/slog"
 	"net/http"
 	"os"
 	"strconv"
@@ -57,6 +58,7 @@ type rig struct {
 	hi       *client.Holder
 	url      func(string) string
 	reg      *prometheus.Registry // ii1's metrics
+	isURL string
 	// as makes a client with an identity of the rig's PKI.
 	as func(id string) *client.Client
 }
@@ -72,6 +74,12 @@ type rigOptions struct {
 	// rdma: h1 serves rdma/reads on an in-process fabric and the agent
 	// reads through rdmaReader.
 	rdma *countingReader
+	// wrapIS, when set, puts the IS on a server of its own whose handler
+	// it wraps (S7 records what the IS receives); ctlLog and ctlReg are the
+	// IS's and the PC's logger and metrics registry.
+	wrapIS func(http.Handler) http.Handler
+	ctlLog *slog.Logger
+	ctlReg prometheus.Registerer
 }
 
 func newRig(t testing.TB, o rigOptions) *rig {
@@ -84,14 +92,25 @@ func newRig(t testing.TB, o rigOptions) *rig {
 	p := kvsptest.NewPKI(t)
 	w.mem = index.NewMemory(time.Second)
 	t.Cleanup(func() { w.mem.Close() })
-	svc, _ := index.New(index.Config{MaxTTL: time.Hour, MaxLookupKeys: 4096}, w.mem)
-	w.srv = kvsptest.StartServer(t, p, kvsptest.Options{}, func(s *server.Server) {
-		svc.Mount(s.Mount("/is/"))
+	svc, _ := index.New(index.Config{MaxTTL: time.Hour, MaxLookupKeys: 4096, Logger: o.ctlLog, Registerer: o.ctlReg}, w.mem)
+	var isSrv *kvsptest.Server
+	if o.wrapIS != nil {
+		isSrv = kvsptest.StartServer(t, p, kvsptest.Options{Wrap: o.wrapIS, Logger: o.ctlLog}, func(s *server.Server) { svc.Mount(s.Mount("/is/")) })
+	}
+	w.srv = kvsptest.StartServer(t, p, kvsptest.Options{Logger: o.ctlLog}, func(s *server.Server) {
+		if isSrv == nil {
+			svc.Mount(s.Mount("/is/"))
+		}
 		if extra != nil {
 			extra(s.Mount("/bad/"))
 		}
 	})
 	w.url = w.srv.URL
+	isURL := w.url("/is/")
+	if isSrv != nil {
+		isURL = isSrv.URL("/is/")
+	}
+	w.isURL = isURL
 	// Identities whose speaks_for carry the server's port.
 	pol := `principals:
   - {id: "` + kvsptest.PC + `", roles: [controller], scopes: [` + kvsptest.Scope + `]}
@@ -102,6 +121,11 @@ func newRig(t testing.TB, o rigOptions) *rig {
 	os.WriteFile(p.Path("policy.yaml"), []byte(pol), 0o644)
 	if err := w.srv.Policy.Reload(); err != nil {
 		t.Fatal(err)
+	}
+	if isSrv != nil {
+		if err := isSrv.Policy.Reload(); err != nil {
+			t.Fatal(err)
+		}
 	}
 	mk := func(id string) *client.Client {
 		c, _ := client.New(client.Config{TLS: p.ClientTLS(p.Leaf(id)), Attempts: 1})
@@ -128,7 +152,7 @@ func newRig(t testing.TB, o rigOptions) *rig {
 	}
 	for _, base := range []string{"/h1/", "/hi/"} {
 		hcfg := holder.Config{Base: w.url(base), Geometries: map[kvsp.CompatID]container.Geometry{w.compat: w.g}, Capacity: 512 << 20,
-			ReadMbitPerS: 100000, Index: hc.Index(w.url("/is/")), RecordTTL: time.Minute,
+			ReadMbitPerS: 100000, Index: hc.Index(isURL), RecordTTL: time.Minute,
 			LeaseQuota: holder.LeaseQuota{Octets: 512 << 20, MaxTTL: time.Minute, MaxLeases: 256}}
 		if base == "/h1/" && target != nil {
 			hcfg.RDMA = target
@@ -146,13 +170,13 @@ func newRig(t testing.TB, o rigOptions) *rig {
 	}
 	w.scopeKey, _ = kvsp.NewScopeKey(key)
 	w.ctl, _ = placement.New(placement.Config{Scopes: []kvsp.ScopeKey{w.scopeKey}, BlockTokens: map[kvsp.CompatID]int{w.compat: 16},
-		Index: mk(kvsptest.PC).Index(w.url("/is/")), Instances: placement.ClientInstances{C: mk(kvsptest.PC)}})
+		Index: mk(kvsptest.PC).Index(isURL), Instances: placement.ClientInstances{C: mk(kvsptest.PC)}, Logger: o.ctlLog, Registerer: o.ctlReg})
 	w.ctl.Mount(w.srv.Server.Mount("/pc/"))
 	own := w.url("/hi/")
 	if o.noStore {
 		own = ""
 	}
-	icfg := instance.Config{Base: w.url("/ii1/"), Engine: w.eng, Client: mk(agentID), Index: w.url("/is/"), Holder: own,
+	icfg := instance.Config{Base: w.url("/ii1/"), Engine: w.eng, Client: mk(agentID), Index: isURL, Holder: own,
 		Controller: w.url("/pc/"), StatusTTL: 300 * time.Millisecond, Scopes: []kvsp.ScopeKey{w.scopeKey}, Workers: 4, MaxPending: 4,
 		Links: []kvsp.Link{{Holder: w.url("/h1/"), MbitPerS: 100000, RTTUs: 20}}, Registerer: w.reg}
 	if o.rdma != nil {
@@ -165,7 +189,7 @@ func newRig(t testing.TB, o rigOptions) *rig {
 	w.agent.Mount(w.srv.Server.Mount("/ii1/"))
 	if o.second {
 		eng2, _ := sim.New(sim.Config{Descriptor: d, PrefillTokensPerS: 42000, DecodeTokensPerS: 5000, BatchSize: 4, KVBlocks: 256})
-		w.agent2, err = instance.New(instance.Config{Base: w.url("/ii2/"), Engine: eng2, Client: mk(agentID), Index: w.url("/is/"),
+		w.agent2, err = instance.New(instance.Config{Base: w.url("/ii2/"), Engine: eng2, Client: mk(agentID), Index: isURL,
 			Controller: w.url("/pc/"), StatusTTL: 300 * time.Millisecond, Scopes: []kvsp.ScopeKey{w.scopeKey},
 			Links: []kvsp.Link{{Holder: w.url("/h1/"), MbitPerS: 100000, RTTUs: 20}, {Holder: w.url("/hi/"), MbitPerS: 100000, RTTUs: 20}}})
 		if err != nil {
@@ -396,7 +420,7 @@ func (w *rig) waitPublished(t testing.TB, keys []kvsp.BlockKey, holderBase strin
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for time.Now().Before(deadline) {
-		resp, err := w.front.Index(w.url("/is/")).Lookup(context.Background(), &kvsp.LookupRequest{ScopeID: w.scopeKey.ID(), CompatID: w.compat, BlockKeys: keys})
+		resp, err := w.front.Index(w.isURL).Lookup(context.Background(), &kvsp.LookupRequest{ScopeID: w.scopeKey.ID(), CompatID: w.compat, BlockKeys: keys})
 		if err == nil && resp.Matched == len(keys) {
 			ok := true
 			for _, reps := range resp.Replicas {

@@ -6,6 +6,7 @@ package kvsptest
 import (
 	"context"
 	"crypto/tls"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -120,6 +121,11 @@ type Options struct {
 	QUICConfig        *quic.Config
 	ReadHeaderTimeout time.Duration
 	Registerer        prometheus.Registerer
+	// Wrap, when set, wraps the server's handler (a recording layer, S7),
+	// served over TCP with the server's TLS configuration.
+	Wrap func(http.Handler) http.Handler
+	// Logger receives the server's request logs.
+	Logger *slog.Logger
 }
 
 // StartServer starts a server with a fresh server certificate (URI SAN
@@ -142,7 +148,7 @@ func StartServer(t testing.TB, p *PKI, o Options, mount func(*server.Server)) *S
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := server.New(server.Config{Credentials: creds, Policy: pol, HTTP3: o.HTTP3, QUIC: o.QUIC, QUICConfig: o.QUICConfig, ReadHeaderTimeout: o.ReadHeaderTimeout, Registerer: o.Registerer})
+	srv, err := server.New(server.Config{Credentials: creds, Policy: pol, HTTP3: o.HTTP3, QUIC: o.QUIC, QUICConfig: o.QUICConfig, ReadHeaderTimeout: o.ReadHeaderTimeout, Registerer: o.Registerer, Logger: o.Logger})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,11 +160,24 @@ func StartServer(t testing.TB, p *PKI, o Options, mount func(*server.Server)) *S
 		t.Fatal(err)
 	}
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	shutdown := srv.Shutdown
+	if o.Wrap != nil {
+		hs := &http.Server{Handler: o.Wrap(srv.Handler()), TLSConfig: srv.TLSConfig()}
+		go func() {
+			if err := hs.ServeTLS(ln, "", ""); err != http.ErrServerClosed {
+				errc <- err
+				return
+			}
+			errc <- nil
+		}()
+		shutdown = hs.Shutdown
+	} else {
+		go func() { errc <- srv.Serve(ln) }()
+	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		if err := srv.Shutdown(ctx); err != nil {
+		if err := shutdown(ctx); err != nil {
 			t.Errorf("shutdown: %v", err)
 		}
 		if err := <-errc; err != nil {
