@@ -295,10 +295,12 @@ func TestTruncationNeverPartial(t *testing.T) {
 	}
 }
 
-// TestReaderDigestChecks: a corrupted layer stops the stream at that layer,
-// after the good ones (R-BLK-9, R-ERR-12); a wrong container digest fails
-// at the end (R-BLK-8).
-func TestReaderDigestChecks(t *testing.T) {
+// TestB2_ReaderDigestChecks (RELIABILITY B2, container half; formerly
+// TestReaderDigestChecks): a corrupted layer stops the stream at that
+// layer, after the good ones (R-BLK-9, R-ERR-12); a wrong container digest
+// fails at the end (R-BLK-8). The holder half, PUT and GET of corrupted
+// blocks, is holder.TestB2_CorruptedBlock.
+func TestB2_ReaderDigestChecks(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 8))
 	layers := randomLayers(rng, small, 3)
 	data, d := encode(t, small, CodecRaw, 0, layers)

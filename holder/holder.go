@@ -20,6 +20,7 @@ import (
 	"github.com/kvsp/kvsp/client"
 	"github.com/kvsp/kvsp/container"
 	"github.com/kvsp/kvsp/holder/tier"
+	"github.com/kvsp/kvsp/internal/failpoint"
 	"github.com/kvsp/kvsp/server"
 )
 
@@ -326,7 +327,11 @@ func (h *Holder) getBlock(w http.ResponseWriter, r *http.Request) error {
 	}
 	wh.Set("Repr-Digest", container.ReprDigest(d))
 	wh.Set("Content-Length", strconv.FormatInt(body.Len(), 10))
-	n, err := body.WriteTo(w)
+	var out io.Writer = w
+	if failpoint.Armed("holder/corrupt-on-read") { // RELIABILITY F1: bitrot after the stored digest was computed
+		out = &bitrot{w: w, at: body.Len() / 2}
+	}
+	n, err := body.WriteTo(out)
 	h.m.gets.Inc()
 	h.m.bytesServed.WithLabelValues(string(p.tier()), r.Proto).Add(float64(n))
 	return err

@@ -14,7 +14,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -586,56 +585,6 @@ func TestPutChunked(t *testing.T) {
 		if resp.StatusCode != want || req.ContentLength != 0 {
 			t.Errorf("chunked PUT of %d octets: %d, want %d", len(body), resp.StatusCode, want)
 		}
-	}
-}
-
-// TestLeaseUnderEvictionLoad: while several clients keep PUTting blocks
-// into a holder with room for three, a leased block is served on every
-// GET until its lease is released, and never evicted (R-LS-4, R-IS-8;
-// run with -race by make test).
-func TestLeaseUnderEvictionLoad(t *testing.T) {
-	f := start(t, 3*blockSize())
-	ctx := context.Background()
-	a := f.hold[kvsptest.ClientA]
-	data, blk := makeBlock(100, 0, 4)
-	if err := a.PutBlock(ctx, ref(100), bytes.NewReader(data), int64(len(data)), blk.ContainerDigest()); err != nil {
-		t.Fatal(err)
-	}
-	ls, err := a.Lease(ctx, &kvsp.LeaseRequest{ScopeID: scope, CompatID: compat, BlockKeys: []kvsp.BlockKey{ref(100).Key}, TTLMs: 10000})
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for w := 0; w < 3; w++ {
-		wg.Add(1)
-		go func(w int) {
-			defer wg.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				k := byte(w*60 + i%60)
-				d, b := makeBlock(uint64(k)+1000, 0, 4)
-				err := f.hold["spiffe://kvsp.test/client/b"].PutBlock(ctx, ref(k), bytes.NewReader(d), int64(len(d)), b.ContainerDigest())
-				if err != nil && !errors.Is(err, client.ErrExists) {
-					t.Errorf("filler PUT: %v", err)
-					return
-				}
-			}
-		}(w)
-	}
-	for i := 0; i < 40; i++ {
-		if st, _, body := f.raw(t, kvsptest.ClientA, "GET", path(ref(100)), nil, nil); st != 200 || !bytes.Equal(body, data) {
-			t.Fatalf("leased block under load, GET %d: %d", i, st)
-		}
-	}
-	close(stop)
-	wg.Wait()
-	if err := a.ReleaseLease(ctx, ls.Lease); err != nil {
-		t.Fatal(err)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/container"
 	"github.com/kvsp/kvsp/holder/tier"
+	"github.com/kvsp/kvsp/internal/failpoint"
 )
 
 // blockID names a block resource: blocks/{compat}/{scope}/{block_key}.
@@ -221,6 +222,7 @@ func (id blockID) name() tier.Name { return tier.Name{Compat: id.compat, Scope: 
 
 // get returns a stored block and marks it used.
 func (s *store) get(id blockID) *entry {
+	failpoint.Eval("holder/store-probe") // RELIABILITY S9: counts storage probes (armed with sleep(0s))
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e := s.m[id]
@@ -238,6 +240,7 @@ func (s *store) peek(id blockID) *entry {
 }
 
 func (s *store) has(id blockID) bool {
+	failpoint.Eval("holder/store-probe") // RELIABILITY S9: counts storage probes (armed with sleep(0s))
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.m[id] != nil

@@ -29,6 +29,7 @@ import (
 
 	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/container"
+	"github.com/kvsp/kvsp/internal/failpoint"
 )
 
 // Name is a block's identity in a tier.
@@ -375,6 +376,7 @@ func writeAtomic(path string, data []byte) error {
 		f.Close()
 		return err
 	}
+	failpoint.Eval("tier/disk-before-fsync") // RELIABILITY F5: a crash after the write, before fsync
 	if err := f.Sync(); err != nil {
 		f.Close()
 		return err
@@ -382,6 +384,7 @@ func writeAtomic(path string, data []byte) error {
 	if err := f.Close(); err != nil {
 		return err
 	}
+	failpoint.Eval("tier/disk-before-rename") // RELIABILITY F5: a crash after fsync, before rename
 	if err := os.Rename(tmp, path); err != nil {
 		return err
 	}

@@ -2,15 +2,23 @@ package tier
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
+	"fmt"
+	"io/fs"
+	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
+	"syscall"
 	"testing"
 
 	"go.uber.org/goleak"
 
 	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/container"
+	"github.com/kvsp/kvsp/internal/failpoint"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -72,57 +80,244 @@ func TestDiskRoundTripAndRestart(t *testing.T) {
 	}
 }
 
-// TestDiskDetectsTampering: a flipped bit, a file moved to another block's
-// name, and a deleted data key all read as ErrCorrupt, never as data.
-func TestDiskDetectsTampering(t *testing.T) {
-	dir := t.TempDir()
-	d, _ := OpenDisk(DiskConfig{Dir: dir, Capacity: 1 << 20})
-	d.Put(name(1), block(t, 1))
-	d.Put(name(2), block(t, 2))
-	p := d.path(name(1))
-	raw, _ := os.ReadFile(p)
-	for _, off := range []int{len(raw) - 1, len(raw) / 2, len(fileMagic) + 6} {
-		bad := bytes.Clone(raw)
-		bad[off] ^= 0x01
-		os.WriteFile(p, bad, 0o600)
-		if _, err := d.Get(name(1), geom); !errors.Is(err, ErrCorrupt) {
-			t.Fatalf("bit flipped at %d: %v", off, err)
-		}
-	}
-	os.WriteFile(p, raw[:len(raw)-10], 0o600)
-	if _, err := d.Get(name(1), geom); !errors.Is(err, ErrCorrupt) {
-		t.Fatalf("truncated: %v", err)
-	}
-	other, _ := os.ReadFile(d.path(name(2)))
-	os.WriteFile(p, other, 0o600) // block 2's file under block 1's name
-	if _, err := d.Get(name(1), geom); !errors.Is(err, ErrCorrupt) {
-		t.Fatalf("moved file: %v", err)
-	}
-	// Crypto-shredding: without the scope's wrapped data key, nothing reads.
-	os.Remove(filepath.Join(dir, "keys", name(2).Scope.String()))
-	d2, _ := OpenDisk(DiskConfig{Dir: dir, Capacity: 1 << 20})
-	if _, err := d2.Get(name(2), geom); !errors.Is(err, ErrCorrupt) {
-		t.Fatalf("deleted data key: %v", err)
-	}
-}
+// s10Geom has 128-octet sections: two 64-octet plaintext patterns each.
+var s10Geom = container.Geometry{Layers: 4, BlockTokens: 4, KVHeads: 2, HeadDim: 8, Elem: container.FP16}
 
-// TestDiskCrashLeavesNothing: the temporary file of an interrupted write is
-// removed at the next start, and a rewrite never exposes a half file.
-func TestDiskCrashLeavesNothing(t *testing.T) {
-	dir := t.TempDir()
-	d, _ := OpenDisk(DiskConfig{Dir: dir, Capacity: 1 << 20})
-	d.Put(name(1), block(t, 1))
-	half := filepath.Join(filepath.Dir(d.path(name(1))), tmpPrefix+"crash")
-	os.WriteFile(half, []byte("KVSPDSK1 half written"), 0o600)
-	d2, err := OpenDisk(DiskConfig{Dir: dir, Capacity: 1 << 20})
+// randomBlock is a block of s10Geom with random sections.
+func randomBlock(t *testing.T, rng *rand.Rand) *container.Block {
+	h, _ := container.NewHeader(container.CodecRaw, 0, 4, s10Geom)
+	var buf bytes.Buffer
+	w := container.NewWriter(&buf, h)
+	for range 4 {
+		k, v := make([]byte, s10Geom.RawSectionLen()), make([]byte, s10Geom.RawSectionLen())
+		for i := range k {
+			k[i], v[i] = byte(rng.Uint32()), byte(rng.Uint32())
+		}
+		w.WriteLayer(k, v)
+	}
+	w.Close()
+	b, err := container.OpenBlock(buf.Bytes(), s10Geom)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(half); !errors.Is(err, os.ErrNotExist) {
-		t.Fatal("temporary file of a crashed write survived the restart")
+	return b
+}
+
+// TestS10_EncryptionAtRest (RELIABILITY S10; formerly
+// TestDiskDetectsTampering): blocks of two scopes A and B are written
+// (KVSP_S10_BLOCKS of them, default 600; the row's run is 10000), then
+// the storage directory is scanned: no 64-octet plaintext pattern of any
+// K or V section is found in any file, and every nonce (of each sealed
+// layer and each wrapped data key) is unique. A flipped bit, a
+// truncation, two files of a scope swapped, a file moved to the other
+// scope, and two layers swapped within a file all read as ErrCorrupt,
+// never as data. Once scope A's wrapped data key (KEK_A) is deleted, none
+// of A's blocks reads, and every one of B's still does.
+func TestS10_EncryptionAtRest(t *testing.T) {
+	n := 600
+	if v := os.Getenv("KVSP_S10_BLOCKS"); v != "" {
+		var err error
+		if n, err = strconv.Atoi(v); err != nil || n < 4 {
+			t.Fatalf("KVSP_S10_BLOCKS=%q", v)
+		}
 	}
-	if len(d2.List()) != 1 {
-		t.Fatalf("blocks after restart: %v", d2.List())
+	dir := t.TempDir()
+	d, err := OpenDisk(DiskConfig{Dir: dir, Capacity: 1 << 40})
+	if err != nil {
+		t.Fatal(err)
+	}
+	scopeA, scopeB := kvsp.ScopeID{0xa}, kvsp.ScopeID{0xb}
+	nameOf := func(i int) Name {
+		n := Name{Compat: kvsp.CompatID{1}, Scope: scopeA, Key: kvsp.BlockKey{byte(i), byte(i >> 8), byte(i >> 16)}}
+		if i%2 == 1 {
+			n.Scope = scopeB
+		}
+		return n
+	}
+	rng := rand.New(rand.NewPCG(10, 10))
+	blocks := make([]*container.Block, n)
+	patterns := map[[64]byte]int{}
+	for i := range blocks {
+		blocks[i] = randomBlock(t, rng)
+		data := blocks[i].Bytes()[blocks[i].Header().Len():]
+		for off := 0; off+64 <= len(data); off += 64 {
+			patterns[[64]byte(data[off:off+64])] = i
+		}
+		if err := d.Put(nameOf(i), blocks[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The scan: every file of the directory, every 64-octet window.
+	nonces := map[string]string{}
+	files := 0
+	filepath.WalkDir(dir, func(p string, e fs.DirEntry, err error) error {
+		if err != nil || e.IsDir() {
+			return err
+		}
+		raw, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files++
+		for off := 0; off+64 <= len(raw); off++ {
+			if i, ok := patterns[[64]byte(raw[off:off+64])]; ok {
+				t.Fatalf("%s holds 64 octets of block %d in clear, at %d", p, i, off)
+			}
+		}
+		nonce := func(b []byte) {
+			if prev, ok := nonces[string(b)]; ok {
+				t.Fatalf("nonce %x used twice: %s and %s", b, prev, p)
+			}
+			nonces[string(b)] = p
+		}
+		switch filepath.Base(filepath.Dir(p)) {
+		case "keys": // a wrapped data key: nonce, sealed key
+			nonce(raw[:12])
+		case scopeA.String(), scopeB.String(): // a block: magic, header length, header, then per layer nonce and sealed layer
+			hl := int(binary.BigEndian.Uint32(raw[len(fileMagic):]))
+			rest := raw[len(fileMagic)+4+hl:]
+			for range 4 {
+				nonce(rest[:12])
+				rest = rest[12+2*s10Geom.RawSectionLen()+16:]
+			}
+			if len(rest) != 0 {
+				t.Fatalf("%s: %d octets after the last layer", p, len(rest))
+			}
+		}
+		return nil
+	})
+	if want := 4*n + 2; len(nonces) != want || files != n+3 {
+		t.Fatalf("%d nonces in %d files, want %d in %d", len(nonces), files, want, n+3)
+	}
+
+	// Tampering, on scope A's blocks 0, 2, 4 and 6.
+	corrupt := func(what string, i int) {
+		t.Helper()
+		if _, err := d.Get(nameOf(i), s10Geom); !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("%s: block %d read as %v", what, i, err)
+		}
+	}
+	p0, p2 := d.path(nameOf(0)), d.path(nameOf(2))
+	raw0, _ := os.ReadFile(p0)
+	raw2, _ := os.ReadFile(p2)
+	for _, off := range []int{len(raw0) - 1, len(raw0) / 2, len(fileMagic) + 6} {
+		bad := bytes.Clone(raw0)
+		bad[off] ^= 0x01
+		os.WriteFile(p0, bad, 0o600)
+		corrupt(fmt.Sprintf("a bit flipped at %d", off), 0)
+	}
+	os.WriteFile(p0, raw0[:len(raw0)-10], 0o600)
+	corrupt("truncated", 0)
+	os.WriteFile(p0, raw2, 0o600) // two files of scope A swapped
+	os.WriteFile(p2, raw0, 0o600)
+	corrupt("swapped", 0)
+	corrupt("swapped", 2)
+	os.WriteFile(p0, raw0, 0o600)
+	if b, err := d.Get(nameOf(0), s10Geom); err != nil || !bytes.Equal(b.Bytes(), blocks[0].Bytes()) {
+		t.Fatalf("the file put back: %v", err)
+	}
+	raw1, _ := os.ReadFile(d.path(nameOf(1))) // scope B's file under scope A's name
+	os.WriteFile(d.path(nameOf(4)), raw1, 0o600)
+	corrupt("moved across scopes", 4)
+	p6 := d.path(nameOf(6))
+	raw6, _ := os.ReadFile(p6)
+	layer := 12 + 2*int(s10Geom.RawSectionLen()) + 16
+	at := len(fileMagic) + 4 + int(binary.BigEndian.Uint32(raw6[len(fileMagic):]))
+	swapped := bytes.Clone(raw6)
+	copy(swapped[at:], raw6[at+layer:at+2*layer]) // layers 0 and 1 swapped
+	copy(swapped[at+layer:], raw6[at:at+layer])
+	os.WriteFile(p6, swapped, 0o600)
+	corrupt("two layers swapped", 6)
+
+	// Crypto-shredding: without KEK_A, nothing of A reads; B is intact.
+	if err := os.Remove(filepath.Join(dir, "keys", scopeA.String())); err != nil {
+		t.Fatal(err)
+	}
+	d2, err := OpenDisk(DiskConfig{Dir: dir, Capacity: 1 << 40})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range blocks {
+		b, err := d2.Get(nameOf(i), s10Geom)
+		switch {
+		case i%2 == 0 && !errors.Is(err, ErrCorrupt):
+			t.Fatalf("scope A's block %d after its key was deleted: %v", i, err)
+		case i%2 == 1 && (err != nil || !bytes.Equal(b.Bytes(), blocks[i].Bytes())):
+			t.Fatalf("scope B's block %d after A's key was deleted: %v", i, err)
+		}
+	}
+	t.Logf("%d blocks, %d files scanned, %d patterns, %d nonces", n, files, len(patterns), len(nonces))
+}
+
+// TestDiskWriterProcess is not a test: TestF5_DiskKilledMidWrite runs the
+// test binary with it selected, to write block 2 into the tier at
+// $KVSP_DISK_WRITER under a failpoint that kills the process.
+func TestDiskWriterProcess(t *testing.T) {
+	dir := os.Getenv("KVSP_DISK_WRITER")
+	if dir == "" {
+		t.Skip("the writer process of TestF5_DiskKilledMidWrite")
+	}
+	d, err := OpenDisk(DiskConfig{Dir: dir, Capacity: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Put(name(2), block(t, 2))
+	t.Fatal("the write finished: the failpoint did not kill the process")
+}
+
+// TestF5_DiskKilledMidWrite (RELIABILITY F5, tier half; formerly
+// TestDiskCrashLeavesNothing): a process SIGKILLed (failpoint kill)
+// between writing a block's temporary file and its fsync, or between
+// the fsync and the rename, leaves that temporary file and no block; the
+// next start removes the temporary file, lists and serves only the
+// blocks written before, and the block is written again without
+// trouble. The holder half is holder.TestF5_HolderKilledMidPUT.
+func TestF5_DiskKilledMidWrite(t *testing.T) {
+	for _, fp := range []string{"tier/disk-before-fsync", "tier/disk-before-rename"} {
+		dir := t.TempDir()
+		d, err := OpenDisk(DiskConfig{Dir: dir, Capacity: 1 << 20})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Put(name(1), block(t, 1)); err != nil { // written before the crash (and the scope's data key)
+			t.Fatal(err)
+		}
+		cmd := exec.Command(os.Args[0], "-test.run", "^TestDiskWriterProcess$")
+		cmd.Env = append(os.Environ(), "KVSP_DISK_WRITER="+dir, failpoint.Env+"="+fp+"=kill")
+		out, err := cmd.CombinedOutput()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+			t.Fatalf("%s: the writer was not killed at the failpoint: %v\n%s", fp, err, out)
+		}
+		tmps, _ := filepath.Glob(filepath.Join(filepath.Dir(d.path(name(2))), tmpPrefix+"*"))
+		if len(tmps) != 1 {
+			t.Fatalf("%s: %d temporary files after the crash, want the interrupted one", fp, len(tmps))
+		}
+		if _, err := os.Stat(d.path(name(2))); !errors.Is(err, fs.ErrNotExist) {
+			t.Fatalf("%s: the interrupted block is visible: %v", fp, err)
+		}
+		d2, err := OpenDisk(DiskConfig{Dir: dir, Capacity: 1 << 20})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Stat(tmps[0]); !errors.Is(err, fs.ErrNotExist) {
+			t.Fatalf("%s: the temporary file survived the restart", fp)
+		}
+		if l := d2.List(); len(l) != 1 || l[0] != name(1) {
+			t.Fatalf("%s: blocks after the restart: %v", fp, l)
+		}
+		if _, err := d2.Get(name(2), geom); !errors.Is(err, kvsp.ErrNotFound) {
+			t.Fatalf("%s: the interrupted block reads as %v", fp, err)
+		}
+		if b, err := d2.Get(name(1), geom); err != nil || !bytes.Equal(b.Bytes(), block(t, 1).Bytes()) {
+			t.Fatalf("%s: the block written before the crash: %v", fp, err)
+		}
+		if err := d2.Put(name(2), block(t, 2)); err != nil {
+			t.Fatalf("%s: writing the block again: %v", fp, err)
+		}
+		if b, err := d2.Get(name(2), geom); err != nil || !bytes.Equal(b.Bytes(), block(t, 2).Bytes()) {
+			t.Fatalf("%s: the block written again: %v", fp, err)
+		}
 	}
 }
 
