@@ -58,7 +58,7 @@ type rig struct {
 	hi       *client.Holder
 	url      func(string) string
 	reg      *prometheus.Registry // ii1's metrics
-	isURL string
+	isURL    string
 	// as makes a client with an identity of the rig's PKI.
 	as func(id string) *client.Client
 }

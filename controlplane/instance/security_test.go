@@ -60,8 +60,16 @@ type lockedBuffer struct {
 	b  bytes.Buffer
 }
 
-func (l *lockedBuffer) Write(p []byte) (int, error) { l.mu.Lock(); defer l.mu.Unlock(); return l.b.Write(p) }
-func (l *lockedBuffer) Bytes() []byte               { l.mu.Lock(); defer l.mu.Unlock(); return bytes.Clone(l.b.Bytes()) }
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+func (l *lockedBuffer) Bytes() []byte {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return bytes.Clone(l.b.Bytes())
+}
 
 // keyForms are the encodings a scope key could leak in: raw, hex (both
 // cases), base64 and base64url, padded or not.
