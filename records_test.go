@@ -157,11 +157,19 @@ func TestRecordRequiredMembers(t *testing.T) {
 	}
 }
 
-// TestRecordJSONStrictness: unknown members are ignored (R-REC-1), names are
-// case-sensitive (R-REC-2), hex is exact (R-REC-3), durations are integers
-// (R-REC-4), duplicates and invalid UTF-8 are refused (A-29), integers stay
-// within I-JSON (A-33).
-func TestRecordJSONStrictness(t *testing.T) {
+// TestB3_RecordJSONBadInput is row B3 of RELIABILITY.md (the table part;
+// FuzzRecords is its fuzz part). Unknown members are ignored (R-REC-1),
+// names are case-sensitive (R-REC-2), hex is exact (R-REC-3), durations are
+// integers (R-REC-4), duplicates and invalid UTF-8 are refused (A-29),
+// integers stay within I-JSON (A-33). Then, over every record type
+// (replica, lookup, prefetch, checkpoint, reshard plan, lease, status):
+// every malformed input is ErrInvalid, which the wire maps to 400; unknown
+// members leave the decoded value unchanged; a duplicate of a member is
+// refused, and case-variant or look-alike spellings of scope_id and holder
+// are ignored, so they never change the scope or holder that authorization
+// uses; 10^6-element arrays neither panic nor get past validation where
+// they break an invariant.
+func TestB3_RecordJSONBadInput(t *testing.T) {
 	lease := func(s string) error { return kvsp.Decode([]byte(s), new(kvsp.LeaseRequest)) }
 	withTTL := func(v string) string { return strings.Replace(leaseExample, `"ttl_ms":2000`, `"ttl_ms":`+v, 1) }
 	for _, c := range []struct {
@@ -197,6 +205,10 @@ func TestRecordJSONStrictness(t *testing.T) {
 			t.Errorf("%s: err = %v, want ErrInvalid", c.name, err)
 		}
 	}
+	t.Run("B3 every record type", b3EveryRecord)
+	t.Run("B3 replica invariants", b3Replica)
+	t.Run("B3 authorization members", b3AuthorizationMembers)
+	t.Run("B3 10^6-element arrays", b3HugeArrays)
 }
 
 // TestRecordErrorsCarryNoValues: a decoding error names the member, never

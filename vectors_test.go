@@ -11,6 +11,7 @@ import (
 	"github.com/gowebpki/jcs"
 
 	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/container"
 )
 
 // vector is one test vector and where it came from. These values are never
@@ -103,9 +104,16 @@ func mustHex(t testing.TB, s string) []byte {
 	return b
 }
 
-// TestAppendixVectors checks every value of the spec's appendix
-// (R-CMP-13, R-CMP-14, R-KEY-2..5, R-CNT-1..6).
-func TestAppendixVectors(t *testing.T) {
+// TestS6_BlockKeyVectorsAndDomainSeparation is row S6 of RELIABILITY.md.
+// It checks every value of the spec's appendix exactly (R-CMP-13, R-CMP-14,
+// R-KEY-2..5, R-CNT-1..6), the container header octets as the container
+// package encodes them, and then the domain-separation properties of the
+// derivation (R-CMP-5, R-CMP-6, R-KEY-7, R-KEY-11, R-KEY-12): changing one
+// token, one descriptor member, adapters absent vs present, or the scope
+// key changes K[i..] and only K[i..]; an empty adapters array is rejected;
+// JCS is stable under member reordering; and 10^6 distinct inputs give 10^6
+// distinct keys (s6CollisionSamples; KVSP_S6_SAMPLES overrides it).
+func TestS6_BlockKeyVectorsAndDomainSeparation(t *testing.T) {
 	d := appendixDescriptor(t)
 
 	t.Run(vecJCS.name, func(t *testing.T) {
@@ -170,7 +178,21 @@ func TestAppendixVectors(t *testing.T) {
 				t.Errorf("length at %d = %x, want 8192", i, got)
 			}
 		}
+		// The same octets from the encoder (R-CNT-1..6).
+		elem, _ := container.ParseElemType(string(d.KVDType))
+		g := container.Geometry{Layers: uint32(d.Layers), BlockTokens: uint32(d.BlockTokens), KVHeads: uint32(d.KVHeads), HeadDim: uint32(d.HeadDim), Elem: elem}
+		hd, err := container.NewHeader(container.CodecRaw, 0, 2, g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := hd.Append(nil); !bytes.Equal(got, h) {
+			t.Errorf("encoded header (%s)\n got %x\nwant %x", vecHeader.source, got, h)
+		}
 	})
+	t.Run("S6 domain separation", func(t *testing.T) { s6DomainSeparation(t, d) })
+	t.Run("S6 empty adapters rejected", s6EmptyAdapters)
+	t.Run("S6 JCS stable under member reordering", s6JCSReorder)
+	t.Run("S6 no collision", s6NoCollision)
 }
 
 // TestDerivedVectors checks CONFORMANCE.md 2.5.

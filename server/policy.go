@@ -3,7 +3,9 @@ package server
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"slices"
@@ -97,6 +99,11 @@ func ParsePolicy(data []byte) (*Policy, error) {
 	dec.KnownFields(true)
 	if err := dec.Decode(&f); err != nil {
 		return nil, fmt.Errorf("policy: %w", err)
+	}
+	// A second YAML document would be silently ignored: refuse the file
+	// rather than guess which one the operator meant (fail closed).
+	if err := dec.Decode(new(yaml.Node)); !errors.Is(err, io.EOF) {
+		return nil, errors.New("policy: more than one YAML document")
 	}
 	p := &Policy{byID: make(map[string]*Principal, len(f.Principals))}
 	for i, pr := range f.Principals {

@@ -66,6 +66,10 @@ func stampOf(path string) fileStamp {
 }
 
 func (c *Credentials) load() error {
+	// Stamp before reading: a file replaced while it is being read then
+	// looks changed at the next check instead of already loaded, so a
+	// rotation racing a reload is not missed until the one after it.
+	stamps := [3]fileStamp{stampOf(c.files.Cert), stampOf(c.files.Key), stampOf(c.files.ClientCA)}
 	cert, err := tls.LoadX509KeyPair(c.files.Cert, c.files.Key)
 	if err != nil {
 		return fmt.Errorf("tls.cert/tls.key: %w", err)
@@ -82,7 +86,7 @@ func (c *Credentials) load() error {
 		}
 	}
 	c.cert, c.pool = &cert, pool
-	c.stamps = [3]fileStamp{stampOf(c.files.Cert), stampOf(c.files.Key), stampOf(c.files.ClientCA)}
+	c.stamps = stamps
 	return nil
 }
 
@@ -147,6 +151,12 @@ func VerifyClientChain(certs []*x509.Certificate, roots *x509.CertPool, now time
 	}
 	if roots == nil {
 		return "", errors.New("mtls: no client CA configured")
+	}
+	// crypto/x509 checks extended key usage only. A key usage extension
+	// that does not allow digitalSignature forbids the key to sign the
+	// handshake (RFC 5280 section 4.2.1.3; RELIABILITY.md row S1).
+	if ku := certs[0].KeyUsage; ku != 0 && ku&x509.KeyUsageDigitalSignature == 0 {
+		return "", errors.New("mtls: client certificate: key usage does not permit digitalSignature")
 	}
 	inter := x509.NewCertPool()
 	for _, ic := range certs[1:] {
