@@ -56,6 +56,11 @@ type Config struct {
 	Attempts int
 	// Logger; default: discard.
 	Logger *slog.Logger
+	// Transport, when set, carries every request instead of HTTPS (the
+	// in-memory fabric of the deterministic simulation, internal/simnet,
+	// which presents the identity of TLS's certificate). TLS is still
+	// required.
+	Transport http.RoundTripper
 }
 
 // Client is a KVSP client for every role.
@@ -88,7 +93,10 @@ func New(cfg Config) (*Client, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	c := &Client{timeout: cfg.Timeout, attempts: cfg.Attempts, log: cfg.Logger}
-	if cfg.HTTP3 {
+	switch {
+	case cfg.Transport != nil:
+		c.hc, c.close = &http.Client{Transport: cfg.Transport}, func() {}
+	case cfg.HTTP3:
 		n := max(1, cfg.QUICConns)
 		rr := &roundRobin{trs: make([]*http3.Transport, n)}
 		for i := range rr.trs {
@@ -99,7 +107,7 @@ func New(cfg Config) (*Client, error) {
 				tr.Close()
 			}
 		}
-	} else {
+	default:
 		tr := &http.Transport{
 			TLSClientConfig:     cfg.TLS.Clone(),
 			ForceAttemptHTTP2:   len(cfg.TLS.NextProtos) == 0 || slices.Contains(cfg.TLS.NextProtos, "h2"),
