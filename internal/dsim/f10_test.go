@@ -142,4 +142,3 @@ func f10Run(t *testing.T, x *ids, seed uint64) (migrations, kills int) {
 	}
 	return migrations, kills
 }
-
