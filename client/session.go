@@ -17,9 +17,19 @@ import (
 // (the instance failed), it asks the PC where the session continues
 // (POST place with the session: the PC migrates it once the failure is
 // detected) and resumes the stream from the first index it lacks.
-// retry bounds the wait between attempts. It returns the session id.
+// retry bounds the wait between attempts, the first placement's too when
+// the PC cannot be reached or answers 502, 503 or 504. It returns the
+// session id.
 func (c *Client) RunSession(ctx context.Context, ctl *Controller, q *kvsp.PlaceRequest, retry time.Duration, deliver func(index uint64, token uint32) error) (kvsp.UUID, error) {
 	at, err := ctl.Place(ctx, q)
+	for err != nil && transient(err) { // the PC is restarting, or unreachable for a moment
+		select {
+		case <-ctx.Done():
+			return kvsp.UUID{}, errors.Join(err, ctx.Err())
+		case <-time.After(retry):
+		}
+		at, err = ctl.Place(ctx, q)
+	}
 	if err != nil {
 		return kvsp.UUID{}, err
 	}
@@ -71,4 +81,14 @@ func (c *Client) RunSession(ctx context.Context, ctl *Controller, q *kvsp.PlaceR
 			}
 		}
 	}
+}
+
+// transient reports an error worth another try of the same request: no
+// answer (a transport error), or 502, 503, 504.
+func transient(err error) bool {
+	var p *kvsp.Problem
+	if errors.As(err, &p) {
+		return p.Status == 502 || p.Status == 503 || p.Status == 504
+	}
+	return !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
 }

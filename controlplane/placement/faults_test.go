@@ -286,3 +286,22 @@ func problemEpoch(p *kvsp.Problem) uint64 {
 	}
 	return 0
 }
+
+// TestPlaceWhileEveryInstanceIsDown: a model whose instances all failed
+// (or that a restarted PC knows only from its saved state) is still
+// served here: a request gets 503 with Retry-After, to try again, not 409
+// kvsp-incompatible, which tells the front end the model is not served
+// (found by the deterministic simulation, DS1).
+func TestPlaceWhileEveryInstanceIsDown(t *testing.T) {
+	w := newWorld(t, 4)
+	w.statusTTL(t, "ii1", 1, 0, kvsp.StateActive, 100)
+	time.Sleep(150 * time.Millisecond)
+	_, err := w.place(t, prompt(bt, 3))
+	if !errors.Is(err, kvsp.ErrUnavailable) {
+		t.Fatalf("place with every instance failed: %v, want 503", err)
+	}
+	q := &kvsp.PlaceRequest{ScopeID: w.scopeKey.ID(), CompatID: kvsp.CompatID{0xee}, Tokens: prompt(bt, 3), MaxTokens: 16}
+	if _, err := w.front.Controller(w.srv.URL("/pc/")).Place(context.Background(), q); !errors.Is(err, kvsp.ErrIncompatible) {
+		t.Fatalf("place for a model nobody serves: %v, want 409 kvsp-incompatible", err)
+	}
+}

@@ -584,10 +584,14 @@ func (c *Controller) placeOn(ctx context.Context, q *kvsp.PlaceRequest, mig *mig
 	return out, nil
 }
 
-// served reports an instance of compat that is known and not failed.
+// served reports that compat is served here: an instance reported it
+// (failed ones too: they may come back), or one known only from saved
+// state has yet to report.
 func (c *Controller) served(compat kvsp.CompatID) bool {
 	for _, s := range c.reg.All() {
-		if s.Status.CompatID == compat && s.State != kvsp.StateFailed {
+		// A failed instance may come back (503 until then, not 409); one
+		// known only from saved state has not said its model yet.
+		if s.Status.CompatID == compat || s.Status.Instance == "" {
 			return true
 		}
 	}

@@ -6,7 +6,10 @@
 // bubble, so TTLs, leases, deadlines and sweeps run on the bubble's fake
 // clock. A seeded plan crashes and restarts processes and drops and delays
 // messages; the invariants are checked on what the front ends receive and
-// what the components hold. A failing seed is printed and replays exactly.
+// what the components hold. A failing seed is printed: it replays the same
+// faults at the same instants of the fake clock (one goroutine draws
+// them); which message a drop hits within an instant follows the Go
+// scheduler's interleaving, so a replay is close, not bit-exact.
 package dsim_test
 
 import (
@@ -23,6 +26,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 
 	"github.com/kvsp/kvsp"
@@ -143,6 +147,11 @@ type world struct {
 
 	holders []*proc
 	insts   []*proc
+	// instRegs are the metrics registries of every instance incarnation.
+	instRegs []*prometheus.Registry
+	// skew steps the wall clock of a restarting instance back (its epoch
+	// clock): the persisted counter must keep its epoch increasing.
+	skew time.Duration
 	front   *client.Client
 	// epochFiles keep the instances' epochs across restarts (R-ST-5).
 	dir string
@@ -287,9 +296,13 @@ func newWorld(t *testing.T, x *ids, seed uint64, o options) *world {
 			for _, h := range w.holders {
 				links = append(links, kvsp.Link{Holder: h.base, MbitPerS: 100000, RTTUs: 20})
 			}
+			reg := prometheus.NewRegistry()
+			w.instRegs = append(w.instRegs, reg)
+			skew := w.skew
 			var err error
 			a, err = instance.New(instance.Config{Base: p.base, Engine: eng, Client: w.client(agentID), Controller: pcBase, Index: isBase, Holder: holderBase,
-				Scopes: []kvsp.ScopeKey{w.scope}, StatusTTL: time.Second, Links: links, EpochFile: filepath.Join(w.dir, p.host+".epoch"), Logger: simLog(p.host)})
+				Scopes: []kvsp.ScopeKey{w.scope}, StatusTTL: time.Second, Links: links, EpochFile: filepath.Join(w.dir, p.host+".epoch"), Logger: simLog(p.host),
+				Registerer: reg, Now: func() time.Time { return time.Now().Add(-skew) }})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -329,6 +342,9 @@ func newWorld(t *testing.T, x *ids, seed uint64, o options) *world {
 	}
 	return w
 }
+
+// pcUp reports the PC's process up (it is the last of w.holders).
+func (w *world) pcUp() bool { return w.holders[len(w.holders)-1].up }
 
 // crash takes p down; restart brings it back (a new incarnation).
 func (w *world) crash(p *proc) {
