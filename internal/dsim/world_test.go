@@ -151,8 +151,8 @@ type world struct {
 	instRegs []*prometheus.Registry
 	// skew steps the wall clock of a restarting instance back (its epoch
 	// clock): the persisted counter must keep its epoch increasing.
-	skew time.Duration
-	front   *client.Client
+	skew  time.Duration
+	front *client.Client
 	// epochFiles keep the instances' epochs across restarts (R-ST-5).
 	dir string
 }
