@@ -43,6 +43,10 @@ func (q *PlaceRequest) Validate() error {
 		return invalidf("place: session: the nil UUID")
 	case q.Sampler != nil && q.Sampler.Method == "":
 		return invalidf("place: sampler.method: required")
+	case q.Sampler != nil && q.Sampler.Seed > MaxJSONInt:
+		// the seed travels on in checkpoints, which refuse it; a
+		// session accepted with it could never checkpoint (found by L2).
+		return invalidf("place: sampler.seed: 0..2^53-1")
 	}
 	return nil
 }

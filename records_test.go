@@ -453,6 +453,19 @@ func TestGenerateRequestLimits(t *testing.T) {
 	if err := big.Validate(); !errors.Is(err, kvsp.ErrTooLarge) {
 		t.Fatalf("max_tokens over the bound: %v", err)
 	}
+	// A seed above 2^53-1 could never be checkpointed: refused at
+	// the door rather than a session that hangs (found by L2).
+	for _, seed := range []uint64{kvsp.MaxJSONInt + 1, 1 << 60} {
+		s := ok
+		s.Sampler = &kvsp.PlaceSampler{Method: "top-p", Params: map[string]any{"p": 0.9}, Seed: seed}
+		if err := s.Validate(); !errors.Is(err, kvsp.ErrInvalid) {
+			t.Fatalf("seed %d: %v, want 400", seed, err)
+		}
+		s.Sampler.Seed = kvsp.MaxJSONInt
+		if err := s.Validate(); err != nil {
+			t.Fatalf("seed 2^53-1: %v", err)
+		}
+	}
 	noEpoch := ok
 	noEpoch.Epoch = 0
 	if err := noEpoch.Validate(); !errors.Is(err, kvsp.ErrInvalid) {

@@ -117,6 +117,13 @@ func New(cfg Config) (*Holder, error) {
 	l := newLeases(cfg.LeaseQuota)
 	h := &Holder{cfg: cfg, log: cfg.Logger, leases: l, rdma: newRDMAReads(), store: newStore(cfg.Capacity, l, cfg.Disk), m: newMetrics(cfg.Registerer),
 		pubWake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	if cfg.Registerer != nil {
+		cfg.Registerer.MustRegister(
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvsp_holder_active_leases", Help: "Leases not expired (released or expired ones are dropped)."},
+				func() float64 { n, _ := l.live(time.Now()); return float64(n) }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvsp_holder_leased_bytes", Help: "Octets of blocks under live leases (pinned against eviction)."},
+				func() float64 { _, o := l.live(time.Now()); return float64(o) }))
+	}
 	if cfg.Device != nil {
 		layers := cfg.DeviceLayers
 		if layers == 0 {

@@ -151,6 +151,19 @@ func (l *leases) release(owner, id string) error {
 	return nil
 }
 
+// live counts the leases not expired at now and the octets they cover
+// (the operator's gauges; RELIABILITY L2 checks they return to zero).
+func (l *leases) live(now time.Time) (n int, octets int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.reapLocked(now, "")
+	for _, ls := range l.byID {
+		n++
+		octets += ls.octets
+	}
+	return n, octets
+}
+
 // pinned reports whether a live lease covers k.
 func (l *leases) pinned(k blockID) bool {
 	l.mu.Lock()

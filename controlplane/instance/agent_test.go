@@ -2,6 +2,7 @@ package instance_test
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -80,6 +81,12 @@ type rigOptions struct {
 	wrapIS func(http.Handler) http.Handler
 	ctlLog *slog.Logger
 	ctlReg prometheus.Registerer
+	// recordTTL is the holders' record TTL (default a minute); holderReg
+	// registers the holders' metrics.
+	recordTTL time.Duration
+	holderReg prometheus.Registerer
+	// sessionRetention is the PC's SessionRetention (default its own).
+	sessionRetention time.Duration
 }
 
 func newRig(t testing.TB, o rigOptions) *rig {
@@ -150,9 +157,14 @@ func newRig(t testing.TB, o rigOptions) *rig {
 		o.rdma.Reader = rdma.NewReader(fab.Provider("ii1"))
 		t.Cleanup(func() { o.rdma.Reader.Close() })
 	}
+	recordTTL := cmp.Or(o.recordTTL, time.Minute)
 	for _, base := range []string{"/h1/", "/hi/"} {
+		var reg prometheus.Registerer
+		if o.holderReg != nil {
+			reg = prometheus.WrapRegistererWith(prometheus.Labels{"holder": base}, o.holderReg)
+		}
 		hcfg := holder.Config{Base: w.url(base), Geometries: map[kvsp.CompatID]container.Geometry{w.compat: w.g}, Capacity: 512 << 20,
-			ReadMbitPerS: 100000, Index: hc.Index(isURL), RecordTTL: time.Minute,
+			ReadMbitPerS: 100000, Index: hc.Index(isURL), RecordTTL: recordTTL, Registerer: reg,
 			LeaseQuota: holder.LeaseQuota{Octets: 512 << 20, MaxTTL: time.Minute, MaxLeases: 256}}
 		if base == "/h1/" && target != nil {
 			hcfg.RDMA = target
@@ -170,7 +182,8 @@ func newRig(t testing.TB, o rigOptions) *rig {
 	}
 	w.scopeKey, _ = kvsp.NewScopeKey(key)
 	w.ctl, _ = placement.New(placement.Config{Scopes: []kvsp.ScopeKey{w.scopeKey}, BlockTokens: map[kvsp.CompatID]int{w.compat: 16},
-		Index: mk(kvsptest.PC).Index(isURL), Instances: placement.ClientInstances{C: mk(kvsptest.PC)}, Logger: o.ctlLog, Registerer: o.ctlReg})
+		Index: mk(kvsptest.PC).Index(isURL), Instances: placement.ClientInstances{C: mk(kvsptest.PC)}, Logger: o.ctlLog, Registerer: o.ctlReg,
+		SessionRetention: o.sessionRetention})
 	w.ctl.Mount(w.srv.Server.Mount("/pc/"))
 	own := w.url("/hi/")
 	if o.noStore {

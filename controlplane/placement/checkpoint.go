@@ -3,6 +3,7 @@ package placement
 import (
 	"fmt"
 	"net/http"
+	"time"
 
 	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/internal/failpoint"
@@ -38,6 +39,7 @@ func (c *Controller) PutCheckpoint(cp *kvsp.Checkpoint, speaksFor func(string) b
 			return 0, err
 		}
 	}
+	s.Active = time.Now()
 	if s.Checkpoint == nil || cp.OutputOffset > s.Checkpoint.OutputOffset {
 		keep := *cp
 		prev := s.Checkpoint

@@ -80,6 +80,16 @@ func (s *EtcdStore) key(kind, id string) string { return s.cfg.Prefix + "/" + ki
 
 // put writes one key if this store's leadership is current.
 func (s *EtcdStore) put(key string, val []byte) error {
+	return s.do(clientv3.OpPut(key, string(val)))
+}
+
+// DeleteSession implements Store.
+func (s *EtcdStore) DeleteSession(id kvsp.UUID) error {
+	return s.do(clientv3.OpDelete(s.key("sessions", id.String())))
+}
+
+// do runs op if this PC still leads (its election key is the one it won).
+func (s *EtcdStore) do(op clientv3.Op) error {
 	s.mu.Lock()
 	f := s.fence
 	s.mu.Unlock()
@@ -89,7 +99,7 @@ func (s *EtcdStore) put(key string, val []byte) error {
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.Timeout)
 	defer cancel()
 	resp, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(f.key), "=", f.rev)).
-		Then(clientv3.OpPut(key, string(val))).Commit()
+		Then(op).Commit()
 	if err != nil {
 		return fmt.Errorf("placement: etcd: %w", err)
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -16,6 +17,7 @@ import (
 	"github.com/anishathalye/porcupine"
 
 	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/controlplane/placement"
 	"github.com/kvsp/kvsp/internal/failpoint"
 )
 
@@ -303,5 +305,73 @@ func TestPlaceWhileEveryInstanceIsDown(t *testing.T) {
 	q := &kvsp.PlaceRequest{ScopeID: w.scopeKey.ID(), CompatID: kvsp.CompatID{0xee}, Tokens: prompt(bt, 3), MaxTokens: 16}
 	if _, err := w.front.Controller(w.srv.URL("/pc/")).Place(context.Background(), q); !errors.Is(err, kvsp.ErrIncompatible) {
 		t.Fatalf("place for a model nobody serves: %v, want 409 kvsp-incompatible", err)
+	}
+}
+
+// TestSessionsForgotten: a finished session (its checkpoint covers
+// max_tokens) is dropped after SessionRetention, an idle one (placed, never
+// checkpointed) after SessionIdle, from memory and from the state file; a
+// session in progress stays. Without this the PC grew with every request
+// (found by L2's heap check).
+func TestSessionsForgotten(t *testing.T) {
+	store, err := placement.OpenBoltStore(filepath.Join(t.TempDir(), "pc.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	w := newWorldWith(t, 16, func(c *placement.Config) {
+		c.State, c.SessionRetention, c.SessionIdle = store, 200*time.Millisecond, 600*time.Millisecond
+	})
+	w.status(t, "ii1", 1, 0, kvsp.StateActive)
+	tokens := prompt(3*bt+5, 21)
+	var ids []kvsp.UUID
+	for range 3 {
+		out, err := w.place(t, tokens)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, out.Session)
+	}
+	finished, running, idle := ids[0], ids[1], ids[2]
+	cp := func(id kvsp.UUID, off uint64) {
+		c := &kvsp.Checkpoint{Session: id, Epoch: 1, CompatID: compat, ScopeID: w.scopeKey.ID(), PromptBlocks: []kvsp.BlockKey{{1}, {2}, {3}},
+			PromptTail: make([]uint32, 5), Generated: make([]uint32, off), OutputOffset: off,
+			Sampler: kvsp.Sampler{Method: "greedy", Params: map[string]any{}, Step: off, Deterministic: true}}
+		if _, err := w.ctl.PutCheckpoint(context.Background(), c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cp(finished, 16) // max_tokens is 16: done
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { w.pc.Run(ctx, 20*time.Millisecond); close(done) }()
+	defer func() { cancel(); <-done }()
+	stored := func() map[kvsp.UUID]bool {
+		st, err := store.Load()
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[kvsp.UUID]bool{}
+		for _, s := range st.Sessions {
+			m[s.ID] = true
+		}
+		return m
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		cp(running, 8) // still generating
+		_, f := w.pc.Session(finished)
+		_, i := w.pc.Session(idle)
+		if !f && !i {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after their retention: finished kept %v, idle kept %v", f, i)
+		}
+	}
+	if _, ok := w.pc.Session(running); !ok {
+		t.Fatal("the running session was dropped")
+	}
+	if m := stored(); m[finished] || m[idle] || !m[running] {
+		t.Fatalf("the state file holds %v", m)
 	}
 }

@@ -89,6 +89,12 @@ type Config struct {
 	// for instances to report before it migrates their sessions; default
 	// 10s.
 	RestartGrace time.Duration
+	// SessionRetention is how long a finished session (its last checkpoint
+	// covers max_tokens) is kept; default a minute. SessionIdle drops a
+	// session with no placement or checkpoint for that long (its front end
+	// and instance are gone); default 15 minutes. Without them the PC's
+	// sessions, and its state, would grow with every request (found by L2).
+	SessionRetention, SessionIdle time.Duration
 	// OnStatus, when set, receives every accepted status record: a
 	// co-located IS's status table, so lookups with targets get
 	// estimates.
@@ -135,6 +141,9 @@ type Session struct {
 	// Checkpoint is the one with the highest output_offset of the
 	// current epoch (nil until the first).
 	Checkpoint *kvsp.Checkpoint
+	// Active is when it was last placed, migrated or checkpointed (not
+	// stored: a restarted PC counts from its start).
+	Active time.Time
 }
 
 // New returns a Controller.
@@ -156,6 +165,12 @@ func New(cfg Config) (*Controller, error) {
 	}
 	if cfg.RestartGrace == 0 {
 		cfg.RestartGrace = 10 * time.Second
+	}
+	if cfg.SessionRetention == 0 {
+		cfg.SessionRetention = time.Minute
+	}
+	if cfg.SessionIdle == 0 {
+		cfg.SessionIdle = 15 * time.Minute
 	}
 	c := &Controller{cfg: cfg, keys: map[kvsp.ScopeID]kvsp.ScopeKey{}, reg: &Registry{m: map[string]*instance{}, onStatus: cfg.OnStatus}, log: cfg.Logger,
 		m: newMetrics(cfg.Registerer), sessions: map[kvsp.UUID]*Session{}, maps: map[string]*shardEntry{}}
@@ -194,7 +209,9 @@ func (c *Controller) load(st *State) {
 	c.reg.mu.Unlock()
 	c.mu.Lock()
 	c.sessions = map[kvsp.UUID]*Session{}
+	now := time.Now()
 	for _, s := range st.Sessions {
+		s.Active = now
 		c.sessions[s.ID] = s
 	}
 	c.maps = map[string]*shardEntry{}
@@ -423,6 +440,7 @@ func (c *Controller) Run(ctx context.Context, every time.Duration) {
 		if c.standby.Load() {
 			continue
 		}
+		c.forget(now)
 		c.mu.Lock()
 		var todo []*Session
 		for _, s := range c.sessions {
@@ -441,6 +459,27 @@ func (c *Controller) Run(ctx context.Context, every time.Duration) {
 				c.log.Warn("session not migrated", "session", s.ID.String(), "err", err)
 			}
 		}
+	}
+}
+
+// forget drops the sessions finished for SessionRetention and those idle
+// for SessionIdle, from memory and from the stored state.
+func (c *Controller) forget(now time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for id, s := range c.sessions {
+		finished := s.Checkpoint != nil && s.Checkpoint.OutputOffset >= s.MaxTokens
+		if idle := now.Sub(s.Active); !(finished && idle >= c.cfg.SessionRetention) && idle < c.cfg.SessionIdle {
+			continue
+		}
+		if c.cfg.State != nil {
+			if err := c.cfg.State.DeleteSession(id); err != nil {
+				c.log.Warn("session not forgotten: the controller's state could not be written", "session", id.String(), "err", err)
+				continue // kept, tried again at the next sweep
+			}
+		}
+		delete(c.sessions, id)
+		c.m.forgotten.WithLabelValues(map[bool]string{true: "finished", false: "idle"}[finished]).Inc()
 	}
 }
 
@@ -542,7 +581,7 @@ func (c *Controller) placeOn(ctx context.Context, q *kvsp.PlaceRequest, mig *mig
 			return out, nil
 		}
 		s.Epoch++
-		s.Instance, s.InstanceEpoch = uri, chosen.snap.Status.Epoch
+		s.Instance, s.InstanceEpoch, s.Active = uri, chosen.snap.Status.Epoch, time.Now()
 		out.Session, out.Epoch = s.ID, s.Epoch
 		err := c.persist(s)
 		if err == nil {
@@ -568,6 +607,7 @@ func (c *Controller) placeOn(ctx context.Context, q *kvsp.PlaceRequest, mig *mig
 	c.mu.Lock()
 	s := &Session{ID: out.Session, Epoch: 1, ScopeID: q.ScopeID, CompatID: q.CompatID, Instance: uri, InstanceEpoch: chosen.snap.Status.Epoch,
 		Created: time.Now(), MaxTokens: q.MaxTokens}
+	s.Active = s.Created
 	if err := c.persist(s); err != nil {
 		c.mu.Unlock()
 		return nil, err
@@ -671,6 +711,7 @@ type metrics struct {
 	reshards    *prometheus.CounterVec
 	migrations  prometheus.Counter
 	stalls      prometheus.Counter
+	forgotten   *prometheus.CounterVec
 	checkpoints *prometheus.CounterVec
 	placements  *prometheus.CounterVec
 	directives  *prometheus.CounterVec
@@ -681,6 +722,7 @@ type metrics struct {
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		migrations: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvsp_pc_migrations_total", Help: "Sessions moved off a failed instance."}),
+		forgotten:  prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_pc_sessions_forgotten_total", Help: "Sessions dropped: finished (after the retention) or idle."}, []string{"why"}),
 		stalls:     prometheus.NewCounter(prometheus.CounterOpts{Name: "kvsp_pc_stalls_total", Help: "Times the controller's sweep ran late (a stall): instances then get a status TTL before being judged failed."}),
 		checkpoints: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_pc_checkpoints_total",
 			Help: "Session checkpoints accepted: recorded (a higher offset) or ignored (not newer)."}, []string{"outcome"}),
@@ -697,7 +739,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "1 while this controller serves (the leader of its group, or alone), 0 while a standby."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.migrations, m.stalls, m.checkpoints, m.placements, m.directives, m.wakeups, m.matched, m.reshards, m.leader)
+		reg.MustRegister(m.migrations, m.stalls, m.forgotten, m.checkpoints, m.placements, m.directives, m.wakeups, m.matched, m.reshards, m.leader)
 	}
 	return m
 }

@@ -92,7 +92,10 @@ type world struct {
 	scopeKey kvsp.ScopeKey
 }
 
-func newWorld(t *testing.T, maxPending int) *world {
+func newWorld(t *testing.T, maxPending int) *world { return newWorldWith(t, maxPending, nil) }
+
+// newWorldWith is newWorld with the PC's configuration changed by edit.
+func newWorldWith(t *testing.T, maxPending int, edit func(*placement.Config)) *world {
 	w := &world{ii: map[string]*mockII{}, base: map[string]string{}}
 	p := kvsptest.NewPKI(t)
 	w.mem = index.NewMemory(time.Second)
@@ -113,8 +116,12 @@ func newWorld(t *testing.T, maxPending int) *world {
 		}
 	})
 	var err error
-	w.pc, err = placement.New(placement.Config{Scopes: []kvsp.ScopeKey{w.scopeKey}, BlockTokens: map[kvsp.CompatID]int{compat: bt},
-		Index: pcc.Index(w.srv.URL("/is/")), Instances: placement.ClientInstances{C: pcc}, MaxPending: maxPending})
+	cfg := placement.Config{Scopes: []kvsp.ScopeKey{w.scopeKey}, BlockTokens: map[kvsp.CompatID]int{compat: bt},
+		Index: pcc.Index(w.srv.URL("/is/")), Instances: placement.ClientInstances{C: pcc}, MaxPending: maxPending}
+	if edit != nil {
+		edit(&cfg)
+	}
+	w.pc, err = placement.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

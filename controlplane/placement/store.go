@@ -20,6 +20,7 @@ import (
 type Store interface {
 	PutInstanceEpoch(instance string, epoch uint64) error
 	PutSession(s *Session) error
+	DeleteSession(id kvsp.UUID) error
 	PutShardMap(m *ShardContext) error
 	Load() (*State, error)
 	Close() error
@@ -103,6 +104,11 @@ func (s *BoltStore) PutSession(x *Session) error {
 	return s.db.Update(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketSessions).Put(x.ID[:], b)
 	})
+}
+
+// DeleteSession implements Store.
+func (s *BoltStore) DeleteSession(id kvsp.UUID) error {
+	return s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketSessions).Delete(id[:]) })
 }
 
 // PutShardMap implements Store.

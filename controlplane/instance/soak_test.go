@@ -1,0 +1,231 @@
+package instance_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"math/rand/v2"
+	"os"
+	"runtime"
+	"runtime/pprof"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/client"
+	"github.com/kvsp/kvsp/container"
+)
+
+// TestL2_Soak (RELIABILITY L2): a mixed workload on the whole system over
+// mutual TLS on loopback — block PUTs and verified GETs, leases (released,
+// or left to expire), IS lookups, the holders' publishes and refreshes,
+// top-p sessions with their placements, prefetches, checkpoints and
+// status records — for KVSP_L2_DURATION (a few seconds in make test, 30
+// minutes in make soak, under -race there). Then the clients stop and two
+// record TTLs pass: goroutines and open files are back to their level
+// after the warm-up, the heap in use too (within 5% and 4 MiB), no lease
+// is live and no octet is leased, and every record the IS returns is
+// served by its holder (no expired or phantom records).
+func TestL2_Soak(t *testing.T) {
+	dur := 4 * time.Second
+	if d, err := time.ParseDuration(os.Getenv("KVSP_L2_DURATION")); err == nil && d > 0 {
+		dur = d
+	}
+	const ttl = 2 * time.Second
+	holderReg := prometheus.NewRegistry()
+	w := newRig(t, rigOptions{recordTTL: ttl, holderReg: holderReg, sessionRetention: ttl})
+	w.runAgents(t, "/ii1/")
+	ctx := context.Background()
+	runCtx, stopRun := context.WithCancel(ctx) // the PC's sweep: migrations, forgetting finished sessions
+	runDone := make(chan struct{})
+	go func() { w.ctl.Run(runCtx, 100*time.Millisecond); close(runDone) }()
+	defer func() { stopRun(); <-runDone }()
+
+	// 64 blocks: the set the load reads and writes (the store saturates
+	// during the warm-up, so the heap can come back to its level).
+	prompts := make([][]uint32, 16)
+	var keys []kvsp.BlockKey
+	for i := range prompts {
+		prompts[i] = prompt(4)
+		for j := range prompts[i] {
+			prompts[i][j] += uint32(i) << 20
+		}
+		ks, _ := kvsp.BlockKeys(w.scopeKey, w.compat, 16, prompts[i])
+		keys = append(keys, ks...)
+	}
+	type blk struct {
+		ref client.BlockRef
+		b   []byte
+		d   container.Digests
+	}
+	blocks := make([]blk, len(keys))
+	for i := range prompts {
+		for j := range 4 {
+			b, d := w.blockBytes(t, prompts[i], j)
+			blocks[i*4+j] = blk{client.BlockRef{Compat: w.compat, Scope: w.scopeKey.ID(), Key: keys[i*4+j]}, b, d}
+		}
+	}
+	var ops, failures atomic.Int64
+	var firstErr atomic.Pointer[error]
+	fail := func(err error) {
+		failures.Add(1)
+		firstErr.CompareAndSwap(nil, &err)
+	}
+	load := func(d time.Duration) {
+		stop := time.Now().Add(d)
+		var wg sync.WaitGroup
+		for g := range 6 {
+			wg.Go(func() {
+				rng := rand.New(rand.NewPCG(uint64(g), 2))
+				for time.Now().Before(stop) {
+					b := blocks[rng.IntN(len(blocks))]
+					var err error
+					switch g {
+					case 0: // PUT (the first one stores; later ones are 412)
+						err = w.src.PutBlock(ctx, b.ref, bytes.NewReader(b.b), int64(len(b.b)), b.d.Container)
+						if errors.Is(err, client.ErrExists) {
+							err = nil
+						}
+					case 1, 2: // lease, verified GET, release (or leave it to expire)
+						var ls *kvsp.LeaseResponse
+						ls, err = w.src.Lease(ctx, &kvsp.LeaseRequest{ScopeID: w.scopeKey.ID(), CompatID: w.compat, BlockKeys: []kvsp.BlockKey{b.ref.Key}, TTLMs: 1000})
+						if errors.Is(err, kvsp.ErrNotFound) {
+							err = nil // not stored yet
+							break
+						}
+						if err == nil {
+							err = getVerified(ctx, w.src, b.ref, w, b.d)
+							if rng.IntN(4) != 0 {
+								if rerr := w.src.ReleaseLease(ctx, ls.Lease); err == nil {
+									err = rerr
+								}
+							}
+						}
+					case 3: // lookups
+						_, err = w.front.Index(w.isURL).Lookup(ctx, &kvsp.LookupRequest{ScopeID: w.scopeKey.ID(), CompatID: w.compat, BlockKeys: keys[:16]})
+					default: // sessions: place, prefetch, generate, checkpoints
+						// One seed per prompt: the generated blocks the
+						// instance offloads repeat, so the holders' caches
+						// fill during the warm-up and the heap can settle.
+						k := rng.IntN(len(prompts))
+						q := &kvsp.PlaceRequest{ScopeID: w.scopeKey.ID(), CompatID: w.compat, Tokens: prompts[k], MaxTokens: 24,
+							Sampler: &kvsp.PlaceSampler{Method: "top-p", Params: map[string]any{"p": 0.9}, Seed: uint64(k) << 40}}
+						sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+						n := 0
+						_, err = w.front.RunSession(sctx, w.front.Controller(w.url("/pc/")), q, 50*time.Millisecond, func(uint64, uint32) error { n++; return nil })
+						cancel()
+						if err == nil && n != 24 {
+							err = errors.New("a session ended short")
+						}
+					}
+					ops.Add(1)
+					if err != nil {
+						fail(err)
+					}
+				}
+			})
+		}
+		wg.Wait()
+	}
+	level := func() (goroutines, files int, heap uint64) {
+		for range 3 {
+			runtime.GC()
+		}
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		fds, _ := os.ReadDir("/proc/self/fd")
+		return runtime.NumGoroutine(), len(fds), ms.HeapInuse
+	}
+	settle := func() { time.Sleep(2*ttl + 500*time.Millisecond) } // leases and records expire
+	// Warm-up: every block stored, connections open, pools filled.
+	start := time.Now()
+	load(min(dur/4, 3*time.Second))
+	t.Logf("warm-up: %d operations in %v", ops.Load(), time.Since(start))
+	settle()
+	g0, f0, h0 := level()
+	start = time.Now()
+	load(dur)
+	t.Logf("load: %v", time.Since(start))
+	n := ops.Load()
+	settle()
+	g1, f1, h1 := level()
+	if p := os.Getenv("KVSP_L2_HEAP"); p != "" {
+		f, _ := os.Create(p)
+		pprof.WriteHeapProfile(f)
+		f.Close()
+	}
+	t.Logf("%d operations in %v, %d failed; goroutines %d -> %d, open files %d -> %d, heap in use %.1f -> %.1f MiB",
+		n, dur, failures.Load(), g0, g1, f0, f1, float64(h0)/(1<<20), float64(h1)/(1<<20))
+	if f := failures.Load(); f > 0 {
+		t.Fatalf("%d of %d operations failed, the first: %v", f, n, *firstErr.Load())
+	}
+	if g1 > g0+max(g0/20, 8) {
+		t.Errorf("goroutines did not come back: %d after, %d before", g1, g0)
+	}
+	if f1 > f0+max(f0/20, 4) {
+		t.Errorf("open files did not come back: %d after, %d before", f1, f0)
+	}
+	if h1 > h0+max(h0/20, 4<<20) {
+		t.Errorf("heap in use did not come back: %d after, %d before", h1, h0)
+	}
+	if v := gaugeSum(t, holderReg, "kvsp_holder_active_leases"); v != 0 {
+		t.Errorf("%v leases live after the load and their TTL", v)
+	}
+	if v := gaugeSum(t, holderReg, "kvsp_holder_leased_bytes"); v != 0 {
+		t.Errorf("%v octets leased after the load and their TTL", v)
+	}
+	// Every record the IS returns is served by its holder.
+	for i := 0; i < len(keys); i += 4 {
+		resp, err := w.front.Index(w.isURL).Lookup(ctx, &kvsp.LookupRequest{ScopeID: w.scopeKey.ID(), CompatID: w.compat, BlockKeys: keys[i : i+4]})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for j, reps := range resp.Replicas {
+			for _, r := range reps {
+				d := blocks[i+j].d
+				if err := getVerified(ctx, w.front.Holder(r.Holder), blocks[i+j].ref, w, d); err != nil {
+					t.Errorf("block %d listed at %s: %v", i+j, r.Holder, err)
+				}
+			}
+		}
+	}
+}
+
+// getVerified GETs a block and checks every layer and the whole.
+func getVerified(ctx context.Context, h *client.Holder, ref client.BlockRef, w *rig, d container.Digests) error {
+	s, err := h.GetBlock(ctx, ref, w.g, client.GetOptions{LayerDigests: d.Layers, ReplicaCodec: container.CodecRaw})
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	for {
+		if _, err := s.Next(); err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		}
+	}
+}
+
+// gaugeSum is the sum of a gauge's series in reg.
+func gaugeSum(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v float64
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				v += m.GetGauge().GetValue()
+			}
+		}
+	}
+	return v
+}
