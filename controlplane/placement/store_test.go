@@ -60,6 +60,13 @@ func stateSurvivesRestart(t *testing.T, open func() *Controller, stop func(*Cont
 	if err := c.cfg.State.PutShardMap(sm); err != nil {
 		t.Fatal(err)
 	}
+	gone := &Session{ID: kvsp.NewUUID(), Epoch: 1, ScopeID: kvsp.ScopeID{1}, CompatID: compatA, Instance: "https://ii1/", MaxTokens: 100}
+	if err := c.cfg.State.PutSession(gone); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.cfg.State.DeleteSession(gone.ID); err != nil { // a forgotten session
+		t.Fatal(err)
+	}
 	stop(c)
 
 	c = open() // the restarted PC
@@ -75,6 +82,9 @@ func stateSurvivesRestart(t *testing.T, open func() *Controller, stop func(*Cont
 	}
 	if g, _ := c.Registry().Get("https://ii1/"); g.State != kvsp.StateFailed {
 		t.Fatalf("an instance known only from saved state: %s", g.State)
+	}
+	if _, ok := c.Session(gone.ID); ok {
+		t.Fatal("a deleted session came back after the restart")
 	}
 	if m, ok := c.ShardMap("m1"); !ok || !reflect.DeepEqual(m, sm.Map) {
 		t.Fatalf("shard map after the restart: %+v", m)
