@@ -1,15 +1,21 @@
 # kvsp: every target is plain go commands. `make help` lists them.
+SHELL     := /bin/bash
 GO        ?= go
 FUZZTIME  ?= 10s
 BENCHTIME ?= 1s
 COUNT     ?= 1
+SEEDS     ?= 1000
+F10_SEEDS ?= 10000
+SOAK      ?= 30m
 STATICCHECK_VERSION ?= v0.8.2
 # go-nvml's cgo wrappers name NVML functions its header deprecates.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 BIN       := $(CURDIR)/bin
 
 
-.PHONY: help deps bench-holder bench-layers build build-nogpu build-gpu build-rdma ptx test-gpu test vet test-race test-nocgo lint fmt-check staticcheck fuzz bench demo check
+REQUIRE   := KVSP_REQUIRE_REDIS=1 KVSP_REQUIRE_ETCD=1 KVSP_REQUIRE_CHROMIUM=1
+
+.PHONY: chaos soak sim help deps bench-holder bench-layers build build-nogpu build-gpu build-rdma ptx test-gpu test vet test-race test-nocgo lint fmt-check staticcheck fuzz bench demo check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -65,9 +71,21 @@ vet: ## go vet
 	$(GO) vet -tags nogpu ./...
 
 test-race: ## go test -race over every package (shuffled); Redis tests are required, not skipped
-	KVSP_REQUIRE_REDIS=1 KVSP_REQUIRE_ETCD=1 KVSP_REQUIRE_CHROMIUM=1 $(GO) test -race -shuffle=on -tags nogpu ./...
+	$(REQUIRE) $(GO) test -race -shuffle=on -tags nogpu ./...
 	$(GO) test -tags nogpu,purego -run 'Hex' . # the portable paths of code that has assembly
 	$(GO) test -race ./gpu/ # the CUDA build of gpu: without a driver it must say so
+
+chaos: deps ## the reliability plan's fault, security and load rows at full size (../shared/RELIABILITY.md; about an hour), then the process chaos test ten times, all under -race
+	mkdir -p $(BIN)
+	KVSP_F2_DURATION=5m KVSP_S4_DURATION=60s KVSP_S10_BLOCKS=10000 KVSP_S9_PAIRS=6000 KVSP_S6_SAMPLES=1000000 $(REQUIRE) \
+		$(GO) test -race -tags nogpu -timeout 0 -count 1 -v -run '^Test(B|S|F|L)[0-9]+_' ./... 2>&1 | tee $(BIN)/chaos.log | grep -E '^(=== RUN|--- |ok|FAIL|PASS)' ; test $${PIPESTATUS[0]} -eq 0
+	$(GO) test -race -tags nogpu -timeout 0 -count 10 -run '^TestChaosSessionsSurviveRandomKills$$' ./cmd/kvsp/
+
+soak: deps ## reliability row L2: the mixed-workload soak for SOAK (default 30m) under -race, then the leak checks
+	KVSP_L2_DURATION=$(SOAK) $(GO) test -race -tags nogpu -timeout 0 -count 1 -v -run '^TestL2_' ./controlplane/instance/
+
+sim: ## the deterministic simulation: DS1 for SEEDS seeds (default 1000) and F10 for F10_SEEDS (default 10000), on the fake clock
+	KVSP_SIM_SEEDS=$(SEEDS) KVSP_F10_SEEDS=$(F10_SEEDS) $(GO) test -tags nogpu -timeout 0 -count 1 -v -run '^(TestDS1_|TestF10_)' ./internal/dsim/ 2>&1 | grep -v -E '^(=== RUN|    --- PASS)'; test $${PIPESTATUS[0]} -eq 0
 
 test-nocgo: ## tests with CGO_ENABLED=0
 	CGO_ENABLED=0 $(GO) test -tags nogpu,nordma ./...
