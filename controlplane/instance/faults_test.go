@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/controlplane/instance"
 	"github.com/kvsp/kvsp/engine/sim"
@@ -27,7 +29,8 @@ import (
 // block it lists as failed is resident; and a request admitted meanwhile
 // runs unhindered.
 func TestF13_PrefetchUnderBadNetworks(t *testing.T) {
-	w := newRig(t, rigOptions{noStore: true})
+	holderReg := prometheus.NewRegistry()
+	w := newRig(t, rigOptions{noStore: true, holderReg: holderReg})
 	keys := w.fill(t, prompt(8), 8)
 	p, err := faultproxy.Start(w.srv.Addr)
 	if err != nil {
@@ -57,6 +60,13 @@ func TestF13_PrefetchUnderBadNetworks(t *testing.T) {
 			start := time.Now()
 			if _, err := w.pc.Prefetch(context.Background(), d); err != nil {
 				t.Fatal(err)
+			}
+			if tc.name == "10 MB/s" { // the lease is held while the blocks trickle in: the gauge sees it
+				for deadline := time.Now().Add(time.Second); gaugeSum(t, holderReg, "kvsp_holder_active_leases") == 0; time.Sleep(5 * time.Millisecond) {
+					if time.Now().After(deadline) {
+						t.Fatal("no lease was ever live: the counters below prove nothing")
+					}
+				}
 			}
 			// Admitted requests are not blocked meanwhile: a prompt of
 			// its own (no directive, no shared block) gets its first
@@ -104,6 +114,18 @@ func TestF13_PrefetchUnderBadNetworks(t *testing.T) {
 			}
 			t.Logf("%s: %s, %d of %d loaded in %v", tc.name, st.State, len(st.Loaded), len(keys), took.Round(time.Millisecond))
 		})
+	}
+	// The leases the directives took are released, or expire (lease_ms
+	// 5000, released through the faulty path or not at all): the holders'
+	// counters return to zero.
+	for deadline := time.Now().Add(8 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		n, b := gaugeSum(t, holderReg, "kvsp_holder_active_leases"), gaugeSum(t, holderReg, "kvsp_holder_leased_bytes")
+		if n == 0 && b == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%v leases of %v octets still live after the directives' lease_ms", n, b)
+		}
 	}
 }
 

@@ -220,12 +220,17 @@ func gaugeSum(t *testing.T, reg *prometheus.Registry, name string) float64 {
 		t.Fatal(err)
 	}
 	var v float64
+	found := false
 	for _, mf := range mfs {
 		if mf.GetName() == name {
+			found = true
 			for _, m := range mf.GetMetric() {
 				v += m.GetGauge().GetValue()
 			}
 		}
+	}
+	if !found {
+		t.Fatalf("no metric %s registered", name)
 	}
 	return v
 }
