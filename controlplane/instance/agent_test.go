@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
 	"errors"
 	"log/slog"
 	"net/http"
@@ -60,8 +61,10 @@ type rig struct {
 	url      func(string) string
 	reg      *prometheus.Registry // ii1's metrics
 	isURL    string
-	// as makes a client with an identity of the rig's PKI.
-	as func(id string) *client.Client
+	// as makes a client with an identity of the rig's PKI; tls is that
+	// identity's client TLS configuration.
+	as  func(id string) *client.Client
+	tls func(id string) *tls.Config
 }
 
 // rigOptions vary the rig: extra mounts handlers at /bad/; d is the
@@ -140,6 +143,7 @@ func newRig(t testing.TB, o rigOptions) *rig {
 		return c
 	}
 	w.as = mk
+	w.tls = func(id string) *tls.Config { return p.ClientTLS(p.Leaf(id)) }
 	hc := mk(kvsptest.Holder1)
 	var err error
 	w.compat, _ = d.CompatID()
