@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"path/filepath"
 	"reflect"
 	"sync"
 	"testing"
@@ -19,6 +20,7 @@ import (
 	"github.com/kvsp/kvsp/controlplane/placement"
 	"github.com/kvsp/kvsp/engine/sim"
 	"github.com/kvsp/kvsp/holder"
+	"github.com/kvsp/kvsp/internal/failpoint"
 	"github.com/kvsp/kvsp/internal/kvsptest"
 	"github.com/kvsp/kvsp/server"
 )
@@ -40,6 +42,9 @@ type group struct {
 	front  *client.Client // a client with the scope
 	stuck  *stuckInstance
 	flaky  *flakyInstance
+	// pcConfig is the PC's configuration, to start another on the same
+	// state (F12's crash).
+	pcConfig placement.Config
 }
 
 // stuckInstance answers plans only when the caller gives up, and counts
@@ -98,7 +103,10 @@ func (f *flakyInstance) mount(r *server.Router) {
 	})
 }
 
-func newGroup(t *testing.T) *group {
+func newGroup(t *testing.T) *group { return newGroupWith(t, nil) }
+
+// newGroupWith is newGroup with the PC's state in store.
+func newGroupWith(t *testing.T, store placement.Store) *group {
 	w := &group{agents: map[string]*instance.Agent{}, engs: map[string]*sim.Engine{}, stuck: &stuckInstance{}, flaky: &flakyInstance{}}
 	p := kvsptest.NewPKI(t)
 	mem := index.NewMemory(time.Second)
@@ -145,8 +153,9 @@ func newGroup(t *testing.T) *group {
 	}
 	w.asPC = mk(kvsptest.PC)
 	w.front = mk(kvsptest.ClientA)
-	w.pc, _ = placement.New(placement.Config{Scopes: []kvsp.ScopeKey{w.scope}, BlockTokens: map[kvsp.CompatID]int{w.compat: 16},
-		Index: w.asPC.Index(u("/is/")), Instances: placement.ClientInstances{C: w.asPC}})
+	w.pcConfig = placement.Config{Scopes: []kvsp.ScopeKey{w.scope}, BlockTokens: map[kvsp.CompatID]int{w.compat: 16},
+		Index: w.asPC.Index(u("/is/")), Instances: placement.ClientInstances{C: w.asPC}, State: store}
+	w.pc, _ = placement.New(w.pcConfig)
 	w.pc.Mount(w.srv.Server.Mount("/pc/"))
 	ac := mk(agentID)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -498,5 +507,93 @@ func TestReshardSharedBlocksStay(t *testing.T) {
 	}
 	if v, r := w.agents[w.url("/ii1/")].ShardRanges("mapB"); v != 1 || !reflect.DeepEqual(r, []kvsp.TokenRange{{0, 64}}) {
 		t.Fatalf("mapB at ii1: v%d %v", v, r)
+	}
+}
+
+// TestF12_ReshardPCCrash (RELIABILITY F12, the crash variants; R-RSH-8,
+// R-RSH-12, A-26): the PC, its state in a bbolt file, crashes during a
+// reshard from v1 to v2 (a failpoint panics in its goroutine: nothing
+// more leaves it) after every member acknowledged, either before it
+// recorded the decision or after, before any commit. A PC started on the
+// same state resolves what was left open: before the record, v1 stands,
+// the plan for v2 is aborted everywhere and the blocks fetched for it are
+// dropped; after it, v2 is committed at every member. Either way the
+// group converges to exactly one version, and the next reshard goes
+// through.
+func TestF12_ReshardPCCrash(t *testing.T) {
+	for _, point := range []string{"pc/reshard-acked", "pc/reshard-recorded"} {
+		t.Run(point, func(t *testing.T) {
+			t.Cleanup(failpoint.Reset)
+			store, err := placement.OpenBoltStore(filepath.Join(t.TempDir(), "pc.db"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer store.Close()
+			w := newGroupWith(t, store)
+			ctx := context.Background()
+			tokens := prompt(8)[:128]
+			keys, _ := kvsp.BlockKeys(w.scope, w.compat, 16, tokens)
+			w.fill(t, tokens, 8)
+			v1 := w.shardMap(1, 0, 64, "/ii1/", 64, 128, "/ii2/")
+			if _, err := w.pc.Reshard(ctx, &placement.ReshardRequest{Next: v1, ScopeID: w.scope.ID(), CompatID: w.compat, Tokens: tokens, Deadline: 5 * time.Second}); err != nil {
+				t.Fatal(err)
+			}
+			// v2 gives [0,32) to ii3, which fetches it.
+			v2 := w.shardMap(2, 0, 32, "/ii3/", 32, 64, "/ii1/", 64, 128, "/ii2/")
+			failpoint.Enable(point, "1*panic")
+			crashed := make(chan any)
+			go func() {
+				defer func() { crashed <- recover() }()
+				w.pc.Reshard(ctx, &placement.ReshardRequest{Next: v2, ScopeID: w.scope.ID(), CompatID: w.compat, Deadline: 5 * time.Second})
+			}()
+			if r := <-crashed; r == nil {
+				t.Fatal("the PC did not crash at the failpoint")
+			}
+			if v, _ := w.ranges("/ii3/"); v != 0 || !w.engs[w.url("/ii3/")].KV().Has(keys[0]) {
+				t.Fatalf("before the restart ii3 should hold an open plan with its fetched blocks (version %d)", v)
+			}
+			// The restarted PC, on the same state.
+			pc2, err := placement.New(w.pcConfig)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rctx, stop := context.WithCancel(ctx)
+			done := make(chan struct{})
+			go func() { pc2.Run(rctx, 20*time.Millisecond); close(done) }()
+			defer func() { stop(); <-done }()
+			want, wantRanges := uint64(1), map[string][]kvsp.TokenRange{"/ii1/": {{0, 64}}, "/ii2/": {{64, 128}}, "/ii3/": nil}
+			if point == "pc/reshard-recorded" {
+				want, wantRanges = 2, map[string][]kvsp.TokenRange{"/ii1/": {{32, 64}}, "/ii2/": {{64, 128}}, "/ii3/": {{0, 32}}}
+			}
+			if m, _ := pc2.ShardMap("c3f8e1"); m.Version != want {
+				t.Fatalf("the restarted PC's map: version %d, want %d", m.Version, want)
+			}
+			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+				converged := true
+				for base, r := range wantRanges {
+					v, got := w.ranges(base)
+					if base == "/ii3/" && want == 1 {
+						converged = converged && v == 0 && len(got) == 0 && !w.engs[w.url(base)].KV().Has(keys[0])
+						continue
+					}
+					converged = converged && v == want && reflect.DeepEqual(got, r)
+				}
+				if converged {
+					break
+				}
+				if time.Now().After(deadline) {
+					for base := range wantRanges {
+						v, got := w.ranges(base)
+						t.Logf("%s: v%d %v", base, v, got)
+					}
+					t.Fatalf("the group did not converge to version %d", want)
+				}
+			}
+			// The next reshard goes through on the restarted PC.
+			next := w.shardMap(want+1, 0, 64, "/ii2/", 64, 128, "/ii1/")
+			if _, err := pc2.Reshard(ctx, &placement.ReshardRequest{Next: next, ScopeID: w.scope.ID(), CompatID: w.compat, Deadline: 5 * time.Second}); err != nil {
+				t.Fatalf("the next reshard: %v", err)
+			}
+		})
 	}
 }

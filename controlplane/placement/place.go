@@ -111,6 +111,7 @@ type Controller struct {
 	// stalled.
 	beat       atomic.Int64
 	awake      atomic.Int64
+	unresolved atomic.Bool  // stored maps whose open plans a crash may have left: resolveMaps
 	stallAfter atomic.Int64 // a sweep later than this (ns) is a stall
 	planTerm   atomic.Int64 // orders this PC's reshard plans after its predecessors'
 	standby    atomic.Bool  // a standby of an HA group: serves nothing
@@ -220,6 +221,7 @@ func (c *Controller) load(st *State) {
 	}
 	c.mu.Unlock()
 	c.started.Store(time.Now().UnixNano())
+	c.unresolved.Store(len(st.Maps) > 0)
 	c.log.Info("controller state loaded", "instances", len(st.Epochs), "sessions", len(st.Sessions), "maps", len(st.Maps))
 }
 
@@ -439,6 +441,9 @@ func (c *Controller) Run(ctx context.Context, every time.Duration) {
 		}
 		if c.standby.Load() {
 			continue
+		}
+		if c.unresolved.CompareAndSwap(true, false) {
+			c.resolveMaps(ctx)
 		}
 		c.forget(now)
 		c.mu.Lock()

@@ -3,6 +3,7 @@ package placement
 import (
 	"container/heap"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -170,6 +171,19 @@ func (r *Registry) All() []Snapshot {
 	for _, in := range r.m {
 		out = append(out, Snapshot{Status: in.st, State: in.state(now), Pending: in.pendingAt(now), ServiceUs: in.serviceUs, Placed: in.placed})
 	}
+	return out
+}
+
+// URIs lists the instances the registry knows, reported or from saved
+// state.
+func (r *Registry) URIs() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]string, 0, len(r.m))
+	for uri := range r.m {
+		out = append(out, uri)
+	}
+	slices.Sort(out)
 	return out
 }
 

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/internal/failpoint"
 )
 
 // ShardContext is a sequence-sharded context (spec "Sequence-Sharded Caches
@@ -202,6 +203,7 @@ func (c *Controller) Reshard(ctx context.Context, q *ReshardRequest) (*ReshardRe
 		})
 	}
 	wg.Wait()
+	failpoint.Eval("pc/reshard-acked") // F12: a crash between the acknowledgements and the decision
 	members := make([]string, 0, len(plans))
 	for inst := range plans {
 		members = append(members, inst)
@@ -224,9 +226,43 @@ func (c *Controller) Reshard(ctx context.Context, q *ReshardRequest) (*ReshardRe
 		}
 	}
 	e.ctx = next
+	failpoint.Eval("pc/reshard-recorded") // F12: a crash between the decision and the commits
 	c.broadcast(dctx, members, &kvsp.Reshard{Kind: kvsp.ReshardCommit, Map: q.Next.Map, Commit: q.Next.Version, Plan: planID})
 	c.m.reshards.WithLabelValues("committed").Inc()
 	return res, nil
+}
+
+// resolveMaps ends what a crash of the previous PC (or of the deposed
+// leader) left open, once after a start with saved state or a takeover:
+// the stored version of each map is the decision, so its commit is sent
+// to its members (a member that missed it catches up), and any plan still
+// open for the version after it is aborted at every instance known (its
+// decision was never recorded, so no member can have heard a commit of
+// it). Without this, members kept an open plan, and the blocks it fetched
+// pinned, until the next reshard of the map (RELIABILITY F12).
+func (c *Controller) resolveMaps(ctx context.Context) {
+	c.mu.Lock()
+	entries := make([]*shardEntry, 0, len(c.maps))
+	for _, e := range c.maps {
+		entries = append(entries, e)
+	}
+	c.mu.Unlock()
+	all := c.reg.URIs()
+	for _, e := range entries {
+		e.mu.Lock()
+		cur := e.ctx
+		if cur != nil && cur.Map.Version > 0 {
+			var members []string
+			for _, s := range cur.Map.Shards {
+				if !slices.Contains(members, s.Instance) {
+					members = append(members, s.Instance)
+				}
+			}
+			c.send(ctx, members, &kvsp.Reshard{Kind: kvsp.ReshardCommit, Map: cur.Map.Map, Commit: cur.Map.Version}, 2, time.Second)
+			c.send(ctx, all, &kvsp.Reshard{Kind: kvsp.ReshardAbort, Map: cur.Map.Map, Abort: cur.Map.Version + 1}, 1, time.Second)
+		}
+		e.mu.Unlock()
+	}
 }
 
 // broadcast sends a commit or abort to every member, retrying each a few
