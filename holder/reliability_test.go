@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"math"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -938,34 +937,6 @@ func TestB5_OversizedBodies(t *testing.T) {
 	}
 }
 
-// ks returns the two-sample Kolmogorov-Smirnov statistic of a and b and
-// its asymptotic p-value.
-func ks(a, b []float64) (d, p float64) {
-	a, b = slices.Clone(a), slices.Clone(b)
-	slices.Sort(a)
-	slices.Sort(b)
-	i, j := 0, 0
-	for i < len(a) && j < len(b) {
-		x := min(a[i], b[j])
-		for i < len(a) && a[i] == x {
-			i++
-		}
-		for j < len(b) && b[j] == x {
-			j++
-		}
-		d = max(d, math.Abs(float64(i)/float64(len(a))-float64(j)/float64(len(b))))
-	}
-	ne := math.Sqrt(float64(len(a)*len(b)) / float64(len(a)+len(b)))
-	l := (ne + 0.12 + 0.11/ne) * d
-	if l < 0.2 {
-		return d, 1
-	}
-	for k := 1; k <= 100; k++ {
-		p += 2 * math.Pow(-1, float64(k-1)) * math.Exp(-2*float64(k*k)*l*l)
-	}
-	return d, min(max(p, 0), 1)
-}
-
 // TestS9_NoAuthorizationOracleInGETs (RELIABILITY S9, holder GET half;
 // R-BLK-13, R-BLK-19): 2000 GETs by an identity without the scope, half
 // of blocks the holder has and half of absent ones, interleaved, and PUTs
@@ -1043,7 +1014,7 @@ func TestS9_NoAuthorizationOracleInGETs(t *testing.T) {
 		if n := failpoint.Hits("holder/store-probe") - base; n != 0 {
 			t.Fatalf("the storage was probed %d times for requests that were not authorized", n)
 		}
-		dks, p := ks(present, absent)
+		dks, p := kvsptest.KSTwoSample(present, absent)
 		slices.Sort(present)
 		slices.Sort(absent)
 		t.Logf("run %d: median present %v, absent %v; KS D=%.4f p=%.3f", run, time.Duration(present[len(present)/2]), time.Duration(absent[len(absent)/2]), dks, p)

@@ -11,7 +11,6 @@ import (
 	"crypto/x509"
 	"errors"
 	"io"
-	"math"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -728,76 +727,6 @@ func (p *probeCounter) Lookup(ctx context.Context, s kvsp.ScopeID, c kvsp.Compat
 	return err
 }
 
-// ksTwoSample is the two-sample Kolmogorov-Smirnov test: the statistic D
-// (the largest distance between the empirical distribution functions) and
-// its asymptotic p-value Q_KS((sqrt(ne) + 0.12 + 0.11/sqrt(ne)) D),
-// ne = n1 n2 / (n1 + n2) (Numerical Recipes, 3rd ed., 14.3.3).
-func ksTwoSample(a, b []float64) (d, p float64) {
-	a, b = slices.Clone(a), slices.Clone(b)
-	slices.Sort(a)
-	slices.Sort(b)
-	n1, n2 := float64(len(a)), float64(len(b))
-	for i, j := 0, 0; i < len(a) && j < len(b); {
-		x, y := a[i], b[j]
-		if x <= y {
-			i++
-		}
-		if y <= x {
-			j++
-		}
-		d = max(d, math.Abs(float64(i)/n1-float64(j)/n2))
-	}
-	en := math.Sqrt(n1 * n2 / (n1 + n2))
-	return d, qKS((en + 0.12 + 0.11/en) * d)
-}
-
-// qKS is the Kolmogorov distribution's complement,
-// 2 sum_{j>=1} (-1)^(j-1) exp(-2 j^2 l^2).
-func qKS(l float64) float64 {
-	if l < 0.2 {
-		return 1 // the series converges slowly there; the value is 1 to 1e-9
-	}
-	a2 := -2 * l * l
-	sum, fac, prev := 0.0, 2.0, 0.0
-	for j := 1; j <= 100; j++ {
-		term := fac * math.Exp(a2*float64(j*j))
-		sum += term
-		if math.Abs(term) <= 1e-3*prev || math.Abs(term) <= 1e-10*sum {
-			return min(max(sum, 0), 1)
-		}
-		fac = -fac
-		prev = math.Abs(term)
-	}
-	return 1
-}
-
-// TestKSTwoSample checks the S9 statistic itself: the tabulated critical
-// values of the Kolmogorov distribution, identical samples, and a shift.
-func TestKSTwoSample(t *testing.T) {
-	for _, c := range []struct{ l, q float64 }{{1.0, 0.2700}, {1.36, 0.0494}, {1.63, 0.0098}, {0.5, 0.9639}} {
-		if got := qKS(c.l); math.Abs(got-c.q) > 5e-4 {
-			t.Errorf("Q_KS(%v) = %.4f, want %.4f", c.l, got, c.q)
-		}
-	}
-	rng := rand.New(rand.NewPCG(1, 2))
-	x, y := make([]float64, 1000), make([]float64, 1000)
-	for i := range x {
-		x[i], y[i] = rng.ExpFloat64(), rng.ExpFloat64()
-	}
-	if d, p := ksTwoSample(x, x); d != 0 || p != 1 {
-		t.Errorf("identical samples: D %v p %v", d, p)
-	}
-	if _, p := ksTwoSample(x, y); p <= 0.01 {
-		t.Errorf("two samples of one distribution: p %v", p)
-	}
-	for i := range y {
-		y[i] += 0.2
-	}
-	if d, p := ksTwoSample(x, y); p >= 1e-6 || d < 0.1 {
-		t.Errorf("a shift of 0.2 mean: D %v p %v, want p < 1e-6", d, p)
-	}
-}
-
 // TestS9_NoAuthorizationOracleInLookups (RELIABILITY.md S9, the IS half;
 // R-SEC-6, A-11): 2,000 lookups by a client not authorized for the scope,
 // half for keys that have records and half for keys that do not, sent in
@@ -895,7 +824,7 @@ func TestS9_NoAuthorizationOracleInLookups(t *testing.T) {
 	if !reflect.DeepEqual(problems[0], problems[1]) {
 		t.Errorf("the problem for existing keys differs from that for absent ones: %+v / %+v", problems[0], problems[1])
 	}
-	d, p := ksTwoSample(hit, miss)
+	d, p := kvsptest.KSTwoSample(hit, miss)
 	med := func(x []float64) float64 { y := slices.Clone(x); slices.Sort(y); return y[len(y)/2] }
 	t.Logf("%d+%d unauthorized lookups: median %.0f / %.0f us (existing / absent keys); KS D %.4f p %.4f; backend calls %d",
 		len(hit), len(miss), med(hit), med(miss), d, p, pc.calls.Load())
@@ -906,7 +835,7 @@ func TestS9_NoAuthorizationOracleInLookups(t *testing.T) {
 	for i := range shifted {
 		shifted[i] += med(miss) / 4
 	}
-	if _, ps := ksTwoSample(hit, shifted); ps >= 0.01 {
+	if _, ps := kvsptest.KSTwoSample(hit, shifted); ps >= 0.01 {
 		t.Errorf("the test cannot see a shift of a quarter of the median (p %.4g): too few or too noisy samples", ps)
 	}
 }
