@@ -65,9 +65,6 @@ func newEnv(t *testing.T, http3on bool, mount func(*server.Server)) *env {
 
 func (e *env) path(name string) string { return e.PKI.Path(name) }
 
-func (e *env) issue(o pki.LeafOptions) *pki.Leaf { return e.PKI.Issue(o) }
-
-func (e *env) write(cert, key string, l *pki.Leaf) { e.PKI.WriteLeaf(cert, key, l) }
 
 func (e *env) tlsFor(leaf *pki.Leaf) *tls.Config { return e.PKI.ClientTLS(leaf) }
 

@@ -138,7 +138,6 @@ type world struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	closes []func()
-	mu     sync.Mutex
 
 	mem   *index.Memory
 	pc    *placement.Controller
