@@ -65,7 +65,6 @@ func newEnv(t *testing.T, http3on bool, mount func(*server.Server)) *env {
 
 func (e *env) path(name string) string { return e.PKI.Path(name) }
 
-
 func (e *env) tlsFor(leaf *pki.Leaf) *tls.Config { return e.PKI.ClientTLS(leaf) }
 
 func (e *env) client(leaf *pki.Leaf) *http.Client {
