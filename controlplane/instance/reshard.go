@@ -277,6 +277,15 @@ func (a *Agent) discard(s *shard) {
 	s.pending = nil
 }
 
+// ShardPlanOpen reports a plan for map m that this instance acknowledged
+// and has not seen committed or aborted yet (its fetched blocks pinned).
+func (a *Agent) ShardPlanOpen(m string) bool {
+	s := a.shardOf(m)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.pending != nil
+}
+
 // ShardRanges returns the token ranges this instance holds of a map at its
 // current version, in order, merged.
 func (a *Agent) ShardRanges(m string) (version uint64, ranges []kvsp.TokenRange) {

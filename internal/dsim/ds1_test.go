@@ -7,6 +7,7 @@ import (
 	"io"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/client"
 	"github.com/kvsp/kvsp/container"
+	"github.com/kvsp/kvsp/controlplane/placement"
 	"github.com/kvsp/kvsp/internal/simnet"
 )
 
@@ -32,13 +34,15 @@ import (
 //   - F2: no instance ever received bytes that failed their digests (no
 //     corruption is injected, so a failure means a block served from
 //     reused or wrong memory).
+//   - F12: reshards of a context run among the faults (the PC may crash
+//     in the middle of one); once they stop, every instance holding part
+//     of the map is at the PC's version with exactly its shards.
 //   - F7: once the faults stop and two record TTLs pass, every replica
 //     the IS returns for the sessions' prompts is served by its holder
 //     (no phantom records).
 //
 // The seed is printed on failure; KVSP_SIM_SEED replays it alone;
-// KVSP_SIM_SEEDS (make sim SEEDS=1000) sets how many run. F12's
-// resharding is not in the scheduler yet.
+// KVSP_SIM_SEEDS (make sim SEEDS=1000) sets how many run.
 func TestDS1_Simulation(t *testing.T) {
 	x := identities(t, 3, 3)
 	var total ds1Stats
@@ -56,7 +60,7 @@ func TestDS1_Simulation(t *testing.T) {
 }
 
 type ds1Stats struct {
-	Seeds, Sessions, Tokens, InstanceCrashes, HolderCrashes, PCCrashes, FaultPeriods, Requests, Dropped, Refused int
+	Seeds, Sessions, Tokens, InstanceCrashes, HolderCrashes, PCCrashes, FaultPeriods, Reshards, Committed, Holding, Requests, Dropped, Refused int
 }
 
 func (s *ds1Stats) add(o ds1Stats) {
@@ -67,6 +71,9 @@ func (s *ds1Stats) add(o ds1Stats) {
 	s.HolderCrashes += o.HolderCrashes
 	s.PCCrashes += o.PCCrashes
 	s.FaultPeriods += o.FaultPeriods
+	s.Reshards += o.Reshards
+	s.Committed += o.Committed
+	s.Holding += o.Holding
 	s.Requests += o.Requests
 	s.Dropped += o.Dropped
 	s.Refused += o.Refused
@@ -123,6 +130,11 @@ func ds1Run(t *testing.T, x *ids, seed uint64) (st ds1Stats) {
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
 
+	var (
+		resharding atomic.Bool
+		reshards   sync.WaitGroup
+		committed  atomic.Int64
+	)
 	// The scheduler: one goroutine (this one) decides every fault.
 	type pending struct {
 		at time.Time
@@ -176,8 +188,31 @@ func ds1Run(t *testing.T, x *ids, seed uint64) (st ds1Stats) {
 			st.FaultPeriods++
 		case r < 85:
 			w.net.SetFaults(simnet.Faults{})
+		case r < 95: // a reshard of the first session's context (F12)
+			if !resharding.Load() && w.pcUp() {
+				pcMu.Lock()
+				pc := w.pc
+				pcMu.Unlock()
+				cur, _ := pc.ShardMap(ds1Map)
+				a, b := w.insts[w.rng.IntN(len(w.insts))].base, w.insts[w.rng.IntN(len(w.insts))].base
+				next := kvsp.ShardMap{Map: ds1Map, Version: cur.Version + 1, Shards: []kvsp.Shard{
+					{Tokens: kvsp.TokenRange{0, blockToks}, Instance: a}, {Tokens: kvsp.TokenRange{blockToks, 2 * blockToks}, Instance: b}}}
+				q := &placement.ReshardRequest{Next: next, ScopeID: w.scope.ID(), CompatID: w.compat, Deadline: time.Duration(200+w.rng.IntN(1800)) * time.Millisecond}
+				if cur.Version == 0 {
+					q.Tokens = qs[0].Tokens[:2*blockToks]
+				}
+				resharding.Store(true)
+				st.Reshards++
+				reshards.Go(func() {
+					defer resharding.Store(false)
+					if _, err := pc.Reshard(context.Background(), q); err == nil {
+						committed.Add(1)
+					}
+				})
+			}
 		}
 	}
+	reshards.Wait()
 	// Faults stop; everything comes back.
 	w.net.SetFaults(simnet.Faults{})
 	pcMu.Lock()
@@ -195,6 +230,12 @@ func ds1Run(t *testing.T, x *ids, seed uint64) (st ds1Stats) {
 		st.Tokens += len(outs[i])
 	}
 	st.Sessions = sessions
+	// F12: the group converged to one version: every instance that holds
+	// a part of the map is at the PC's version and holds exactly its
+	// shards; the others (restarted incarnations, or not members) hold
+	// nothing of it.
+	st.Holding = checkOneVersion(t, w)
+	st.Committed = int(committed.Load())
 	// F2: no wrong bytes ever reached an instance.
 	for _, reg := range w.instRegs {
 		if v := counterSum(t, reg, "kvsp_instance_digest_failures_total"); v > 0 {
@@ -265,4 +306,48 @@ func checkNoPhantoms(t *testing.T, w *world, qs []*kvsp.PlaceRequest) {
 			}
 		}
 	}
+}
+
+const ds1Map = "ds1"
+
+// checkOneVersion checks F12's convergence once the faults stopped: the
+// PC's map is the one version its members hold, and nobody holds ranges
+// of another.
+func checkOneVersion(t *testing.T, w *world) (holding int) {
+	t.Helper()
+	m, _ := w.pc.ShardMap(ds1Map)
+	want := map[string][]kvsp.TokenRange{}
+	for _, s := range m.Shards {
+		want[s.Instance] = append(want[s.Instance], s.Tokens)
+	}
+	for base, ranges := range want { // adjacent ranges are reported merged
+		slices.SortFunc(ranges, func(a, b kvsp.TokenRange) int { return int(a[0]) - int(b[0]) })
+		merged := ranges[:1]
+		for _, r := range ranges[1:] {
+			if last := &merged[len(merged)-1]; last[1] == r[0] {
+				last[1] = r[1]
+			} else {
+				merged = append(merged, r)
+			}
+		}
+		want[base] = merged
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for base, a := range w.agents {
+		if a.ShardPlanOpen(ds1Map) {
+			t.Fatalf("F12: %s still has a plan open (its fetched blocks pinned) after the faults stopped; the PC is at version %d", base, m.Version)
+		}
+		v, got := a.ShardRanges(ds1Map)
+		switch {
+		case v > m.Version:
+		case len(got) == 0 && (v == 0 || want[base] == nil): // a fresh incarnation, or not a member (it may have left at an earlier version)
+			continue
+		case v == m.Version && slices.Equal(got, want[base]):
+			holding++
+			continue
+		}
+		t.Fatalf("F12: %s holds %v at version %d; the PC's map is version %d with %v for it", base, got, v, m.Version, want[base])
+	}
+	return holding
 }

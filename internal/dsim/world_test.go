@@ -138,6 +138,7 @@ type world struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	closes []func()
+	mu     sync.Mutex // agents
 
 	mem   *index.Memory
 	pc    *placement.Controller
@@ -146,6 +147,7 @@ type world struct {
 
 	holders []*proc
 	insts   []*proc
+	agents  map[string]*instance.Agent // the running incarnation of each instance, by base
 	// instRegs are the metrics registries of every instance incarnation.
 	instRegs []*prometheus.Registry
 	// skew steps the wall clock of a restarting instance back (its epoch
@@ -163,7 +165,8 @@ type proc struct {
 	stop  func() // its crash: off the network, its objects torn down
 	start func()
 	up    bool
-	n     int // incarnations
+	n     int                 // incarnations
+	links []*simnet.Transport // its outgoing side, cut when it crashes
 }
 
 type options struct {
@@ -174,12 +177,18 @@ type options struct {
 	durablePC bool
 }
 
-func (w *world) client(id string) *client.Client {
-	c, err := client.New(client.Config{TLS: w.ids.pkiFiles.ClientTLS(w.ids.tls[id]), Transport: w.net.Transport(w.ids.certs[id]), Attempts: 2, Timeout: 2 * time.Second})
+// client is a client of one process with identity id; its transport is
+// added to p's, cut when p crashes (nil: the front end, which never does).
+func (w *world) client(id string, p *proc) *client.Client {
+	tr := w.net.Transport(w.ids.certs[id])
+	c, err := client.New(client.Config{TLS: w.ids.pkiFiles.ClientTLS(w.ids.tls[id]), Transport: tr, Attempts: 2, Timeout: 2 * time.Second})
 	if err != nil {
 		w.t.Fatal(err)
 	}
 	w.closes = append(w.closes, c.Close)
+	if p != nil {
+		p.links = append(p.links, tr)
+	}
 	return c
 }
 
@@ -204,7 +213,7 @@ func simLog(name string) *slog.Logger {
 }
 
 func newWorld(t *testing.T, x *ids, seed uint64, o options) *world {
-	w := &world{t: t, rng: rand.New(rand.NewPCG(seed, 0xd5)), net: simnet.New(seed), ids: x, dir: t.TempDir()}
+	w := &world{t: t, rng: rand.New(rand.NewPCG(seed, 0xd5)), net: simnet.New(seed), ids: x, dir: t.TempDir(), agents: map[string]*instance.Agent{}}
 	w.ctx, w.cancel = context.WithCancel(context.Background())
 	pol, err := server.ParsePolicy([]byte(x.policy))
 	if err != nil {
@@ -233,7 +242,7 @@ func newWorld(t *testing.T, x *ids, seed uint64, o options) *world {
 			g := eng.Geometry()
 			w.g = g
 			h, err = holder.New(holder.Config{Base: p.base, Geometries: map[kvsp.CompatID]container.Geometry{w.compat: g}, Capacity: 64 << 20,
-				ReadMbitPerS: 100000, Index: w.client(kvsptest.Holder1).Index(isBase), RecordTTL: 10 * time.Second,
+				ReadMbitPerS: 100000, Index: w.client(kvsptest.Holder1, p).Index(isBase), RecordTTL: 10 * time.Second,
 				LeaseQuota: holder.LeaseQuota{Octets: 64 << 20, MaxTTL: 10 * time.Second, MaxLeases: 1024}})
 			if err != nil {
 				t.Fatal(err)
@@ -250,9 +259,10 @@ func newWorld(t *testing.T, x *ids, seed uint64, o options) *world {
 	}
 	// The PC, its state in a bbolt file so a crash keeps epochs and
 	// checkpoints.
-	pcc := w.client(kvsptest.PC)
 	var store *placement.BoltStore
-	startPC := func() {
+	pcProc := &proc{host: "pc.sim", base: pcBase}
+	pcProc.start = func() {
+		pcc := w.client(kvsptest.PC, pcProc)
 		cfg := placement.Config{Scopes: []kvsp.ScopeKey{w.scope}, BlockTokens: map[kvsp.CompatID]int{w.compat: blockToks},
 			Index: pcc.Index(isBase), Instances: placement.ClientInstances{C: pcc}, RestartGrace: 3 * time.Second, Logger: simLog("pc")}
 		var err error
@@ -272,14 +282,14 @@ func newWorld(t *testing.T, x *ids, seed uint64, o options) *world {
 		pc := w.pc
 		w.pcWG.Go(func() { pc.Run(ctx, 250*time.Millisecond) })
 	}
-	pcProc := &proc{host: "pc.sim", base: pcBase, start: startPC, stop: func() {
+	pcProc.stop = func() {
 		w.net.Down("pc.sim")
 		w.pcRun()
 		w.pcWG.Wait()
 		if store != nil {
 			store.Close()
 		}
-	}}
+	}
 	// Instances.
 	for i := 1; i <= o.instances; i++ {
 		p := &proc{host: fmt.Sprintf("ii%d.sim", i), base: fmt.Sprintf("https://ii%d.sim/", i)}
@@ -299,13 +309,16 @@ func newWorld(t *testing.T, x *ids, seed uint64, o options) *world {
 			w.instRegs = append(w.instRegs, reg)
 			skew := w.skew
 			var err error
-			a, err = instance.New(instance.Config{Base: p.base, Engine: eng, Client: w.client(agentID), Controller: pcBase, Index: isBase, Holder: holderBase,
+			a, err = instance.New(instance.Config{Base: p.base, Engine: eng, Client: w.client(agentID, p), Controller: pcBase, Index: isBase, Holder: holderBase,
 				Scopes: []kvsp.ScopeKey{w.scope}, StatusTTL: time.Second, Links: links, EpochFile: filepath.Join(w.dir, p.host+".epoch"), Logger: simLog(p.host),
 				Registerer: reg, Now: func() time.Time { return time.Now().Add(-skew) }})
 			if err != nil {
 				t.Fatal(err)
 			}
 			w.net.Up(p.host, w.newServer(func(s *server.Server) { a.Mount(s.Mount("/")) }).Handler())
+			w.mu.Lock()
+			w.agents[p.base] = a
+			w.mu.Unlock()
 			var ctx context.Context
 			ctx, stop = context.WithCancel(w.ctx)
 			wg.Go(func() { a.Run(ctx) })
@@ -315,6 +328,9 @@ func newWorld(t *testing.T, x *ids, seed uint64, o options) *world {
 			stop()
 			a.Close()
 			wg.Wait()
+			w.mu.Lock()
+			delete(w.agents, p.base)
+			w.mu.Unlock()
 		}
 		w.insts = append(w.insts, p)
 	}
@@ -323,7 +339,7 @@ func newWorld(t *testing.T, x *ids, seed uint64, o options) *world {
 		p.up, p.n = true, 1
 	}
 	w.holders = append(w.holders, pcProc) // crashed like the others; kept last
-	w.front = w.client(kvsptest.ClientA)
+	w.front = w.client(kvsptest.ClientA, nil)
 	// Every instance has reported.
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		n := 0
@@ -348,6 +364,10 @@ func (w *world) pcUp() bool { return w.holders[len(w.holders)-1].up }
 // crash takes p down; restart brings it back (a new incarnation).
 func (w *world) crash(p *proc) {
 	if p.up {
+		for _, l := range p.links { // a dead process sends nothing more
+			l.Close()
+		}
+		p.links = nil
 		p.stop()
 		p.up = false
 	}

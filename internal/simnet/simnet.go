@@ -108,14 +108,25 @@ func (f *Fabric) Down(hostport string) {
 }
 
 // Transport returns a round tripper whose requests present peer's
-// identity.
-func (f *Fabric) Transport(peer *x509.Certificate) http.RoundTripper {
-	return &transport{f: f, peer: peer}
+// identity. Close it when the process that uses it crashes: a dead
+// process sends nothing more, whatever its goroutines were doing.
+func (f *Fabric) Transport(peer *x509.Certificate) *Transport {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Transport{f: f, peer: peer, ctx: ctx, cancel: cancel}
 }
 
-type transport struct {
-	f    *Fabric
-	peer *x509.Certificate
+// Transport is one process's side of the fabric.
+type Transport struct {
+	f      *Fabric
+	peer   *x509.Certificate
+	ctx    context.Context // ended by Close
+	cancel context.CancelFunc
+}
+
+// Close cuts the process's exchanges in flight and refuses its new ones.
+func (t *Transport) Close() error {
+	t.cancel()
+	return nil
 }
 
 // plan draws the fate of one request.
@@ -143,13 +154,17 @@ func (f *Fabric) plan(hostport string) (h *host, delay time.Duration, dropBefore
 }
 
 // RoundTrip implements http.RoundTripper.
-func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
-	h, delay, dropBefore, dropAfter := t.f.plan(req.URL.Host)
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	closeBody := func() {
 		if req.Body != nil {
 			req.Body.Close()
 		}
 	}
+	if t.ctx.Err() != nil {
+		closeBody()
+		return nil, ErrRefused
+	}
+	h, delay, dropBefore, dropAfter := t.f.plan(req.URL.Host)
 	if h == nil {
 		closeBody()
 		return nil, ErrRefused
@@ -171,8 +186,9 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	ctx, cancel := context.WithCancel(req.Context())
 	pr, pw := io.Pipe()
 	stopHost := context.AfterFunc(h.ctx, func() { pw.CloseWithError(ErrReset); cancel() })
+	stopSender := context.AfterFunc(t.ctx, func() { pw.CloseWithError(ErrReset); cancel() })
 	stopReq := context.AfterFunc(req.Context(), func() { pw.CloseWithError(req.Context().Err()) })
-	stop := func() { stopHost(); stopReq() }
+	stop := func() { stopHost(); stopSender(); stopReq() }
 	sreq := req.Clone(ctx)
 	sreq.Proto, sreq.ProtoMajor, sreq.ProtoMinor = "HTTP/2.0", 2, 0
 	sreq.RequestURI = req.URL.RequestURI()
