@@ -426,6 +426,8 @@ func (c *Controller) Run(ctx context.Context, every time.Duration) {
 	c.stallAfter.Store(int64(max(4*every, 500*time.Millisecond)))
 	c.beat.Store(time.Now().UnixNano())
 	defer c.beat.Store(0)
+	var bg sync.WaitGroup
+	defer bg.Wait()
 	for {
 		select {
 		case <-ctx.Done():
@@ -443,7 +445,7 @@ func (c *Controller) Run(ctx context.Context, every time.Duration) {
 			continue
 		}
 		if c.unresolved.CompareAndSwap(true, false) {
-			c.resolveMaps(ctx)
+			bg.Go(func() { c.resolveMaps(ctx) }) // its messages take seconds: not in the way of migrations
 		}
 		c.forget(now)
 		c.mu.Lock()

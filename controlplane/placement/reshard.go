@@ -249,7 +249,9 @@ func (c *Controller) resolveMaps(ctx context.Context) {
 	c.mu.Unlock()
 	all := c.reg.URIs()
 	for _, e := range entries {
-		e.mu.Lock()
+		if !e.mu.TryLock() {
+			continue // a reshard of this map is under way here: its plan replaces the open one, its decision ends it
+		}
 		cur := e.ctx
 		if cur != nil && cur.Map.Version > 0 {
 			var members []string
