@@ -217,7 +217,9 @@ func (c *Controller) load(st *State) {
 	}
 	c.maps = map[string]*shardEntry{}
 	for _, m := range st.Maps {
-		c.maps[m.Map.Map] = &shardEntry{ctx: m}
+		e := &shardEntry{}
+		e.ctx.Store(m)
+		c.maps[m.Map.Map] = e
 	}
 	c.mu.Unlock()
 	c.started.Store(time.Now().UnixNano())

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvsp/kvsp"
@@ -55,10 +56,11 @@ const MaxReshardDeadline = 8 * time.Second
 // member was sent an abort and the map stays at its version (R-RSH-11).
 var ErrReshardAborted = fmt.Errorf("%w: the reshard was aborted", kvsp.ErrUnavailable)
 
-// shardEntry serializes the reshards of one map.
+// shardEntry serializes the reshards of one map; its current context is
+// read without waiting for a reshard under way.
 type shardEntry struct {
 	mu  sync.Mutex
-	ctx *ShardContext // nil: no map yet
+	ctx atomic.Pointer[ShardContext] // nil: no map yet; written with mu held
 }
 
 func (c *Controller) shardEntry(m string) *shardEntry {
@@ -74,13 +76,11 @@ func (c *Controller) shardEntry(m string) *shardEntry {
 
 // ShardMap returns a context's map at its authoritative version.
 func (c *Controller) ShardMap(m string) (kvsp.ShardMap, bool) {
-	e := c.shardEntry(m)
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.ctx == nil {
+	cur := c.shardEntry(m).ctx.Load()
+	if cur == nil {
 		return kvsp.ShardMap{}, false
 	}
-	return e.ctx.Map, true
+	return cur.Map, true
 }
 
 // Reshard moves a context from version v to v+1 by two-phase commit: it
@@ -115,8 +115,8 @@ func (c *Controller) Reshard(ctx context.Context, q *ReshardRequest) (*ReshardRe
 	defer e.mu.Unlock()
 
 	cur := &ShardContext{Map: kvsp.ShardMap{Map: q.Next.Map}, ScopeID: q.ScopeID, CompatID: q.CompatID}
-	if e.ctx != nil {
-		cur = e.ctx
+	if x := e.ctx.Load(); x != nil {
+		cur = x
 	}
 	if q.Next.Version != cur.Map.Version+1 {
 		return nil, kvsp.NewProblem(kvsp.ErrPlanConflict, "the new map's version is not the current one plus one").With("version", cur.Map.Version)
@@ -225,7 +225,7 @@ func (c *Controller) Reshard(ctx context.Context, q *ReshardRequest) (*ReshardRe
 			return nil, fmt.Errorf("%w: the controller's state could not be written", kvsp.ErrUnavailable)
 		}
 	}
-	e.ctx = next
+	e.ctx.Store(next)
 	failpoint.Eval("pc/reshard-recorded") // F12: a crash between the decision and the commits
 	c.broadcast(dctx, members, &kvsp.Reshard{Kind: kvsp.ReshardCommit, Map: q.Next.Map, Commit: q.Next.Version, Plan: planID})
 	c.m.reshards.WithLabelValues("committed").Inc()
@@ -252,7 +252,7 @@ func (c *Controller) resolveMaps(ctx context.Context) {
 		if !e.mu.TryLock() {
 			continue // a reshard of this map is under way here: its plan replaces the open one, its decision ends it
 		}
-		cur := e.ctx
+		cur := e.ctx.Load()
 		if cur != nil && cur.Map.Version > 0 {
 			var members []string
 			for _, s := range cur.Map.Shards {
