@@ -111,7 +111,13 @@ func (c *Controller) Reshard(ctx context.Context, q *ReshardRequest) (*ReshardRe
 		return nil, fmt.Errorf("%w: deadline_ms: at most %d", kvsp.ErrInvalid, MaxReshardDeadline.Milliseconds())
 	}
 	e := c.shardEntry(q.Next.Map)
-	e.mu.Lock()
+	if !e.mu.TryLock() { // one at a time: a second would find its version taken, or a member's plan open
+		var v uint64
+		if cur := e.ctx.Load(); cur != nil {
+			v = cur.Map.Version
+		}
+		return nil, kvsp.NewProblem(kvsp.ErrPlanConflict, "a reshard of this map is under way").With("version", v)
+	}
 	defer e.mu.Unlock()
 
 	cur := &ShardContext{Map: kvsp.ShardMap{Map: q.Next.Map}, ScopeID: q.ScopeID, CompatID: q.CompatID}

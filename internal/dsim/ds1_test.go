@@ -47,7 +47,9 @@ func TestDS1_Simulation(t *testing.T) {
 	x := identities(t, 3, 3)
 	var total ds1Stats
 	for _, seed := range seedList("KVSP_SIM_SEEDS", 10) {
+		stop := watchdog(seed, 2*time.Minute)
 		ok := t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			defer stop()
 			synctest.Test(t, func(t *testing.T) {
 				total.add(ds1Run(t, x, seed))
 			})

@@ -27,7 +27,9 @@ func TestF10_ExactlyOnceAcrossMigrations(t *testing.T) {
 	x := identities(t, 2, 3)
 	var migrations, kills int
 	for _, seed := range seedList("KVSP_F10_SEEDS", 100) {
+		stop := watchdog(seed, 2*time.Minute)
 		ok := t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			defer stop()
 			synctest.Test(t, func(t *testing.T) {
 				m, k := f10Run(t, x, seed)
 				migrations += m

@@ -20,6 +20,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -85,6 +86,19 @@ func seedList(env string, def int) []uint64 {
 		out[i] = uint64(i + 1)
 	}
 	return out
+}
+
+// watchdog fails the run, with every goroutine's stack, if a seed takes
+// longer than limit of real time: a goroutine blocked on something the
+// bubble cannot see (a mutex held across a wait on the fake clock) stops
+// the fake clock, and the run would hang instead of failing.
+func watchdog(seed uint64, limit time.Duration) (stop func()) {
+	timer := time.AfterFunc(limit, func() {
+		fmt.Fprintf(os.Stderr, "dsim: seed %d still running after %v of real time: the fake clock is stuck; goroutines:\n", seed, limit)
+		pprof.Lookup("goroutine").WriteTo(os.Stderr, 2)
+		panic(fmt.Sprintf("dsim: seed %d stuck (KVSP_SIM_SEED=%d replays it)", seed, seed))
+	})
+	return func() { timer.Stop() }
 }
 
 // ids are the identities of the simulation, made once (outside bubbles).
