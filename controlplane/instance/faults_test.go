@@ -19,6 +19,7 @@ import (
 	"github.com/kvsp/kvsp/controlplane/instance"
 	"github.com/kvsp/kvsp/engine/sim"
 	"github.com/kvsp/kvsp/internal/faultproxy"
+	"github.com/kvsp/kvsp/internal/kvsptest"
 )
 
 // TestF13_PrefetchUnderBadNetworks (RELIABILITY F13, R-PF-*): with the
@@ -62,7 +63,7 @@ func TestF13_PrefetchUnderBadNetworks(t *testing.T) {
 				t.Fatal(err)
 			}
 			if tc.name == "10 MB/s" { // the lease is held while the blocks trickle in: the gauge sees it
-				for deadline := time.Now().Add(time.Second); gaugeSum(t, holderReg, "kvsp_holder_active_leases") == 0; time.Sleep(5 * time.Millisecond) {
+				for deadline := time.Now().Add(time.Second); kvsptest.MetricSum(t, holderReg, "kvsp_holder_active_leases", nil) == 0; time.Sleep(5 * time.Millisecond) {
 					if time.Now().After(deadline) {
 						t.Fatal("no lease was ever live: the counters below prove nothing")
 					}
@@ -119,7 +120,7 @@ func TestF13_PrefetchUnderBadNetworks(t *testing.T) {
 	// 5000, released through the faulty path or not at all): the holders'
 	// counters return to zero.
 	for deadline := time.Now().Add(8 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		n, b := gaugeSum(t, holderReg, "kvsp_holder_active_leases"), gaugeSum(t, holderReg, "kvsp_holder_leased_bytes")
+		n, b := kvsptest.MetricSum(t, holderReg, "kvsp_holder_active_leases", nil), kvsptest.MetricSum(t, holderReg, "kvsp_holder_leased_bytes", nil)
 		if n == 0 && b == 0 {
 			break
 		}

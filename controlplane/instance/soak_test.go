@@ -19,6 +19,7 @@ import (
 	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/client"
 	"github.com/kvsp/kvsp/container"
+	"github.com/kvsp/kvsp/internal/kvsptest"
 )
 
 // TestL2_Soak (RELIABILITY L2): a mixed workload on the whole system over
@@ -173,10 +174,10 @@ func TestL2_Soak(t *testing.T) {
 	if h1 > h0+max(h0/20, 4<<20) {
 		t.Errorf("heap in use did not come back: %d after, %d before", h1, h0)
 	}
-	if v := gaugeSum(t, holderReg, "kvsp_holder_active_leases"); v != 0 {
+	if v := kvsptest.MetricSum(t, holderReg, "kvsp_holder_active_leases", nil); v != 0 {
 		t.Errorf("%v leases live after the load and their TTL", v)
 	}
-	if v := gaugeSum(t, holderReg, "kvsp_holder_leased_bytes"); v != 0 {
+	if v := kvsptest.MetricSum(t, holderReg, "kvsp_holder_leased_bytes", nil); v != 0 {
 		t.Errorf("%v octets leased after the load and their TTL", v)
 	}
 	// Every record the IS returns is served by its holder.
@@ -211,26 +212,4 @@ func getVerified(ctx context.Context, h *client.Holder, ref client.BlockRef, w *
 			return err
 		}
 	}
-}
-
-// gaugeSum is the sum of a gauge's series in reg.
-func gaugeSum(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var v float64
-	found := false
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			found = true
-			for _, m := range mf.GetMetric() {
-				v += m.GetGauge().GetValue()
-			}
-		}
-	}
-	if !found {
-		t.Fatalf("no metric %s registered", name)
-	}
-	return v
 }

@@ -12,12 +12,11 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/client"
 	"github.com/kvsp/kvsp/container"
 	"github.com/kvsp/kvsp/controlplane/placement"
+	"github.com/kvsp/kvsp/internal/kvsptest"
 	"github.com/kvsp/kvsp/internal/simnet"
 )
 
@@ -240,7 +239,7 @@ func ds1Run(t *testing.T, x *ids, seed uint64) (st ds1Stats) {
 	st.Committed = int(committed.Load())
 	// F2: no wrong bytes ever reached an instance.
 	for _, reg := range w.instRegs {
-		if v := counterSum(t, reg, "kvsp_instance_digest_failures_total"); v > 0 {
+		if v := kvsptest.MetricSum(t, reg, "kvsp_instance_digest_failures_total", nil); v > 0 {
 			t.Fatalf("F2: an instance received %v blocks that failed their digests", v)
 		}
 	}
@@ -251,23 +250,6 @@ func ds1Run(t *testing.T, x *ids, seed uint64) (st ds1Stats) {
 	fs := w.net.Stats()
 	st.Requests, st.Dropped, st.Refused = fs.Requests, fs.Dropped, fs.Refused
 	return st
-}
-
-// counterSum is the sum of a counter's series in reg.
-func counterSum(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var v float64
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			for _, m := range mf.GetMetric() {
-				v += m.GetCounter().GetValue()
-			}
-		}
-	}
-	return v
 }
 
 // checkNoPhantoms looks up every prompt's blocks and GETs each replica

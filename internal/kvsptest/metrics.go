@@ -1,0 +1,43 @@
+package kvsptest
+
+import (
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// MetricSum is the sum of the counter or gauge series of metric name in
+// reg whose labels include match (nil: every series). A metric that is
+// not registered fails the test (a check of it would prove nothing); a
+// series not created yet counts 0.
+func MetricSum(t testing.TB, reg prometheus.Gatherer, name string, match map[string]string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		var v float64
+	series:
+		for _, m := range mf.GetMetric() {
+			for k, want := range match {
+				found := false
+				for _, l := range m.GetLabel() {
+					if l.GetName() == k && l.GetValue() == want {
+						found = true
+					}
+				}
+				if !found {
+					continue series
+				}
+			}
+			v += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+		return v
+	}
+	t.Fatalf("no metric %s registered", name)
+	return 0
+}
