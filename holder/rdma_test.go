@@ -40,17 +40,19 @@ func TestRDMARead(t *testing.T) {
 	if err := hc.PutBlock(context.Background(), ref(1), bytes.NewReader(data), int64(len(data)), blk.ContainerDigest()); err != nil {
 		t.Fatal(err)
 	}
-	got, err := hc.ReadBlockRDMA(context.Background(), ref(1), geom, client.GetOptions{LayerDigests: blk.LayerDigests()}, reader)
+	got, release, err := hc.ReadBlockRDMA(context.Background(), ref(1), geom, client.GetOptions{LayerDigests: blk.LayerDigests()}, reader)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(got.Bytes(), data) {
 		t.Fatal("the block read by RDMA differs from the one stored")
 	}
-	got, err = hc.ReadBlockRDMA(context.Background(), ref(1), geom, client.GetOptions{Layers: &kvsp.LayerRange{1, 2}, LayerDigests: blk.LayerDigests()}, reader)
+	release()
+	got, release, err = hc.ReadBlockRDMA(context.Background(), ref(1), geom, client.GetOptions{Layers: &kvsp.LayerRange{1, 2}, LayerDigests: blk.LayerDigests()}, reader)
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer release()
 	v, _ := blk.Range(1, 2)
 	var want bytes.Buffer
 	v.WriteTo(&want)
@@ -59,17 +61,17 @@ func TestRDMARead(t *testing.T) {
 	}
 	// Another record's digests: refused, as for a GET.
 	_, other := makeBlock(2, 0, 4)
-	if _, err := hc.ReadBlockRDMA(context.Background(), ref(1), geom, client.GetOptions{LayerDigests: other.LayerDigests()}, reader); !errors.Is(err, kvsp.ErrDigestMismatch) {
+	if _, _, err := hc.ReadBlockRDMA(context.Background(), ref(1), geom, client.GetOptions{LayerDigests: other.LayerDigests()}, reader); !errors.Is(err, kvsp.ErrDigestMismatch) {
 		t.Fatalf("wrong layer digests: %v", err)
 	}
 	// A scope the identity lacks: 403 even for a block that does not exist.
-	if _, err := f.hold["spiffe://kvsp.test/client/nosc"].ReadBlockRDMA(context.Background(), ref(9), geom, client.GetOptions{}, reader); !errors.Is(err, kvsp.ErrScopeDenied) {
+	if _, _, err := f.hold["spiffe://kvsp.test/client/nosc"].ReadBlockRDMA(context.Background(), ref(9), geom, client.GetOptions{}, reader); !errors.Is(err, kvsp.ErrScopeDenied) {
 		t.Fatalf("no scope: %v", err)
 	}
-	if _, err := hc.ReadBlockRDMA(context.Background(), ref(9), geom, client.GetOptions{}, reader); !errors.Is(err, kvsp.ErrNotFound) {
+	if _, _, err := hc.ReadBlockRDMA(context.Background(), ref(9), geom, client.GetOptions{}, reader); !errors.Is(err, kvsp.ErrNotFound) {
 		t.Fatalf("missing block: %v", err)
 	}
-	if _, err := hc.ReadBlockRDMA(context.Background(), ref(1), geom, client.GetOptions{Layers: &kvsp.LayerRange{2, 7}}, reader); !errors.Is(err, kvsp.ErrLayersUnavailable) {
+	if _, _, err := hc.ReadBlockRDMA(context.Background(), ref(1), geom, client.GetOptions{Layers: &kvsp.LayerRange{2, 7}}, reader); !errors.Is(err, kvsp.ErrLayersUnavailable) {
 		t.Fatalf("layers past the block: %v", err)
 	}
 	// Bad requests: problem details, nothing exposed.
@@ -102,7 +104,7 @@ func TestRDMAReadCorruptionDetected(t *testing.T) {
 	data, blk := makeBlock(3, 0, 4)
 	hc := f.hold[kvsptest.ClientA]
 	hc.PutBlock(context.Background(), ref(3), bytes.NewReader(data), int64(len(data)), blk.ContainerDigest())
-	if _, err := hc.ReadBlockRDMA(context.Background(), ref(3), geom, client.GetOptions{}, flipReader{reader}); !errors.Is(err, kvsp.ErrDigestMismatch) {
+	if _, _, err := hc.ReadBlockRDMA(context.Background(), ref(3), geom, client.GetOptions{}, flipReader{reader}); !errors.Is(err, kvsp.ErrDigestMismatch) {
 		t.Fatalf("a flipped bit: %v, want a digest mismatch", err)
 	}
 }

@@ -33,6 +33,7 @@ type Loopback struct {
 	name string
 	lid  uint16
 	mrs  map[uint32]*loopMR // by rkey, under f.mu
+	regs int64              // registrations made, under f.mu
 }
 
 // Provider adds a node to the fabric.
@@ -56,6 +57,14 @@ func (l *Loopback) Close() error {
 	return nil
 }
 
+// Registrations reports the registrations made on l so far, and those
+// still live.
+func (l *Loopback) Registrations() (made int64, live int) {
+	l.f.mu.Lock()
+	defer l.f.mu.Unlock()
+	return l.regs, len(l.mrs)
+}
+
 type loopMR struct {
 	l          *Loopback
 	buf        []byte
@@ -77,6 +86,7 @@ func (l *Loopback) Register(buf []byte, remoteRead bool) (MR, error) {
 		if _, taken := l.mrs[k]; k != 0 && !taken {
 			m := &loopMR{l: l, buf: buf, rkey: k, remoteRead: remoteRead}
 			l.mrs[k] = m
+			l.regs++
 			return m, nil
 		}
 	}

@@ -75,9 +75,10 @@ func (t *Target) Close() error {
 // Reader is an instance's side: one queue pair per holder. It satisfies
 // client.RDMAReader.
 type Reader struct {
-	p  Provider
-	mu sync.Mutex
-	qp map[string]*readerQP // by holder base URI
+	p    Provider
+	bufs *bufPool
+	mu   sync.Mutex
+	qp   map[string]*readerQP // by holder base URI
 }
 
 type readerQP struct {
@@ -85,8 +86,23 @@ type readerQP struct {
 	remote string // the holder endpoint it is connected to; "" before
 }
 
-// NewReader returns a Reader on p.
-func NewReader(p Provider) *Reader { return &Reader{p: p, qp: map[string]*readerQP{}} }
+// NewReader returns a Reader on p, keeping up to DefaultPoolBytes of
+// receive buffers registered.
+func NewReader(p Provider) *Reader { return NewReaderPool(p, DefaultPoolBytes) }
+
+// NewReaderPool returns a Reader on p keeping up to poolBytes of receive
+// buffers registered (0: none; every read registers its buffer).
+func NewReaderPool(p Provider, poolBytes int64) *Reader {
+	return &Reader{p: p, bufs: newBufPool(p, poolBytes), qp: map[string]*readerQP{}}
+}
+
+// Buffer returns a buffer of n octets to read into, registered once and
+// reused when it comes from the pool, and the release that gives it back
+// (after which it must not be used).
+func (r *Reader) Buffer(n int) ([]byte, func(), error) { return r.bufs.get(n) }
+
+// PoolStats reports the receive buffers' use.
+func (r *Reader) PoolStats() PoolStats { return r.bufs.snapshot() }
 
 func (r *Reader) get(holder string) (*readerQP, error) {
 	r.mu.Lock()
@@ -137,39 +153,57 @@ func (r *Reader) Connect(holder, remote string) error {
 	return nil
 }
 
-// Read reads len(dst) octets at addr/rkey of holder into dst. dst is
-// registered for the read and deregistered after.
+// Read reads len(dst) octets at addr/rkey of holder into dst. A dst
+// inside a buffer from Buffer's pool is already registered; other memory
+// is registered for the read and deregistered after. A read that failed
+// once posted takes its queue pair down with it (a NIC leaves it in the
+// error state, and destroying it ends any transfer still under way, so
+// the buffer can be reused): the next read connects a new one.
 func (r *Reader) Read(ctx context.Context, holder string, dst []byte, addr uint64, rkey uint32) error {
+	if len(dst) == 0 {
+		return nil
+	}
 	q, err := r.get(holder)
 	if err != nil {
 		return err
 	}
-	mr, err := r.p.Register(dst, false)
-	if err != nil {
-		return err
+	mr, off, ok := r.bufs.lookup(dst)
+	if !ok {
+		if mr, err = r.p.Register(dst, false); err != nil {
+			return err
+		}
+		r.bufs.countRegistration()
+		defer mr.Close()
 	}
-	defer mr.Close()
-	return q.q.Read(ctx, mr, 0, Region{Addr: addr, RKey: rkey, Len: uint64(len(dst))})
+	err = q.q.Read(ctx, mr, off, Region{Addr: addr, RKey: rkey, Len: uint64(len(dst))})
+	if err != nil && !errors.Is(err, ErrLocalLength) && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+		r.forget(holder, q)
+	}
+	return err
 }
 
 // Forget drops the queue pair for holder (after it restarted): the next
 // Endpoint creates a new one.
-func (r *Reader) Forget(holder string) {
+func (r *Reader) Forget(holder string) { r.forget(holder, nil) }
+
+// forget drops holder's queue pair if it is still q (nil: any).
+func (r *Reader) forget(holder string, q *readerQP) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if q := r.qp[holder]; q != nil {
-		q.q.Close()
+	if cur := r.qp[holder]; cur != nil && (q == nil || cur == q) {
+		cur.q.Close()
 		delete(r.qp, holder)
 	}
 }
 
-// Close destroys the queue pairs.
+// Close destroys the queue pairs and deregisters the pooled buffers.
 func (r *Reader) Close() error {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	for k, q := range r.qp {
 		q.q.Close()
 		delete(r.qp, k)
 	}
+	r.mu.Unlock()
+	r.bufs.close()
 	return nil
 }

@@ -114,6 +114,11 @@ func (v *Verbs) NewQP() (QP, error) {
 
 func (q *verbsQP) Endpoint() Endpoint {
 	var e Endpoint
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.q == nil {
+		return e
+	}
 	var lid C.uint16_t
 	var qpn, psn C.uint32_t
 	C.kvsp_rdma_qp_endpoint(q.v.d, q.q, &lid, &qpn, &psn, (*C.uint8_t)(unsafe.Pointer(&e.GID[0])))
@@ -122,6 +127,11 @@ func (q *verbsQP) Endpoint() Endpoint {
 }
 
 func (q *verbsQP) Connect(r Endpoint) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.q == nil {
+		return ErrNotConnected
+	}
 	if rc := C.kvsp_rdma_qp_connect(q.v.d, q.q, C.uint16_t(r.LID), C.uint32_t(r.QPN), C.uint32_t(r.PSN), (*C.uint8_t)(unsafe.Pointer(&r.GID[0]))); rc != 0 {
 		return fmt.Errorf("%w: ibv_modify_qp to RTR/RTS: %v", ErrNotConnected, syscall.Errno(rc))
 	}
@@ -151,6 +161,9 @@ func (q *verbsQP) Read(ctx context.Context, dst MR, off uint64, src Region) erro
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	if q.q == nil {
+		return ErrNotConnected
+	}
 	if rc := C.kvsp_rdma_read_post(q.q, unsafe.Pointer(&d.buf[off]), C.uint32_t(d.lkey), C.uint64_t(src.Addr), C.uint32_t(src.RKey), C.uint32_t(src.Len)); rc != 0 {
 		return fmt.Errorf("rdma: ibv_post_send: %w", syscall.Errno(rc))
 	}
@@ -182,7 +195,14 @@ func (q *verbsQP) Read(ctx context.Context, dst MR, off uint64, src Region) erro
 	}
 }
 
+// Close destroys the queue pair once no READ is posted on it (a read
+// waiting for one finds it closed).
 func (q *verbsQP) Close() error {
-	C.kvsp_rdma_qp_destroy(q.q)
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.q != nil {
+		C.kvsp_rdma_qp_destroy(q.q)
+		q.q = nil
+	}
 	return nil
 }

@@ -560,10 +560,11 @@ func streamGET(hc *client.Holder) fetchFunc {
 // there.
 func rdmaRead(hc *client.Holder, r client.RDMAReader) fetchFunc {
 	return func(ctx context.Context, ref client.BlockRef, g container.Geometry, o client.GetOptions) (time.Time, int, int64, error) {
-		blk, err := hc.ReadBlockRDMA(ctx, ref, g, o, r)
+		blk, release, err := hc.ReadBlockRDMA(ctx, ref, g, o, r)
 		if err != nil {
 			return time.Time{}, 0, 0, err
 		}
+		defer release()
 		return time.Now(), blk.Header().LayerCount(), int64(blk.PayloadSize()), nil
 	}
 }

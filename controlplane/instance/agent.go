@@ -609,10 +609,11 @@ func (a *Agent) loaded(src string, ref client.BlockRef) error {
 // fetchRDMA loads one block by RDMA READ, verified whole before any of
 // it reaches the engine.
 func (a *Agent) fetchRDMA(ctx context.Context, x *directive, src string, h *client.Holder, ref client.BlockRef, layerDigests []container.Digest) error {
-	blk, err := h.ReadBlockRDMA(ctx, ref, a.g, client.GetOptions{LayerDigests: layerDigests, ReplicaCodec: container.CodecRaw}, a.cfg.RDMA)
+	blk, release, err := h.ReadBlockRDMA(ctx, ref, a.g, client.GetOptions{LayerDigests: layerDigests, ReplicaCodec: container.CodecRaw}, a.cfg.RDMA)
 	if err != nil {
 		return err
 	}
+	defer release() // the layers are copied into the engine's pages below
 	kv := a.cfg.Engine.KV()
 	for l := blk.Header().FirstLayer; l <= blk.Header().LastLayer(); l++ {
 		k, v, _ := blk.Layer(l)
