@@ -95,12 +95,15 @@ void kvsp_rdma_close(kvsp_rdma_dev *d) {
 
 const char *kvsp_rdma_name(kvsp_rdma_dev *d) { return d->name; }
 
-void *kvsp_rdma_reg(kvsp_rdma_dev *d, void *addr, size_t len, int remote_read, uint32_t *lkey, uint32_t *rkey, int *err) {
-	int access = IBV_ACCESS_LOCAL_WRITE;
-	if (remote_read) {
-		access |= IBV_ACCESS_REMOTE_READ;
+void *kvsp_rdma_reg(kvsp_rdma_dev *d, void *addr, size_t len, int access, uint32_t *lkey, uint32_t *rkey, int *err) {
+	int flags = IBV_ACCESS_LOCAL_WRITE;
+	if (access & KVSP_RDMA_REMOTE_READ) {
+		flags |= IBV_ACCESS_REMOTE_READ;
 	}
-	struct ibv_mr *mr = ibv_reg_mr(d->pd, addr, len, access);
+	if (access & KVSP_RDMA_MW_BIND) {
+		flags |= IBV_ACCESS_MW_BIND;
+	}
+	struct ibv_mr *mr = ibv_reg_mr(d->pd, addr, len, flags);
 	if (mr == NULL) {
 		*err = errno;
 		return NULL;
@@ -111,6 +114,61 @@ void *kvsp_rdma_reg(kvsp_rdma_dev *d, void *addr, size_t len, int remote_read, u
 }
 
 int kvsp_rdma_dereg(void *mr) { return ibv_dereg_mr((struct ibv_mr *)mr); }
+
+int kvsp_rdma_mw_supported(kvsp_rdma_dev *d) {
+	struct ibv_device_attr a;
+	if (ibv_query_device(d->ctx, &a) != 0) {
+		return 0;
+	}
+	return (a.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2B) != 0;
+}
+
+void *kvsp_rdma_mw_alloc(kvsp_rdma_dev *d, int *err) {
+	errno = 0;
+	struct ibv_mw *mw = ibv_alloc_mw(d->pd, IBV_MW_TYPE_2);
+	if (mw == NULL) {
+		*err = errno ? errno : EOPNOTSUPP;
+	}
+	return mw;
+}
+
+int kvsp_rdma_mw_dealloc(void *mw) { return ibv_dealloc_mw((struct ibv_mw *)mw); }
+
+int kvsp_rdma_mw_bind_post(kvsp_rdma_qp *q, void *mw, void *mr, uint64_t addr, uint64_t len, uint32_t *rkey) {
+	struct ibv_mw *w = mw;
+	/* A type 2 window gets a new key on each bind: the key's low octet
+	 * moves on, so a key of an earlier binding no longer matches. */
+	uint32_t k = ibv_inc_rkey(w->rkey);
+	struct ibv_send_wr wr = {
+		.wr_id = 2,
+		.opcode = IBV_WR_BIND_MW,
+		.send_flags = IBV_SEND_SIGNALED,
+	};
+	wr.bind_mw.mw = w;
+	wr.bind_mw.rkey = k;
+	wr.bind_mw.bind_info.mr = mr;
+	wr.bind_mw.bind_info.addr = addr;
+	wr.bind_mw.bind_info.length = len;
+	wr.bind_mw.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_READ;
+	struct ibv_send_wr *bad = NULL;
+	int rc = ibv_post_send(q->qp, &wr, &bad);
+	if (rc == 0) {
+		w->rkey = k; /* the library leaves a type 2 window's key to us */
+		*rkey = k;
+	}
+	return rc;
+}
+
+int kvsp_rdma_inv_post(kvsp_rdma_qp *q, uint32_t rkey) {
+	struct ibv_send_wr wr = {
+		.wr_id = 3,
+		.opcode = IBV_WR_LOCAL_INV,
+		.send_flags = IBV_SEND_SIGNALED,
+	};
+	wr.invalidate_rkey = rkey;
+	struct ibv_send_wr *bad = NULL;
+	return ibv_post_send(q->qp, &wr, &bad);
+}
 
 kvsp_rdma_qp *kvsp_rdma_qp_create(kvsp_rdma_dev *d, int *err) {
 	kvsp_rdma_qp *q = calloc(1, sizeof *q);

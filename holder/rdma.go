@@ -25,8 +25,11 @@ type RDMA interface {
 	// Accept returns the endpoint of this side's queue pair connected to
 	// the client's endpoint.
 	Accept(client string) (string, error)
-	// Expose registers buf for remote read until release.
-	Expose(buf []byte) (addr uint64, rkey uint32, release func(), err error)
+	// Expose lets the client (its endpoint, as given to Accept) read buf
+	// until release. mem is the allocation buf lies in, which an
+	// implementation may register once for all the blocks the holder
+	// keeps in it over time.
+	Expose(client string, mem, buf []byte) (addr uint64, rkey uint32, release func(), err error)
 }
 
 // RDMA exposure limits.
@@ -163,7 +166,8 @@ func (h *Holder) createRDMARead(w http.ResponseWriter, r *http.Request) error {
 		release()
 		return fmt.Errorf("%w: endpoint: %v", kvsp.ErrInvalid, err)
 	}
-	addr, rkey, unexpose, err := h.cfg.RDMA.Expose(v.Data())
+	mem := parts.blk.Bytes()
+	addr, rkey, unexpose, err := h.cfg.RDMA.Expose(q.Endpoint, mem[:cap(mem)], v.Data())
 	if err != nil {
 		release()
 		return fmt.Errorf("%w: registering the block for RDMA: %v", kvsp.ErrUnavailable, err)

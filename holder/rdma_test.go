@@ -203,3 +203,45 @@ func TestRDMAExposureLifetime(t *testing.T) {
 		t.Fatalf("second DELETE: %d", code)
 	}
 }
+
+// TestRDMARegistersRecycledMemoryOnce: blocks stored in memory the holder
+// recycles are exposed without registering it again (a window per read),
+// and the instance reads into its pooled buffer: across a stream of PUTs,
+// evictions and RDMA reads, each side registers a handful of buffers,
+// not one per block, and no window outlives its read.
+func TestRDMARegistersRecycledMemoryOnce(t *testing.T) {
+	d0, _ := bigBlock(0)
+	fab := rdma.NewFabric()
+	hp, ip := fab.Provider("holder"), fab.Provider("instance")
+	target := rdma.NewTarget(hp)
+	t.Cleanup(func() { target.Close() })
+	f := start(t, 2*int64(len(d0)), func(c *holder.Config) {
+		c.RDMA = target
+		c.Geometries = map[kvsp.CompatID]container.Geometry{compat: geom, bigCompat: bigGeom}
+	})
+	reader := rdma.NewReader(ip)
+	t.Cleanup(func() { reader.Close() })
+	hc := f.hold[kvsptest.ClientA]
+	bref := func(k byte) client.BlockRef { r := ref(k); r.Compat = bigCompat; return r }
+	const blocks = 20
+	for i := byte(0); i < blocks; i++ {
+		data, blk := bigBlock(i)
+		if err := hc.PutBlock(context.Background(), bref(i), bytes.NewReader(data), int64(len(data)), blk.ContainerDigest()); err != nil {
+			t.Fatal(err)
+		}
+		got, release, err := hc.ReadBlockRDMA(context.Background(), bref(i), bigGeom, client.GetOptions{LayerDigests: blk.LayerDigests()}, reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got.Bytes(), data) {
+			t.Fatalf("block %d read by RDMA differs", i)
+		}
+		release()
+	}
+	hmade, _ := hp.Registrations()
+	imade, _ := ip.Registrations()
+	if hmade > 4 || imade != 1 || hp.Windows() != 0 {
+		t.Fatalf("%d blocks: the holder registered %d times (%d windows bound now), the instance %d; want a few, 0, 1", blocks, hmade, hp.Windows(), imade)
+	}
+	t.Logf("%d blocks read by RDMA: holder registrations %d, instance %d", blocks, hmade, imade)
+}

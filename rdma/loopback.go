@@ -32,8 +32,9 @@ type Loopback struct {
 	f    *Fabric
 	name string
 	lid  uint16
-	mrs  map[uint32]*loopMR // by rkey, under f.mu
-	regs int64              // registrations made, under f.mu
+	mrs  map[uint32]*loopMR     // by rkey, under f.mu
+	mws  map[uint32]*loopWindow // bound windows by rkey, under f.mu
+	regs int64                  // registrations made, under f.mu
 }
 
 // Provider adds a node to the fabric.
@@ -41,7 +42,7 @@ func (f *Fabric) Provider(name string) *Loopback {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.lids++
-	l := &Loopback{f: f, name: "loopback:" + name, lid: f.lids, mrs: map[uint32]*loopMR{}}
+	l := &Loopback{f: f, name: "loopback:" + name, lid: f.lids, mrs: map[uint32]*loopMR{}, mws: map[uint32]*loopWindow{}}
 	f.nodes[l.lid] = l
 	return l
 }
@@ -66,30 +67,88 @@ func (l *Loopback) Registrations() (made int64, live int) {
 }
 
 type loopMR struct {
-	l          *Loopback
-	buf        []byte
-	rkey       uint32
-	remoteRead bool
+	l      *Loopback
+	buf    []byte
+	rkey   uint32
+	access Access
+}
+
+// newKey returns an rkey no MR or window of l has, under f.mu.
+func (l *Loopback) newKey() uint32 {
+	for {
+		var b [4]byte
+		rand.Read(b[:])
+		k := binary.LittleEndian.Uint32(b[:])
+		_, mr := l.mrs[k]
+		_, mw := l.mws[k]
+		if k != 0 && !mr && !mw {
+			return k
+		}
+	}
 }
 
 // Register implements Provider.
-func (l *Loopback) Register(buf []byte, remoteRead bool) (MR, error) {
+func (l *Loopback) Register(buf []byte, access Access) (MR, error) {
 	if len(buf) == 0 {
 		return nil, fmt.Errorf("rdma: registering an empty buffer")
 	}
 	l.f.mu.Lock()
 	defer l.f.mu.Unlock()
-	for {
-		var b [4]byte
-		rand.Read(b[:])
-		k := binary.LittleEndian.Uint32(b[:])
-		if _, taken := l.mrs[k]; k != 0 && !taken {
-			m := &loopMR{l: l, buf: buf, rkey: k, remoteRead: remoteRead}
-			l.mrs[k] = m
-			l.regs++
-			return m, nil
-		}
+	m := &loopMR{l: l, buf: buf, rkey: l.newKey(), access: access}
+	l.mrs[m.rkey] = m
+	l.regs++
+	return m, nil
+}
+
+// loopWindow is a bound type 2 window: qp's peer may read n octets at
+// addr of mr.
+type loopWindow struct {
+	mr      *loopMR
+	qp      *loopQP
+	addr, n uint64
+	rkey    uint32
+}
+
+func (w *loopWindow) RKey() uint32 { return w.rkey }
+
+func (w *loopWindow) Invalidate() error {
+	f := w.qp.l.f
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(w.qp.l.mws, w.rkey)
+	return nil
+}
+
+// Bind implements QP: the window lives until invalidated, or until this
+// queue pair or the MR is gone.
+func (q *loopQP) Bind(mr MR, addr, n uint64) (Window, error) {
+	f := q.l.f
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	m, ok := mr.(*loopMR)
+	if !ok || m.l != q.l || q.l.mrs[m.rkey] != m || m.access&AccessWindows == 0 {
+		return nil, fmt.Errorf("rdma: binding a window over memory not registered for windows")
 	}
+	if f.qps[q.qpn] != q {
+		return nil, ErrNotConnected
+	}
+	base := uint64(uintptr(unsafe.Pointer(&m.buf[0])))
+	if addr < base || addr-base > uint64(len(m.buf)) || n > uint64(len(m.buf))-(addr-base) {
+		return nil, fmt.Errorf("rdma: a window past its MR")
+	}
+	w := &loopWindow{mr: m, qp: q, addr: addr, n: n, rkey: q.l.newKey()}
+	q.l.mws[w.rkey] = w
+	return w, nil
+}
+
+// HasWindows implements Provider: the fabric has type 2 windows.
+func (l *Loopback) HasWindows() bool { return true }
+
+// Windows reports the windows bound on l now.
+func (l *Loopback) Windows() int {
+	l.f.mu.Lock()
+	defer l.f.mu.Unlock()
+	return len(l.mws)
 }
 
 func (m *loopMR) Region() Region {
@@ -162,21 +221,38 @@ func (q *loopQP) Read(ctx context.Context, dst MR, off uint64, src Region) error
 	if off > uint64(len(d.buf)) || src.Len > uint64(len(d.buf))-off {
 		return ErrLocalLength
 	}
-	m := p.l.mrs[src.RKey]
-	if m == nil || !m.remoteRead {
+	m, lo, hi := p.l.readable(p, src.RKey)
+	if m == nil || src.Addr < lo || src.Addr > hi || src.Len > hi-src.Addr {
 		return ErrRemoteAccess
 	}
 	base := uint64(uintptr(unsafe.Pointer(&m.buf[0])))
-	if src.Addr < base || src.Addr-base > uint64(len(m.buf)) || src.Len > uint64(len(m.buf))-(src.Addr-base) {
-		return ErrRemoteAccess
-	}
 	copy(d.buf[off:off+src.Len], m.buf[src.Addr-base:])
 	return nil
 }
 
+// readable returns the memory rkey lets the peer of l's queue pair via
+// read, and its bounds [lo, hi), under f.mu: an MR registered for remote
+// read, or a window bound through via over an MR still registered.
+func (l *Loopback) readable(via *loopQP, rkey uint32) (m *loopMR, lo, hi uint64) {
+	if m := l.mrs[rkey]; m != nil && m.access&AccessRemoteRead != 0 {
+		lo = uint64(uintptr(unsafe.Pointer(&m.buf[0])))
+		return m, lo, lo + uint64(len(m.buf))
+	}
+	if w := l.mws[rkey]; w != nil && w.qp == via && l.mrs[w.mr.rkey] == w.mr {
+		return w.mr, w.addr, w.addr + w.n
+	}
+	return nil, 0, 0
+}
+
+// Close destroys the queue pair and the windows bound through it.
 func (q *loopQP) Close() error {
 	q.l.f.mu.Lock()
 	defer q.l.f.mu.Unlock()
 	delete(q.l.f.qps, q.qpn)
+	for k, w := range q.l.mws {
+		if w.qp == q {
+			delete(q.l.mws, k)
+		}
+	}
 	return nil
 }

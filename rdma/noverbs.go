@@ -16,10 +16,13 @@ func OpenVerbs(name string) (*Verbs, error) { return nil, ErrNotBuilt }
 func (*Verbs) Name() string { return "verbs (not built)" }
 
 // Register implements Provider.
-func (*Verbs) Register([]byte, bool) (MR, error) { return nil, ErrNotBuilt }
+func (*Verbs) Register([]byte, Access) (MR, error) { return nil, ErrNotBuilt }
 
 // NewQP implements Provider.
 func (*Verbs) NewQP() (QP, error) { return nil, ErrNotBuilt }
+
+// HasWindows implements Provider.
+func (*Verbs) HasWindows() bool { return false }
 
 // Close implements Provider.
 func (*Verbs) Close() error { return nil }

@@ -89,7 +89,7 @@ func (p *bufPool) get(n int) ([]byte, func(), error) {
 	p.held += int64(c) // reserved before registering, outside the lock
 	p.mu.Unlock()
 	buf := make([]byte, c)
-	mr, err := p.p.Register(buf, false)
+	mr, err := p.p.Register(buf, AccessLocal)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if err != nil {

@@ -20,11 +20,6 @@ func TestReaderPoolRegistersOnce(t *testing.T) {
 	r := NewReaderPool(ip, 4*minBufferClass)
 	defer r.Close()
 	src := bytes.Repeat([]byte("0123456789abcdef"), 1<<14) // 256 KiB
-	addr, rkey, unexpose, err := target.Expose(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unexpose()
 	const holder = "https://h1/"
 	ep, _ := r.Endpoint(holder)
 	remote, err := target.Accept(ep)
@@ -34,6 +29,11 @@ func TestReaderPoolRegistersOnce(t *testing.T) {
 	if err := r.Connect(holder, remote); err != nil {
 		t.Fatal(err)
 	}
+	addr, rkey, unexpose, err := target.Expose(ep, src, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unexpose()
 	ctx := context.Background()
 	read := func(n int, off uint64) {
 		t.Helper()
@@ -117,7 +117,7 @@ func TestReaderDropsFailedQueuePair(t *testing.T) {
 		return ep
 	}
 	ep1 := connect()
-	addr, rkey, unexpose, _ := target.Expose(src)
+	addr, rkey, unexpose, _ := target.Expose(ep1, src, src)
 	unexpose()
 	buf, release, _ := r.Buffer(len(src))
 	defer release()
@@ -128,7 +128,7 @@ func TestReaderDropsFailedQueuePair(t *testing.T) {
 	if ep2 == ep1 {
 		t.Fatal("the failed queue pair was kept")
 	}
-	addr, rkey, unexpose, _ = target.Expose(src)
+	addr, rkey, unexpose, _ = target.Expose(ep2, src, src)
 	defer unexpose()
 	if err := r.Read(context.Background(), holder, buf, addr, rkey); err != nil || !bytes.Equal(buf, src) {
 		t.Fatalf("read on the new queue pair: %v %q", err, buf)

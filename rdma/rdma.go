@@ -38,6 +38,8 @@ var (
 	ErrNotConnected = errors.New("rdma: queue pair not connected")
 	// ErrLocalLength: the local buffer cannot take the read.
 	ErrLocalLength = errors.New("rdma: local buffer too small for the read")
+	// ErrNoWindows: the device has no type 2 memory windows.
+	ErrNoWindows = errors.New("rdma: the device has no type 2 memory windows")
 )
 
 // Region is registered memory a peer may read.
@@ -79,15 +81,32 @@ func ParseEndpoint(s string) (Endpoint, error) {
 	return e, nil
 }
 
+// Access says what a registration allows beyond local use.
+type Access uint8
+
+const (
+	// AccessLocal: the local queue pairs' work requests only (a read's
+	// destination).
+	AccessLocal Access = 0
+	// AccessRemoteRead: any connected peer may read it with the MR's
+	// rkey, until the MR is closed.
+	AccessRemoteRead Access = 1
+	// AccessWindows: memory windows may be bound over it (QP.Bind); peers
+	// read through those only, each one peer's and revocable.
+	AccessWindows Access = 2
+)
+
 // Provider is an RDMA implementation on one device.
 type Provider interface {
 	// Name names the device ("mlx5_0", "loopback:holder").
 	Name() string
-	// Register registers buf; remoteRead lets peers read it. The buffer
-	// must stay alive and unmoved until the MR is closed.
-	Register(buf []byte, remoteRead bool) (MR, error)
+	// Register registers buf with access. The buffer must stay alive and
+	// unmoved until the MR is closed.
+	Register(buf []byte, access Access) (MR, error)
 	// NewQP creates an RC queue pair, ready to Connect.
 	NewQP() (QP, error)
+	// HasWindows reports whether the device has type 2 memory windows.
+	HasWindows() bool
 	Close() error
 }
 
@@ -107,5 +126,20 @@ type QP interface {
 	// Read reads src.Len octets at src (the peer's memory) into dst
 	// (registered here) at offset off, and returns once they are there.
 	Read(ctx context.Context, dst MR, off uint64, src Region) error
+	// Bind binds a memory window (type 2) over n octets at addr of mr
+	// (registered with AccessWindows): this pair's peer, and only it, may
+	// read them with the window's rkey until it is invalidated.
+	// ErrNoWindows when the device has none.
+	Bind(mr MR, addr, n uint64) (Window, error)
 	Close() error
+}
+
+// Window is a memory window bound for one peer.
+type Window interface {
+	// RKey is the key the peer reads with.
+	RKey() uint32
+	// Invalidate revokes the key and returns once a peer can no longer
+	// read through it. After an error the queue pair must be closed
+	// (which ends the window too).
+	Invalidate() error
 }

@@ -42,9 +42,9 @@ func pair(t *testing.T) (reader, target *Loopback, rq QP) {
 func TestLoopbackRead(t *testing.T) {
 	reader, target, rq := pair(t)
 	src := []byte("0123456789abcdefghij")
-	smr, _ := target.Register(src, true)
+	smr, _ := target.Register(src, AccessRemoteRead)
 	dst := make([]byte, 16)
-	dmr, _ := reader.Register(dst, false)
+	dmr, _ := reader.Register(dst, AccessLocal)
 	r := smr.Region()
 	ctx := context.Background()
 	if err := rq.Read(ctx, dmr, 2, Region{Addr: r.Addr + 10, RKey: r.RKey, Len: 6}); err != nil {
@@ -53,7 +53,7 @@ func TestLoopbackRead(t *testing.T) {
 	if !bytes.Equal(dst[2:8], []byte("abcdef")) || dst[0] != 0 || dst[8] != 0 {
 		t.Fatalf("read %q", dst)
 	}
-	private, _ := target.Register(make([]byte, 8), false)
+	private, _ := target.Register(make([]byte, 8), AccessLocal)
 	for name, tc := range map[string]struct {
 		src  Region
 		dst  MR

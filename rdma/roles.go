@@ -5,22 +5,43 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"unsafe"
 )
 
 // Target is a holder's side: one queue pair per client endpoint, and
-// registrations of the octets it exposes. It satisfies holder.RDMA.
+// the exposures of block octets to them. It satisfies holder.RDMA.
+//
+// Where the device has type 2 memory windows, the memory blocks lie in is
+// registered once (cached, for windows only) and each exposure binds a
+// window for the one client's queue pair, invalidated when it ends.
+// Otherwise each exposure registers its octets for remote read and
+// deregisters them after.
 type Target struct {
-	p   Provider
-	mu  sync.Mutex
-	qps map[string]QP // by the client's endpoint
+	p     Provider
+	cache *regCache
+
+	mu        sync.Mutex
+	qps       map[string]QP // by the client's endpoint
+	noWindows bool          // the device has none: register per exposure
 }
 
 // maxPeers bounds the queue pairs a target keeps (one per client
 // endpoint); beyond it new clients are refused.
 const maxPeers = 4096
 
-// NewTarget returns a Target on p.
-func NewTarget(p Provider) *Target { return &Target{p: p, qps: map[string]QP{}} }
+// DefaultCacheBytes bounds the memory a Target keeps registered while no
+// exposure uses it.
+const DefaultCacheBytes = 1 << 30
+
+// NewTarget returns a Target on p, keeping up to DefaultCacheBytes
+// registered.
+func NewTarget(p Provider) *Target { return NewTargetCache(p, DefaultCacheBytes) }
+
+// NewTargetCache returns a Target on p keeping up to cacheBytes of idle
+// registrations.
+func NewTargetCache(p Provider, cacheBytes int64) *Target {
+	return &Target{p: p, cache: newRegCache(p, AccessWindows, cacheBytes), qps: map[string]QP{}, noWindows: !p.HasWindows()}
+}
 
 // Accept returns the endpoint of this side's queue pair connected to the
 // client's (created on first use).
@@ -49,9 +70,59 @@ func (t *Target) Accept(client string) (string, error) {
 	return q.Endpoint().String(), nil
 }
 
-// Expose registers buf for remote read until release.
-func (t *Target) Expose(buf []byte) (addr uint64, rkey uint32, release func(), err error) {
-	mr, err := t.p.Register(buf, true)
+// Expose lets the client (the endpoint given to Accept) read buf until
+// release. mem is the allocation buf lies in: it is what gets registered
+// (once, for windows), so that memory the holder recycles is not
+// registered again.
+func (t *Target) Expose(client string, mem, buf []byte) (addr uint64, rkey uint32, release func(), err error) {
+	if len(buf) == 0 || len(mem) == 0 {
+		return 0, 0, nil, fmt.Errorf("rdma: exposing no octets")
+	}
+	lo, a := uintptr(unsafe.Pointer(&mem[0])), uintptr(unsafe.Pointer(&buf[0]))
+	if a < lo || a-lo > uintptr(len(mem)) || uintptr(len(buf)) > uintptr(len(mem))-(a-lo) {
+		return 0, 0, nil, fmt.Errorf("rdma: the exposed octets are not inside the memory given")
+	}
+	t.mu.Lock()
+	q, noWindows := t.qps[client], t.noWindows
+	t.mu.Unlock()
+	if q == nil {
+		return 0, 0, nil, fmt.Errorf("%w: no queue pair for %s", ErrNotConnected, client)
+	}
+	if noWindows {
+		return t.register(buf)
+	}
+	e, err := t.cache.acquire(mem)
+	if err != nil {
+		return 0, 0, nil, err
+	}
+	w, err := q.Bind(e.mr, uint64(a), uint64(len(buf)))
+	if err != nil {
+		t.cache.release(e)
+		if errors.Is(err, ErrNoWindows) { // the device said otherwise
+			t.mu.Lock()
+			t.noWindows = true
+			t.mu.Unlock()
+			t.cache.drain()
+			return t.register(buf)
+		}
+		t.drop(client, q) // a pair that cannot bind is in the error state
+		return 0, 0, nil, err
+	}
+	var once sync.Once
+	return uint64(a), w.RKey(), func() {
+		once.Do(func() {
+			if w.Invalidate() != nil {
+				t.drop(client, q) // closing the pair ends its windows
+			}
+			t.cache.release(e)
+		})
+	}, nil
+}
+
+// register exposes buf by a registration of its own, for remote read by
+// any connected peer until release deregisters it.
+func (t *Target) register(buf []byte) (uint64, uint32, func(), error) {
+	mr, err := t.p.Register(buf, AccessRemoteRead)
 	if err != nil {
 		return 0, 0, nil, err
 	}
@@ -60,15 +131,30 @@ func (t *Target) Expose(buf []byte) (addr uint64, rkey uint32, release func(), e
 	return r.Addr, r.RKey, func() { once.Do(func() { mr.Close() }) }, nil
 }
 
-// Close destroys the queue pairs.
-func (t *Target) Close() error {
+// drop closes the client's queue pair if it is still q.
+func (t *Target) drop(client string, q QP) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if t.qps[client] == q {
+		delete(t.qps, client)
+	}
+	q.Close()
+}
+
+// CacheStats reports the registration cache.
+func (t *Target) CacheStats() CacheStats { return t.cache.stats() }
+
+// Close destroys the queue pairs and deregisters the cached memory (after
+// the exposures ended).
+func (t *Target) Close() error {
+	t.mu.Lock()
 	var errs []error
 	for k, q := range t.qps {
 		errs = append(errs, q.Close())
 		delete(t.qps, k)
 	}
+	t.mu.Unlock()
+	t.cache.close()
 	return errors.Join(errs...)
 }
 
@@ -169,7 +255,7 @@ func (r *Reader) Read(ctx context.Context, holder string, dst []byte, addr uint6
 	}
 	mr, off, ok := r.bufs.lookup(dst)
 	if !ok {
-		if mr, err = r.p.Register(dst, false); err != nil {
+		if mr, err = r.p.Register(dst, AccessLocal); err != nil {
 			return err
 		}
 		r.bufs.countRegistration()

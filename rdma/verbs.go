@@ -26,6 +26,11 @@ const Enabled = true
 type Verbs struct {
 	d    *C.kvsp_rdma_dev
 	name string
+
+	mwOnce sync.Once
+	mwOK   bool
+	mwMu   sync.Mutex
+	mwIdle []unsafe.Pointer // invalidated windows, for reuse
 }
 
 // OpenVerbs opens the device named name ("" : the first). On a machine
@@ -46,6 +51,12 @@ func (v *Verbs) Name() string { return v.name }
 
 // Close implements Provider.
 func (v *Verbs) Close() error {
+	v.mwMu.Lock()
+	for _, mw := range v.mwIdle {
+		C.kvsp_rdma_mw_dealloc(mw)
+	}
+	v.mwIdle = nil
+	v.mwMu.Unlock()
 	C.kvsp_rdma_close(v.d)
 	return nil
 }
@@ -59,7 +70,7 @@ type verbsMR struct {
 }
 
 // Register implements Provider: ibv_reg_mr over buf, pinned.
-func (v *Verbs) Register(buf []byte, remoteRead bool) (MR, error) {
+func (v *Verbs) Register(buf []byte, access Access) (MR, error) {
 	if len(buf) == 0 {
 		return nil, fmt.Errorf("rdma: registering an empty buffer")
 	}
@@ -67,11 +78,14 @@ func (v *Verbs) Register(buf []byte, remoteRead bool) (MR, error) {
 	m.pin.Pin(&buf[0])
 	var lkey, rkey C.uint32_t
 	var errno C.int
-	rr := C.int(0)
-	if remoteRead {
-		rr = 1
+	var flags C.int
+	if access&AccessRemoteRead != 0 {
+		flags |= C.KVSP_RDMA_REMOTE_READ
 	}
-	m.mr = C.kvsp_rdma_reg(v.d, unsafe.Pointer(&buf[0]), C.size_t(len(buf)), rr, &lkey, &rkey, &errno)
+	if access&AccessWindows != 0 {
+		flags |= C.KVSP_RDMA_MW_BIND
+	}
+	m.mr = C.kvsp_rdma_reg(v.d, unsafe.Pointer(&buf[0]), C.size_t(len(buf)), flags, &lkey, &rkey, &errno)
 	if m.mr == nil {
 		m.pin.Unpin()
 		return nil, fmt.Errorf("rdma: ibv_reg_mr of %d octets: %w", len(buf), syscall.Errno(errno))
@@ -167,6 +181,15 @@ func (q *verbsQP) Read(ctx context.Context, dst MR, off uint64, src Region) erro
 	if rc := C.kvsp_rdma_read_post(q.q, unsafe.Pointer(&d.buf[off]), C.uint32_t(d.lkey), C.uint64_t(src.Addr), C.uint32_t(src.RKey), C.uint32_t(src.Len)); rc != 0 {
 		return fmt.Errorf("rdma: ibv_post_send: %w", syscall.Errno(rc))
 	}
+	if err := q.complete("READ"); err != nil {
+		return err
+	}
+	return ctx.Err()
+}
+
+// complete waits for the completion of the one work request posted on q
+// (under q.mu).
+func (q *verbsQP) complete(what string) error {
 	deadline := time.Now().Add(readTimeout)
 	for spins := 0; ; spins++ {
 		var status C.int
@@ -174,18 +197,18 @@ func (q *verbsQP) Read(ctx context.Context, dst MR, off uint64, src Region) erro
 		case 1:
 			switch status {
 			case wcSuccess:
-				return ctx.Err()
+				return nil
 			case wcRemAccessErr:
 				return ErrRemoteAccess
 			default:
-				return fmt.Errorf("rdma: READ completed with status %d (enum ibv_wc_status); the queue pair is in error", int(status))
+				return fmt.Errorf("rdma: %s completed with status %d (enum ibv_wc_status); the queue pair is in error", what, int(status))
 			}
 		case 0:
 		default:
 			return fmt.Errorf("rdma: ibv_poll_cq failed")
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("rdma: READ not completed after %v", readTimeout)
+			return fmt.Errorf("rdma: %s not completed after %v", what, readTimeout)
 		}
 		if spins > 1000 {
 			time.Sleep(20 * time.Microsecond)
@@ -193,6 +216,110 @@ func (q *verbsQP) Read(ctx context.Context, dst MR, off uint64, src Region) erro
 			runtime.Gosched()
 		}
 	}
+}
+
+type verbsWindow struct {
+	q    *verbsQP
+	mw   unsafe.Pointer
+	rkey uint32
+	once sync.Once
+	err  error
+}
+
+// Bind implements QP: a type 2 window from the device's free list (or
+// newly allocated), bound through this pair's send queue.
+func (q *verbsQP) Bind(mr MR, addr, n uint64) (Window, error) {
+	m, ok := mr.(*verbsMR)
+	if !ok || m.mr == nil {
+		return nil, fmt.Errorf("rdma: binding a window over memory not registered with verbs")
+	}
+	if !q.v.windows() {
+		return nil, ErrNoWindows
+	}
+	mw, err := q.v.allocWindow()
+	if err != nil {
+		return nil, err
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.q == nil {
+		q.v.freeWindow(mw, false)
+		return nil, ErrNotConnected
+	}
+	var rkey C.uint32_t
+	if rc := C.kvsp_rdma_mw_bind_post(q.q, mw, m.mr, C.uint64_t(addr), C.uint64_t(n), &rkey); rc != 0 {
+		q.v.freeWindow(mw, false)
+		return nil, fmt.Errorf("rdma: posting a window bind: %w", syscall.Errno(rc))
+	}
+	if err := q.complete("window bind"); err != nil {
+		q.v.freeWindow(mw, false)
+		return nil, err
+	}
+	return &verbsWindow{q: q, mw: mw, rkey: uint32(rkey)}, nil
+}
+
+func (w *verbsWindow) RKey() uint32 { return w.rkey }
+
+// Invalidate posts a local invalidate of the window's key and waits for
+// it; a window whose invalidation failed is deallocated (which ends it),
+// not reused.
+func (w *verbsWindow) Invalidate() error {
+	w.once.Do(func() {
+		q := w.q
+		q.mu.Lock()
+		if q.q == nil {
+			w.err = ErrNotConnected
+		} else if rc := C.kvsp_rdma_inv_post(q.q, C.uint32_t(w.rkey)); rc != 0 {
+			w.err = fmt.Errorf("rdma: posting a local invalidate: %w", syscall.Errno(rc))
+		} else {
+			w.err = q.complete("local invalidate")
+		}
+		q.mu.Unlock()
+		q.v.freeWindow(w.mw, w.err == nil)
+	})
+	return w.err
+}
+
+// maxIdleWindows bounds the invalidated windows a device keeps for reuse.
+const maxIdleWindows = 1024
+
+// HasWindows implements Provider (asked of the device once).
+func (v *Verbs) HasWindows() bool { return v.windows() }
+
+// windows reports (once) whether the device has type 2 windows.
+func (v *Verbs) windows() bool {
+	v.mwOnce.Do(func() { v.mwOK = C.kvsp_rdma_mw_supported(v.d) != 0 })
+	return v.mwOK
+}
+
+func (v *Verbs) allocWindow() (unsafe.Pointer, error) {
+	v.mwMu.Lock()
+	if n := len(v.mwIdle); n > 0 {
+		mw := v.mwIdle[n-1]
+		v.mwIdle = v.mwIdle[:n-1]
+		v.mwMu.Unlock()
+		return mw, nil
+	}
+	v.mwMu.Unlock()
+	var errno C.int
+	mw := C.kvsp_rdma_mw_alloc(v.d, &errno)
+	if mw == nil {
+		return nil, fmt.Errorf("rdma: ibv_alloc_mw: %w", syscall.Errno(errno))
+	}
+	return mw, nil
+}
+
+// freeWindow keeps an unbound (invalidated or never bound) window for
+// reuse, or deallocates it.
+func (v *Verbs) freeWindow(mw unsafe.Pointer, reuse bool) {
+	v.mwMu.Lock()
+	if reuse && len(v.mwIdle) < maxIdleWindows {
+		v.mwIdle = append(v.mwIdle, mw)
+		v.mwMu.Unlock()
+		return
+	}
+	v.mwMu.Unlock()
+	C.kvsp_rdma_mw_dealloc(mw)
 }
 
 // Close destroys the queue pair once no READ is posted on it (a read

@@ -24,12 +24,12 @@ func TestVerbs(t *testing.T) {
 	defer v.Close()
 	src := bytes.Repeat([]byte("kvsp"), 1<<18)
 	dst := make([]byte, len(src))
-	smr, err := v.Register(src, true)
+	smr, err := v.Register(src, AccessRemoteRead)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer smr.Close()
-	dmr, err := v.Register(dst, false)
+	dmr, err := v.Register(dst, AccessLocal)
 	if err != nil {
 		t.Fatal(err)
 	}

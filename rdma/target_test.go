@@ -1,0 +1,209 @@
+package rdma
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"testing"
+)
+
+// client is an instance's Reader connected to a Target.
+type client struct {
+	r  *Reader
+	ep string
+}
+
+func connectClient(t *testing.T, f *Fabric, target *Target, name string) client {
+	t.Helper()
+	r := NewReader(f.Provider(name))
+	t.Cleanup(func() { r.Close() })
+	ep, _ := r.Endpoint("h")
+	remote, err := target.Accept(ep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Connect("h", remote); err != nil {
+		t.Fatal(err)
+	}
+	return client{r, ep}
+}
+
+func (c client) read(addr uint64, rkey uint32, n int) ([]byte, error) {
+	buf := make([]byte, n)
+	return buf, c.r.Read(context.Background(), "h", buf, addr, rkey)
+}
+
+// TestTargetWindows: an exposure is a window bound for one client's queue
+// pair over exactly the octets exposed: that client reads them, another
+// client with the same address and key cannot, nor can the first past
+// them or after the exposure ends, although the memory stays registered
+// (once, for every exposure of the allocation).
+func TestTargetWindows(t *testing.T) {
+	f := NewFabric()
+	hp := f.Provider("holder")
+	target := NewTarget(hp)
+	defer target.Close()
+	a, b := connectClient(t, f, target, "a"), connectClient(t, f, target, "b")
+	mem := make([]byte, 1<<20)
+	for i := range mem {
+		mem[i] = byte(i * 7)
+	}
+	buf := mem[4096 : 4096+65536]
+	made0, _ := hp.Registrations()
+	addr, rkey, release, err := target.Expose(a.ep, mem, buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := a.read(addr, rkey, len(buf)); err != nil || !bytes.Equal(got, buf) {
+		t.Fatalf("the client the window is for: %v", err)
+	}
+	if _, err := b.read(addr, rkey, len(buf)); !errors.Is(err, ErrRemoteAccess) {
+		t.Fatalf("another client with the same key: %v, want a remote access error", err)
+	}
+	a = connectClient(t, f, target, "a2") // a failed read drops the pair; b's did
+	addr, rkey, release2, err := target.Expose(a.ep, mem, buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.read(addr-1, rkey, 16); !errors.Is(err, ErrRemoteAccess) {
+		t.Fatalf("a read before the exposed octets: %v", err)
+	}
+	a = connectClient(t, f, target, "a3")
+	addr, rkey, release3, err := target.Expose(a.ep, mem, buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release3()
+	release3() // a second release is a no-op
+	if _, err := a.read(addr, rkey, 16); !errors.Is(err, ErrRemoteAccess) {
+		t.Fatalf("a read after the exposure ended: %v", err)
+	}
+	release()
+	release2()
+	made, live := hp.Registrations()
+	if made-made0 != 1 || live != 1 || hp.Windows() != 0 {
+		t.Fatalf("three exposures of one allocation: %d registrations, %d live, %d windows bound; want 1, 1, 0", made-made0, live, hp.Windows())
+	}
+	if s := target.CacheStats(); s.Registrations != 1 || s.Hits != 2 || s.HeldBytes != 1<<20 {
+		t.Fatalf("cache %+v", s)
+	}
+	// The cached registration itself is not readable with its own key.
+	m, _ := target.cache.acquire(mem)
+	defer target.cache.release(m)
+	r := m.mr.Region()
+	b = connectClient(t, f, target, "b2")
+	if _, err := b.read(r.Addr, r.RKey, 16); !errors.Is(err, ErrRemoteAccess) {
+		t.Fatalf("a read with the registration's key: %v, want a remote access error", err)
+	}
+}
+
+// TestTargetCacheBound: idle registrations beyond the bound are
+// deregistered, least recently used first; those in use are kept until
+// released, however many.
+func TestTargetCacheBound(t *testing.T) {
+	f := NewFabric()
+	hp := f.Provider("holder")
+	target := NewTargetCache(hp, 2<<20)
+	defer target.Close()
+	c := connectClient(t, f, target, "c")
+	var mems [][]byte
+	for i := range 4 {
+		mems = append(mems, bytes.Repeat([]byte{byte(i)}, 1<<20))
+	}
+	var releases []func()
+	for _, m := range mems[:3] { // three in use at once, over the bound
+		addr, rkey, release, err := target.Expose(c.ep, m, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, err := c.read(addr, rkey, len(m)); err != nil || !bytes.Equal(got, m) {
+			t.Fatal(err)
+		}
+		releases = append(releases, release)
+	}
+	if s := target.CacheStats(); s.HeldBytes != 3<<20 {
+		t.Fatalf("in use: %+v", s)
+	}
+	for _, r := range releases {
+		r()
+	}
+	if _, live := hp.Registrations(); live != 2 {
+		t.Fatalf("after release: %d registrations live, want 2 (the bound)", live)
+	}
+	// mems[0] was the least recently used: exposing it registers again,
+	// mems[2] is still registered.
+	_, _, r2, _ := target.Expose(c.ep, mems[2], mems[2])
+	r2()
+	made0, _ := hp.Registrations()
+	_, _, r0, _ := target.Expose(c.ep, mems[0], mems[0])
+	r0()
+	if made, live := hp.Registrations(); made != made0+1 || live != 2 {
+		t.Fatalf("re-exposing an evicted allocation: %d new registrations, %d live", made-made0, live)
+	}
+	if _, _, _, err := target.Expose(c.ep, mems[0], mems[1]); err == nil {
+		t.Fatal("octets outside the memory given were exposed")
+	}
+	if _, _, _, err := target.Expose("v1.0001.000001.000001.00000000000000000000000000000000", mems[0], mems[0]); !errors.Is(err, ErrNotConnected) {
+		t.Fatalf("an endpoint never accepted: %v", err)
+	}
+}
+
+// noWindows is a provider whose device has no type 2 windows.
+type noWindows struct{ *Loopback }
+
+type noWindowsQP struct{ QP }
+
+func (p noWindows) NewQP() (QP, error) {
+	q, err := p.Loopback.NewQP()
+	return noWindowsQP{q}, err
+}
+
+func (noWindowsQP) Bind(MR, uint64, uint64) (Window, error) { return nil, ErrNoWindows }
+
+func (noWindows) HasWindows() bool { return false }
+
+// claimsWindows says it has windows, but binding one fails as on a
+// device without them.
+type claimsWindows struct{ noWindows }
+
+func (claimsWindows) HasWindows() bool { return true }
+
+// TestTargetWithoutWindows: on a device without windows each exposure
+// registers its octets for remote read and deregisters them when it ends
+// (also when only the first bind finds out: the cached registration is
+// dropped).
+func TestTargetWithoutWindows(t *testing.T) {
+	for name, tc := range map[string]struct {
+		p    func(*Loopback) Provider
+		made int64
+	}{
+		"says so":          {func(l *Loopback) Provider { return noWindows{l} }, 3},
+		"found by binding": {func(l *Loopback) Provider { return claimsWindows{noWindows{l}} }, 4},
+	} {
+		t.Run(name, func(t *testing.T) {
+			f := NewFabric()
+			lp := f.Provider("holder")
+			target := NewTarget(tc.p(lp))
+			defer target.Close()
+			c := connectClient(t, f, target, "c")
+			mem := bytes.Repeat([]byte("kv"), 1<<12)
+			for range 3 {
+				addr, rkey, release, err := target.Expose(c.ep, mem, mem[2:100])
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got, err := c.read(addr, rkey, 98); err != nil || !bytes.Equal(got, mem[2:100]) {
+					t.Fatal(err)
+				}
+				release()
+				if _, err := c.read(addr, rkey, 98); !errors.Is(err, ErrRemoteAccess) {
+					t.Fatalf("after release: %v", err)
+				}
+				c = connectClient(t, f, target, "c")
+			}
+			if made, live := lp.Registrations(); made != tc.made || live != 0 {
+				t.Fatalf("%d registrations made, %d live; want %d, 0", made, live, tc.made)
+			}
+		})
+	}
+}
