@@ -53,3 +53,52 @@ func TestVerbs(t *testing.T) {
 		t.Fatal("a READ with a wrong rkey succeeded")
 	}
 }
+
+// TestVerbsWindows: where the device has type 2 memory windows, the
+// holder's path works on it: memory registered for windows only is read
+// through a window bound for the reading pair's peer, and no longer once
+// the window is invalidated (the pair is then in the error state, as a
+// NIC leaves it, and a new one reads again).
+func TestVerbsWindows(t *testing.T) {
+	v, err := OpenVerbs("")
+	if err != nil {
+		t.Skipf("no RDMA device here: %v", err)
+	}
+	defer v.Close()
+	if !v.HasWindows() {
+		t.Skipf("%s has no type 2 memory windows: holders register per read", v.Name())
+	}
+	// One device: the target and the reader are two of its pairs.
+	target := NewTarget(v)
+	defer target.Close()
+	r := NewReader(v)
+	defer r.Close()
+	mem := bytes.Repeat([]byte("window"), 1<<17)
+	buf := mem[4096 : 4096+65536]
+	for round := range 2 {
+		ep, _ := r.Endpoint("h")
+		remote, err := target.Accept(ep)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Connect("h", remote); err != nil {
+			t.Fatal(err)
+		}
+		addr, rkey, release, err := target.Expose(ep, mem, buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dst, rel, _ := r.Buffer(len(buf))
+		if err := r.Read(context.Background(), "h", dst, addr, rkey); err != nil || !bytes.Equal(dst, buf) {
+			t.Fatalf("round %d: a read through the window: %v", round, err)
+		}
+		release()
+		if err := r.Read(context.Background(), "h", dst, addr, rkey); !errors.Is(err, ErrRemoteAccess) {
+			t.Fatalf("round %d: a read after the window was invalidated: %v", round, err)
+		}
+		rel()
+	}
+	if s := target.CacheStats(); s.Registrations != 1 {
+		t.Fatalf("two exposures of one allocation: %+v", s)
+	}
+}
