@@ -14,8 +14,21 @@
 #include <stdio.h>
 #include <string.h>
 
+/* The driver's flag values the shim uses, checked against cuda.h's by
+ * the build against it. */
+#define KVSP_IPC_MEM_LAZY_ENABLE_PEER_ACCESS 0x1
+#define KVSP_MEMHOSTALLOC_PORTABLE 0x01
+#define KVSP_MEMHOSTREGISTER_PORTABLE 0x01
+#define KVSP_EVENT_DISABLE_TIMING 0x2
+#define KVSP_STREAM_NON_BLOCKING 0x1
+
 #ifdef KVSP_WITH_CUDA_H
 #include <cuda.h>
+_Static_assert(CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS == KVSP_IPC_MEM_LAZY_ENABLE_PEER_ACCESS, "flag value");
+_Static_assert(CU_MEMHOSTALLOC_PORTABLE == KVSP_MEMHOSTALLOC_PORTABLE, "flag value");
+_Static_assert(CU_MEMHOSTREGISTER_PORTABLE == KVSP_MEMHOSTREGISTER_PORTABLE, "flag value");
+_Static_assert(CU_EVENT_DISABLE_TIMING == KVSP_EVENT_DISABLE_TIMING, "flag value");
+_Static_assert(CU_STREAM_NON_BLOCKING == KVSP_STREAM_NON_BLOCKING, "flag value");
 #else
 typedef int CUresult;
 typedef int CUdevice;
@@ -28,11 +41,11 @@ typedef struct CUfunc_st *CUfunction;
 typedef struct CUipcMemHandle_st {
 	char reserved[KVSP_CUDA_IPC_HANDLE_SIZE];
 } CUipcMemHandle;
-#define CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS 0x1
-#define CU_MEMHOSTALLOC_PORTABLE 0x01
-#define CU_MEMHOSTREGISTER_PORTABLE 0x01
-#define CU_EVENT_DISABLE_TIMING 0x2
-#define CU_STREAM_NON_BLOCKING 0x1
+#define CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS KVSP_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
+#define CU_MEMHOSTALLOC_PORTABLE KVSP_MEMHOSTALLOC_PORTABLE
+#define CU_MEMHOSTREGISTER_PORTABLE KVSP_MEMHOSTREGISTER_PORTABLE
+#define CU_EVENT_DISABLE_TIMING KVSP_EVENT_DISABLE_TIMING
+#define CU_STREAM_NON_BLOCKING KVSP_STREAM_NON_BLOCKING
 #endif
 
 /* Every driver entry the shim uses: name (the exported symbol), and the
@@ -83,9 +96,17 @@ KVSP_CU_FUNCS(KVSP_PFN)
 
 #ifdef KVSP_WITH_CUDA_H
 /* The prototype check: each pointer type must be the driver's own. */
-#define KVSP_CHECK(name, params)                                                   \
-	_Static_assert(__builtin_types_compatible_p(__typeof__(&name), kvsp_pfn_##name), \
-	               "kvsp_cuda: the prototype of " #name " differs from cuda.h");
+/* And the symbol: dlsym takes the name as written (#name), while cuda.h
+ * may map a plain name to a versioned one (cuMemAlloc to cuMemAlloc_v2);
+ * the plain symbol is then an older ABI. The expanded name must be the
+ * written one. */
+#define KVSP_STR(x) #x
+#define KVSP_XSTR(x) KVSP_STR(x)
+#define KVSP_CHECK(name, params)                                                       \
+	_Static_assert(__builtin_types_compatible_p(__typeof__(&name), kvsp_pfn_##name),     \
+	               "kvsp_cuda: the prototype of " #name " differs from cuda.h");         \
+	_Static_assert(sizeof(KVSP_XSTR(name)) == sizeof(#name),                              \
+	               "kvsp_cuda: cuda.h maps " #name " to a versioned symbol: use that one");
 KVSP_CU_FUNCS(KVSP_CHECK)
 #endif
 
@@ -102,7 +123,11 @@ static void *lib;
 static pthread_mutex_t ctx_mu = PTHREAD_MUTEX_INITIALIZER;
 static CUcontext ctx[KVSP_CUDA_MAX_DEVICES];
 static CUdevice dev[KVSP_CUDA_MAX_DEVICES];
-static int opened[KVSP_CUDA_MAX_DEVICES];
+/* refs counts the opens of each ordinal: every open retains the primary
+ * context and every close releases it, so closing one Device of an
+ * ordinal leaves the others' context (their memory, streams, modules)
+ * alone; the driver resets it when the last is released. */
+static int refs[KVSP_CUDA_MAX_DEVICES];
 
 static void load(void) {
 	lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -156,10 +181,16 @@ static int current(int ordinal) {
 	if (load_status != 0) {
 		return KVSP_CUDA_NO_DRIVER;
 	}
-	if (ordinal < 0 || ordinal >= KVSP_CUDA_MAX_DEVICES || !opened[ordinal]) {
+	if (ordinal < 0 || ordinal >= KVSP_CUDA_MAX_DEVICES) {
 		return KVSP_CUDA_NOT_OPEN;
 	}
-	return (int)cu.cuCtxSetCurrent(ctx[ordinal]);
+	pthread_mutex_lock(&ctx_mu);
+	CUcontext c = refs[ordinal] > 0 ? ctx[ordinal] : NULL;
+	pthread_mutex_unlock(&ctx_mu);
+	if (c == NULL) {
+		return KVSP_CUDA_NOT_OPEN;
+	}
+	return (int)cu.cuCtxSetCurrent(c);
 }
 
 #define CALL(expr)                   \
@@ -186,21 +217,25 @@ int kvsp_cuda_open(int ordinal, char *name, int namelen, size_t *total) {
 		return KVSP_CUDA_NOT_OPEN;
 	}
 	pthread_mutex_lock(&ctx_mu);
-	int rc = 0;
-	if (!opened[ordinal]) {
-		rc = (int)cu.cuDeviceGet(&dev[ordinal], ordinal);
+	CUdevice d;
+	CUcontext c;
+	int rc = (int)cu.cuDeviceGet(&d, ordinal);
+	if (rc == 0) {
+		rc = (int)cu.cuDevicePrimaryCtxRetain(&c, d);
+	}
+	if (rc == 0) {
+		rc = (int)cu.cuDeviceGetName(name, namelen, d);
 		if (rc == 0) {
-			rc = (int)cu.cuDevicePrimaryCtxRetain(&ctx[ordinal], dev[ordinal]);
+			rc = (int)cu.cuDeviceTotalMem_v2(total, d);
 		}
-		if (rc == 0) {
-			opened[ordinal] = 1;
+		if (rc != 0) {
+			cu.cuDevicePrimaryCtxRelease_v2(d);
 		}
 	}
 	if (rc == 0) {
-		rc = (int)cu.cuDeviceGetName(name, namelen, dev[ordinal]);
-	}
-	if (rc == 0) {
-		rc = (int)cu.cuDeviceTotalMem_v2(total, dev[ordinal]);
+		dev[ordinal] = d;
+		ctx[ordinal] = c;
+		refs[ordinal]++;
 	}
 	pthread_mutex_unlock(&ctx_mu);
 	return rc;
@@ -214,10 +249,12 @@ int kvsp_cuda_close(int ordinal) {
 		return KVSP_CUDA_NOT_OPEN;
 	}
 	pthread_mutex_lock(&ctx_mu);
-	int rc = 0;
-	if (opened[ordinal]) {
+	int rc = KVSP_CUDA_NOT_OPEN;
+	if (refs[ordinal] > 0) {
 		rc = (int)cu.cuDevicePrimaryCtxRelease_v2(dev[ordinal]);
-		opened[ordinal] = 0;
+		if (--refs[ordinal] == 0) {
+			ctx[ordinal] = NULL;
+		}
 	}
 	pthread_mutex_unlock(&ctx_mu);
 	return rc;
@@ -231,10 +268,17 @@ int kvsp_cuda_pci_bus_id(int ordinal, char *id, int len) {
 	if (load_status != 0) {
 		return KVSP_CUDA_NO_DRIVER;
 	}
-	if (ordinal < 0 || ordinal >= KVSP_CUDA_MAX_DEVICES || !opened[ordinal]) {
+	if (ordinal < 0 || ordinal >= KVSP_CUDA_MAX_DEVICES) {
 		return KVSP_CUDA_NOT_OPEN;
 	}
-	return (int)cu.cuDeviceGetPCIBusId(id, len, dev[ordinal]);
+	pthread_mutex_lock(&ctx_mu);
+	int open = refs[ordinal] > 0;
+	CUdevice d = dev[ordinal];
+	pthread_mutex_unlock(&ctx_mu);
+	if (!open) {
+		return KVSP_CUDA_NOT_OPEN;
+	}
+	return (int)cu.cuDeviceGetPCIBusId(id, len, d);
 }
 
 int kvsp_cuda_alloc(int ordinal, uint64_t *dptr, size_t n) {

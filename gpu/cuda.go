@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 )
 
@@ -51,14 +52,21 @@ func check(op string, rc C.int) error {
 	return &cudaError{op: op, code: int(rc)}
 }
 
-// Device is an accelerator: its primary context, retained while open.
+// Device is an accelerator: its primary context, retained while open
+// (each Device of an ordinal retains it: closing one leaves the others').
 type Device struct {
-	ord  C.int
-	info Info
-	mu   sync.Mutex
-	open bool
-	kern kernels // the paged gather/scatter module, loaded on first use
+	ord    C.int
+	handle atomic.Int32 // ord while open, -1 after Close: the shim refuses it
+	info   Info
+	mu     sync.Mutex
+	open   bool
+	kern   kernels // the paged gather/scatter module, loaded on first use
 }
+
+// h is the ordinal the device's calls pass: -1 once closed, so that
+// memory, streams and modules of a closed Device fail with "not opened"
+// instead of acting in a context opened again since.
+func (d *Device) h() C.int { return C.int(d.handle.Load()) }
 
 // Open opens device ordinal. The first call loads the driver.
 func Open(ordinal int) (*Device, error) {
@@ -78,7 +86,9 @@ func Open(ordinal int) (*Device, error) {
 	if err := check("open", C.kvsp_cuda_open(C.int(ordinal), &name[0], C.int(len(name)), &total)); err != nil {
 		return nil, err
 	}
-	return &Device{ord: C.int(ordinal), open: true, info: Info{Name: C.GoString(&name[0]), Memory: int64(total)}}, nil
+	d := &Device{ord: C.int(ordinal), open: true, info: Info{Name: C.GoString(&name[0]), Memory: int64(total)}}
+	d.handle.Store(int32(ordinal))
+	return d, nil
 }
 
 // Info describes the device.
@@ -87,12 +97,12 @@ func (d *Device) Info() Info { return d.info }
 // MemInfo returns the device's free and total memory.
 func (d *Device) MemInfo() (free, total int64, err error) {
 	var f, t C.size_t
-	err = check("cuMemGetInfo", C.kvsp_cuda_mem_info(d.ord, &f, &t))
+	err = check("cuMemGetInfo", C.kvsp_cuda_mem_info(d.h(), &f, &t))
 	return int64(f), int64(t), err
 }
 
 // Sync waits for all the device's work (every stream).
-func (d *Device) Sync() error { return check("cuCtxSynchronize", C.kvsp_cuda_sync(d.ord)) }
+func (d *Device) Sync() error { return check("cuCtxSynchronize", C.kvsp_cuda_sync(d.h())) }
 
 // Close releases the device's context (once). Buffers must be freed first.
 func (d *Device) Close() error {
@@ -105,6 +115,10 @@ func (d *Device) Close() error {
 	if d.kern.scratch != nil {
 		d.kern.scratch.Free()
 	}
+	if d.kern.mod != nil {
+		C.kvsp_cuda_module_unload(d.ord, d.kern.mod)
+	}
+	d.handle.Store(-1)
 	return check("close", C.kvsp_cuda_close(d.ord))
 }
 
@@ -123,7 +137,7 @@ func (d *Device) Alloc(n int64) (*Buffer, error) {
 		return nil, fmt.Errorf("gpu: allocation of %d octets", n)
 	}
 	var p C.uint64_t
-	if err := check("cuMemAlloc", C.kvsp_cuda_alloc(d.ord, &p, C.size_t(n))); err != nil {
+	if err := check("cuMemAlloc", C.kvsp_cuda_alloc(d.h(), &p, C.size_t(n))); err != nil {
 		return nil, err
 	}
 	return &Buffer{d: d, ptr: p, n: n}, nil
@@ -145,7 +159,7 @@ func (b *Buffer) CopyIn(off int64, src []byte) error {
 	if err := b.span(off, int64(len(src))); err != nil || len(src) == 0 {
 		return err
 	}
-	return check("cuMemcpyHtoD", C.kvsp_cuda_htod(b.d.ord, b.ptr+C.uint64_t(off), unsafe.Pointer(&src[0]), C.size_t(len(src))))
+	return check("cuMemcpyHtoD", C.kvsp_cuda_htod(b.d.h(), b.ptr+C.uint64_t(off), unsafe.Pointer(&src[0]), C.size_t(len(src))))
 }
 
 // CopyOut fills dst from the buffer at off (device to host, synchronous).
@@ -153,7 +167,7 @@ func (b *Buffer) CopyOut(dst []byte, off int64) error {
 	if err := b.span(off, int64(len(dst))); err != nil || len(dst) == 0 {
 		return err
 	}
-	return check("cuMemcpyDtoH", C.kvsp_cuda_dtoh(b.d.ord, unsafe.Pointer(&dst[0]), b.ptr+C.uint64_t(off), C.size_t(len(dst))))
+	return check("cuMemcpyDtoH", C.kvsp_cuda_dtoh(b.d.h(), unsafe.Pointer(&dst[0]), b.ptr+C.uint64_t(off), C.size_t(len(dst))))
 }
 
 // CopyFrom copies n octets of src at srcOff to the buffer at off (device
@@ -165,17 +179,17 @@ func (b *Buffer) CopyFrom(off int64, src *Buffer, srcOff, n int64) error {
 	if err := src.span(srcOff, n); err != nil {
 		return err
 	}
-	return check("cuMemcpyDtoD", C.kvsp_cuda_dtod(b.d.ord, b.ptr+C.uint64_t(off), src.ptr+C.uint64_t(srcOff), C.size_t(n)))
+	return check("cuMemcpyDtoD", C.kvsp_cuda_dtod(b.d.h(), b.ptr+C.uint64_t(off), src.ptr+C.uint64_t(srcOff), C.size_t(n)))
 }
 
 // Free releases the buffer; later calls do nothing.
 func (b *Buffer) Free() {
 	b.once.Do(func() {
 		if b.imported {
-			C.kvsp_cuda_ipc_close(b.d.ord, b.ptr)
+			C.kvsp_cuda_ipc_close(b.d.h(), b.ptr)
 			return
 		}
-		C.kvsp_cuda_free(b.d.ord, b.ptr)
+		C.kvsp_cuda_free(b.d.h(), b.ptr)
 	})
 }
 
@@ -194,7 +208,7 @@ func (d *Device) AllocHost(n int64) (*HostBuffer, error) {
 		return nil, fmt.Errorf("gpu: pinned allocation of %d octets", n)
 	}
 	var p unsafe.Pointer
-	if err := check("cuMemHostAlloc", C.kvsp_cuda_host_alloc(d.ord, &p, C.size_t(n))); err != nil {
+	if err := check("cuMemHostAlloc", C.kvsp_cuda_host_alloc(d.h(), &p, C.size_t(n))); err != nil {
 		return nil, err
 	}
 	return &HostBuffer{d: d, p: p, mem: unsafe.Slice((*byte)(p), n)}, nil
@@ -206,7 +220,7 @@ func (h *HostBuffer) Bytes() []byte { return h.mem }
 // Free releases the buffer; later calls do nothing.
 func (h *HostBuffer) Free() {
 	h.once.Do(func() {
-		C.kvsp_cuda_host_free(h.d.ord, h.p)
+		C.kvsp_cuda_host_free(h.d.h(), h.p)
 		h.mem = nil
 	})
 }
@@ -229,7 +243,7 @@ func (d *Device) Register(b []byte) (*Registered, error) {
 	}
 	r := &Registered{d: d, mem: b}
 	r.pinner.Pin(&b[0])
-	if err := check("cuMemHostRegister", C.kvsp_cuda_host_register(d.ord, unsafe.Pointer(&b[0]), C.size_t(len(b)))); err != nil {
+	if err := check("cuMemHostRegister", C.kvsp_cuda_host_register(d.h(), unsafe.Pointer(&b[0]), C.size_t(len(b)))); err != nil {
 		r.pinner.Unpin()
 		return nil, err
 	}
@@ -242,7 +256,7 @@ func (r *Registered) Bytes() []byte { return r.mem }
 // Unregister undoes Register; later calls do nothing.
 func (r *Registered) Unregister() {
 	r.once.Do(func() {
-		C.kvsp_cuda_host_unregister(r.d.ord, unsafe.Pointer(&r.mem[0]))
+		C.kvsp_cuda_host_unregister(r.d.h(), unsafe.Pointer(&r.mem[0]))
 		r.pinner.Unpin()
 	})
 }
@@ -257,7 +271,7 @@ type Stream struct {
 // NewStream creates a stream.
 func (d *Device) NewStream() (*Stream, error) {
 	var s unsafe.Pointer
-	if err := check("cuStreamCreate", C.kvsp_cuda_stream_create(d.ord, &s)); err != nil {
+	if err := check("cuStreamCreate", C.kvsp_cuda_stream_create(d.h(), &s)); err != nil {
 		return nil, err
 	}
 	return &Stream{d: d, s: s}, nil
@@ -265,12 +279,12 @@ func (d *Device) NewStream() (*Stream, error) {
 
 // Sync waits for the stream's work.
 func (s *Stream) Sync() error {
-	return check("cuStreamSynchronize", C.kvsp_cuda_stream_sync(s.d.ord, s.s))
+	return check("cuStreamSynchronize", C.kvsp_cuda_stream_sync(s.d.h(), s.s))
 }
 
 // Close destroys the stream.
 func (s *Stream) Close() error {
-	return check("cuStreamDestroy", C.kvsp_cuda_stream_destroy(s.d.ord, s.s))
+	return check("cuStreamDestroy", C.kvsp_cuda_stream_destroy(s.d.h(), s.s))
 }
 
 // CopyOutAsync queues a copy of n octets at off to dst at dstOff (device
@@ -286,7 +300,7 @@ func (b *Buffer) CopyOutAsync(dst Pinned, dstOff, off, n int64, s *Stream) error
 	if n == 0 {
 		return nil
 	}
-	return check("cuMemcpyDtoHAsync", C.kvsp_cuda_dtoh_async(b.d.ord, unsafe.Pointer(&mem[dstOff]), b.ptr+C.uint64_t(off), C.size_t(n), s.s))
+	return check("cuMemcpyDtoHAsync", C.kvsp_cuda_dtoh_async(b.d.h(), unsafe.Pointer(&mem[dstOff]), b.ptr+C.uint64_t(off), C.size_t(n), s.s))
 }
 
 // CopyInAsync queues a copy of n octets of src at srcOff to the buffer at
@@ -302,7 +316,7 @@ func (b *Buffer) CopyInAsync(off int64, src Pinned, srcOff, n int64, s *Stream) 
 	if n == 0 {
 		return nil
 	}
-	return check("cuMemcpyHtoDAsync", C.kvsp_cuda_htod_async(b.d.ord, b.ptr+C.uint64_t(off), unsafe.Pointer(&mem[srcOff]), C.size_t(n), s.s))
+	return check("cuMemcpyHtoDAsync", C.kvsp_cuda_htod_async(b.d.h(), b.ptr+C.uint64_t(off), unsafe.Pointer(&mem[srcOff]), C.size_t(n), s.s))
 }
 
 // IPCKind is how this build's buffers are shared between processes.
@@ -320,7 +334,7 @@ func (b *Buffer) Export() (IPCHandle, error) {
 		return h, errors.New("gpu: an imported buffer cannot be exported again")
 	}
 	var raw [C.KVSP_CUDA_IPC_HANDLE_SIZE]C.uchar
-	if err := check("cuIpcGetMemHandle", C.kvsp_cuda_ipc_get(b.d.ord, b.ptr, &raw[0])); err != nil {
+	if err := check("cuIpcGetMemHandle", C.kvsp_cuda_ipc_get(b.d.h(), b.ptr, &raw[0])); err != nil {
 		return h, err
 	}
 	for i := range h.CUDA {
@@ -339,11 +353,11 @@ func (d *Device) Import(h IPCHandle, n int64) (*Buffer, error) {
 	}
 	var p C.uint64_t
 	var size C.size_t
-	if err := check("cuIpcOpenMemHandle", C.kvsp_cuda_ipc_open(d.ord, &raw[0], &p, &size)); err != nil {
+	if err := check("cuIpcOpenMemHandle", C.kvsp_cuda_ipc_open(d.h(), &raw[0], &p, &size)); err != nil {
 		return nil, err
 	}
 	if n <= 0 || int64(size) < n {
-		C.kvsp_cuda_ipc_close(d.ord, p)
+		C.kvsp_cuda_ipc_close(d.h(), p)
 		return nil, fmt.Errorf("gpu: import of %d octets from a %d-octet allocation", n, int64(size))
 	}
 	return &Buffer{d: d, ptr: p, n: n, imported: true}, nil

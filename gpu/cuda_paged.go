@@ -25,6 +25,7 @@ var kvspGatherPTX string
 type kernels struct {
 	once            sync.Once
 	err             error
+	mod             unsafe.Pointer // unloaded by Close
 	gather, scatter unsafe.Pointer
 
 	mu      sync.Mutex // one table in flight at a time
@@ -37,12 +38,13 @@ func (d *Device) paged() (*kernels, error) {
 		image := C.CString(kvspGatherPTX) // a NUL-terminated PTX image
 		defer C.free(unsafe.Pointer(image))
 		var mod unsafe.Pointer
-		if k.err = check("cuModuleLoadData", C.kvsp_cuda_module_load(d.ord, unsafe.Pointer(image), &mod)); k.err != nil {
+		if k.err = check("cuModuleLoadData", C.kvsp_cuda_module_load(d.h(), unsafe.Pointer(image), &mod)); k.err != nil {
 			return
 		}
+		k.mod = mod
 		for name, fn := range map[string]*unsafe.Pointer{"kvsp_gather": &k.gather, "kvsp_scatter": &k.scatter} {
 			cname := C.CString(name)
-			k.err = check("cuModuleGetFunction "+name, C.kvsp_cuda_module_function(d.ord, mod, cname, fn))
+			k.err = check("cuModuleGetFunction "+name, C.kvsp_cuda_module_function(d.h(), mod, cname, fn))
 			C.free(unsafe.Pointer(cname))
 			if k.err != nil {
 				return
@@ -93,7 +95,7 @@ func (d *Device) launchPaged(gather bool, pool, sections *Buffer, p Paged, table
 	if err := k.scratch.CopyIn(0, unsafe.Slice((*byte)(unsafe.Pointer(&table[0])), need)); err != nil {
 		return err
 	}
-	rc := C.kvsp_cuda_launch_paged(d.ord, fn, pool.ptr, sections.ptr, k.scratch.ptr, C.int(p.PageTokens),
+	rc := C.kvsp_cuda_launch_paged(d.h(), fn, pool.ptr, sections.ptr, k.scratch.ptr, C.int(p.PageTokens),
 		C.longlong(p.LayerStride), C.longlong(p.VOffset), C.longlong(p.PageStride), C.int(first), C.int(tokens),
 		C.int(p.RowBytes), C.int(p.Layers), s.s)
 	if err := check("cuLaunchKernel", rc); err != nil {

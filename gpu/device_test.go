@@ -199,3 +199,43 @@ func TestPCIeRates(t *testing.T) {
 		}
 	}
 }
+
+// TestTwoDevicesOneOrdinal: two Devices of one ordinal (a holder's device
+// tier and a connected engine on the same GPU) share its context, and
+// closing one leaves the other's memory alone; on CUDA, memory of a
+// closed Device is refused rather than used in a context opened since.
+func TestTwoDevicesOneOrdinal(t *testing.T) {
+	d1 := openDevice(t)
+	d2, err := Open(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := random(1<<20, 7)
+	b, err := d2.Alloc(int64(len(want)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.CopyIn(0, want); err != nil {
+		t.Fatal(err)
+	}
+	if err := d1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(want))
+	if err := b.CopyOut(got, 0); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("the other Device's memory after one closed: %v", err)
+	}
+	b.Free()
+	c, err := d2.Alloc(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if !d2.Info().StandIn {
+		if err := c.CopyIn(0, want[:4096]); err == nil {
+			t.Fatal("a copy into memory of a closed Device was accepted")
+		}
+	}
+}

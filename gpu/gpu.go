@@ -45,12 +45,13 @@ type Pinned interface {
 // (PCIe: the rate of a link between this node's holder and instance).
 type Telemetry struct {
 	MemoryUsed, MemoryTotal int64
-	// LinkMbitPerS is the host link's rate at its current generation and
+	// LinkMbitPerS is the host link's rate at its maximum generation and
 	// width (0: unknown); TxKBps and RxKBps its recent throughput.
 	LinkMbitPerS   uint64
 	TxKBps, RxKBps uint32
-	// Source says where the figures come from: "nvml", "cuda" (memory
-	// only: NVML is missing), or "stand-in".
+	// Source says where the figures come from: "nvml", "nvml+cuda" (the
+	// memory from CUDA: a MIG instance, or NVML could not tell), "cuda"
+	// (memory only: NVML is missing), or "stand-in".
 	Source string
 }
 

@@ -24,9 +24,13 @@ func (p Paged) SectionsLen(tokens int) int64 {
 // offsets cannot overflow once check passed.
 const maxPagedCount = 1 << 24
 
+// maxPagedLayers bounds Layers: the kernels run one block row per layer
+// and K or V (grid y = 2 x layers), and a grid's y is at most 65535.
+const maxPagedLayers = 65535 / 2
+
 func (p Paged) check(poolLen, secLen int64, table []int32, first, tokens int) error {
 	if p.Layers <= 0 || p.PageTokens <= 0 || p.RowBytes <= 0 || first < 0 || tokens <= 0 ||
-		p.Layers > maxPagedCount || p.PageTokens > maxPagedCount || p.RowBytes > maxPagedCount || first > maxPagedCount || tokens > maxPagedCount ||
+		p.Layers > maxPagedLayers || p.PageTokens > maxPagedCount || p.RowBytes > maxPagedCount || first > maxPagedCount || tokens > maxPagedCount ||
 		p.LayerStride < 0 || p.VOffset < 0 || p.PageStride < 0 || p.LayerStride > poolLen || p.VOffset > poolLen || p.PageStride > poolLen {
 		return fmt.Errorf("gpu: paged copy of %d tokens from %d: bad geometry %+v for a %d-octet pool", tokens, first, p, poolLen)
 	}

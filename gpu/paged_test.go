@@ -100,5 +100,10 @@ func TestPagedGatherScatter(t *testing.T) {
 		if d.Gather(sec, pool, p, table, 1<<60, tokens, s) == nil {
 			t.Fatal("a first token of 2^60 was accepted")
 		}
+		deep := p
+		deep.Layers, deep.LayerStride = maxPagedLayers+1, 0
+		if d.Gather(sec, pool, deep, table, first, tokens, s) == nil {
+			t.Fatal("more layers than a launch grid takes were accepted")
+		}
 	}
 }

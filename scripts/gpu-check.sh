@@ -6,7 +6,7 @@
 set -uo pipefail
 cd "$(dirname "$0")"
 export KVSP_REQUIRE_GPU=1
-nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pcie.link.width.current --format=csv 2>/dev/null || echo "nvidia-smi: not available"
+nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pcie.link.gen.max,pcie.link.width.current,pcie.link.width.max --format=csv 2>/dev/null || echo "nvidia-smi: not available"
 status=0
 echo "== tests"
 timeout 60 ./gpu.test -test.v -test.run '.' -test.count 1 || status=1
