@@ -127,7 +127,8 @@ type Buffer struct {
 	d        *Device
 	ptr      C.uint64_t
 	n        int64
-	imported bool // mapped from another process: Free unmaps
+	imported bool       // mapped from another process: Free unmaps
+	base     C.uint64_t // an imported buffer's mapping (ptr may be inside it)
 	once     sync.Once
 }
 
@@ -186,7 +187,7 @@ func (b *Buffer) CopyFrom(off int64, src *Buffer, srcOff, n int64) error {
 func (b *Buffer) Free() {
 	b.once.Do(func() {
 		if b.imported {
-			C.kvsp_cuda_ipc_close(b.d.h(), b.ptr)
+			C.kvsp_cuda_ipc_close(b.d.h(), b.base)
 			return
 		}
 		C.kvsp_cuda_free(b.d.h(), b.ptr)
@@ -343,10 +344,11 @@ func (b *Buffer) Export() (IPCHandle, error) {
 	return h, nil
 }
 
-// Import maps another process's exported buffer of n octets (at most the
-// allocation's real size, which the driver reports); Free unmaps it (the
-// exporter keeps the memory).
-func (d *Device) Import(h IPCHandle, n int64) (*Buffer, error) {
+// Import maps another process's exported allocation and returns n octets
+// of it from off (within the allocation's real size, which the driver
+// reports: an engine's pool need not start at its allocation's base);
+// Free unmaps it (the exporter keeps the memory).
+func (d *Device) Import(h IPCHandle, off, n int64) (*Buffer, error) {
 	var raw [C.KVSP_CUDA_IPC_HANDLE_SIZE]C.uchar
 	for i := range h.CUDA {
 		raw[i] = C.uchar(h.CUDA[i])
@@ -356,9 +358,9 @@ func (d *Device) Import(h IPCHandle, n int64) (*Buffer, error) {
 	if err := check("cuIpcOpenMemHandle", C.kvsp_cuda_ipc_open(d.h(), &raw[0], &p, &size)); err != nil {
 		return nil, err
 	}
-	if n <= 0 || int64(size) < n {
+	if n <= 0 || off < 0 || off > int64(size) || n > int64(size)-off {
 		C.kvsp_cuda_ipc_close(d.h(), p)
-		return nil, fmt.Errorf("gpu: import of %d octets from a %d-octet allocation", n, int64(size))
+		return nil, fmt.Errorf("gpu: import of %d octets at %d from a %d-octet allocation", n, off, int64(size))
 	}
-	return &Buffer{d: d, ptr: p, n: n, imported: true}, nil
+	return &Buffer{d: d, ptr: p + C.uint64_t(off), base: p, n: n, imported: true}, nil
 }

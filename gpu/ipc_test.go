@@ -75,7 +75,7 @@ func TestIPCChild(t *testing.T) {
 	if os.Getenv("KVSP_IPC_FD") == "3" {
 		h.FD = 3
 	}
-	b, err := d.Import(h, 1<<20)
+	b, err := d.Import(h, 0, 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}

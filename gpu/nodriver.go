@@ -101,7 +101,7 @@ func (d *Device) AllocShared(n int64) (*Buffer, error) { return nil, ErrNoDevice
 func (b *Buffer) Export() (IPCHandle, error) { return IPCHandle{FD: -1}, ErrNoDevice }
 
 // Import maps another process's buffer.
-func (d *Device) Import(h IPCHandle, n int64) (*Buffer, error) { return nil, ErrNoDevice }
+func (d *Device) Import(h IPCHandle, off, n int64) (*Buffer, error) { return nil, ErrNoDevice }
 
 // Gather copies a sequence's tokens from a paged pool into sections.
 func (d *Device) Gather(dst, pool *Buffer, p Paged, table []int32, first, tokens int, s *Stream) error {

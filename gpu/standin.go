@@ -41,8 +41,9 @@ func (d *Device) Close() error { return nil }
 type Buffer struct {
 	d        *Device
 	mem      []byte
-	fd       int  // the memfd of a shared buffer, -1 otherwise
-	imported bool // mapped from another process's export: not counted
+	mapped   []byte // an imported buffer's whole mapping (mem may start inside it)
+	fd       int    // the memfd of a shared buffer, -1 otherwise
+	imported bool   // mapped from another process's export: not counted
 	once     sync.Once
 }
 
@@ -89,7 +90,11 @@ func (b *Buffer) Free() {
 			b.d.mu.Unlock()
 		}
 		if b.fd >= 0 {
-			unix.Munmap(b.mem)
+			if b.mapped != nil {
+				unix.Munmap(b.mapped)
+			} else {
+				unix.Munmap(b.mem)
+			}
 			unix.Close(b.fd)
 		}
 		b.mem = nil
@@ -141,21 +146,21 @@ func (b *Buffer) Export() (IPCHandle, error) {
 	return IPCHandle{FD: b.fd}, nil
 }
 
-// Import maps n octets of the memfd h.FD (received from the exporter);
-// the buffer owns the descriptor and closes it on Free.
-func (d *Device) Import(h IPCHandle, n int64) (*Buffer, error) {
+// Import maps n octets from off of the memfd h.FD (received from the
+// exporter); the buffer owns the descriptor and closes it on Free.
+func (d *Device) Import(h IPCHandle, off, n int64) (*Buffer, error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(h.FD, &st); err != nil {
 		return nil, fmt.Errorf("gpu: import: %w", err)
 	}
-	if n <= 0 || st.Size < n {
-		return nil, fmt.Errorf("gpu: import of %d octets from a %d-octet memfd", n, st.Size)
+	if n <= 0 || off < 0 || off > st.Size || n > st.Size-off {
+		return nil, fmt.Errorf("gpu: import of %d octets at %d from a %d-octet memfd", n, off, st.Size)
 	}
-	mem, err := unix.Mmap(h.FD, 0, int(n), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	mapped, err := unix.Mmap(h.FD, 0, int(off+n), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		return nil, fmt.Errorf("gpu: import: %w", err)
 	}
-	return &Buffer{d: d, mem: mem, fd: h.FD, imported: true}, nil
+	return &Buffer{d: d, mem: mapped[off:], mapped: mapped, fd: h.FD, imported: true}, nil
 }
 
 // MemInfo returns the stand-in's free and total memory.

@@ -101,7 +101,7 @@ func (x attachHandler) Attach(s *attach.Session, hello *attach.Hello, fd int) er
 	if kind := h.store.dev.d.IPCKind(); hello.Pool.Memory != kind {
 		return fail(fmt.Errorf("this holder's device takes %s memory, not %s", kind, hello.Pool.Memory))
 	}
-	buf, err := h.store.dev.d.Import(hello.Pool.Handle, fd, hello.Pool.Size)
+	buf, err := h.store.dev.d.Import(hello.Pool.Handle, fd, hello.Pool.Offset, hello.Pool.Size)
 	if err != nil {
 		return fail(err) // Import owns fd only once it succeeded
 	}

@@ -7,6 +7,7 @@ import (
 	"context"
 	"net"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -22,11 +23,12 @@ import (
 
 // TestAttachedEngineServesFromItsPages (nogpu stand-in: the pool is a
 // memfd): an engine attaches its paged pool (vLLM's per-layer [2, pages,
-// tokens, heads, dim] layout) over the Unix socket and publishes two
-// blocks by page; the holder serves each, whole and by layer range,
-// verified, byte for byte the container a PUT of the same KV would store,
-// and publishes it on the device tier; after unpublish (and after the
-// engine's session ends) the block is gone and withdrawn.
+// tokens, heads, dim] layout, at an offset in its memory) over the Unix
+// socket and publishes two blocks by page; the holder serves each, whole
+// and by layer range, verified, byte for byte the container a PUT of the
+// same KV would store, and publishes it on the device tier; after
+// unpublish (and after the engine's session ends) the block is gone and
+// withdrawn.
 func TestAttachedEngineServesFromItsPages(t *testing.T) {
 	f, sock := startAttached(t)
 
@@ -46,12 +48,16 @@ func TestAttachedEngineServesFromItsPages(t *testing.T) {
 			copy(mem[vo:], vv)
 		}
 	}
+	// The pool lies inside a larger allocation, at an offset that is not
+	// page-aligned (a caching allocator's segment), other octets around it.
+	pool.Offset = 12345
 	fd, err := unix.MemfdCreate("engine-pool", unix.MFD_CLOEXEC)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer unix.Close(fd)
-	if _, err := unix.Write(fd, mem); err != nil {
+	around := bytes.Repeat([]byte{0xee}, int(pool.Offset))
+	if _, err := unix.Write(fd, slices.Concat(around, mem, around)); err != nil {
 		t.Fatal(err)
 	}
 	e, err := attach.Dial(sock, &attach.Hello{Engine: "test-engine", CompatID: compat, Pool: pool}, fd)

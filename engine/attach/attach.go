@@ -58,6 +58,7 @@ type Pool struct {
 	Memory      string `json:"memory"`
 	Device      int    `json:"device"`
 	Handle      []byte `json:"handle,omitempty"`
+	Offset      int64  `json:"offset,omitempty"` // where the pool starts in the exported allocation or memfd
 	Size        int64  `json:"size"`
 	Pages       int    `json:"pages"`
 	PageTokens  int    `json:"page_tokens"`
@@ -159,6 +160,8 @@ func (p *Pool) Check(layers int, rowBytes int64) error {
 		return errors.New("attach: page_tokens: at least 1")
 	case p.Pages <= 0 || p.Size <= 0 || p.LayerStride < 0 || p.PageStride < sectionLen || p.VOffset < sectionLen:
 		return errors.New("attach: pool: pages, size and strides must describe sections that do not overlap (v_offset and page_stride at least a section)")
+	case p.Offset < 0 || p.Offset > math.MaxInt64-p.Size:
+		return errors.New("attach: pool: offset must be at least 0, and offset + size fit in 63 bits")
 	}
 	// The last row's end, computed without overflow: a peer's numbers may
 	// be anything.

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
+	"math"
 	"net"
 	"path/filepath"
 	"slices"
@@ -173,6 +174,8 @@ func TestPoolCheck(t *testing.T) {
 		"overflow":       func(p *Pool) { p.PageStride = 1 << 62 },
 		"huge pages":     func(p *Pool) { p.PageTokens = 1 << 61 },
 		"layers overlap": func(p *Pool) { p.LayerStride = 0 },
+		"offset < 0":     func(p *Pool) { p.Offset = -1 },
+		"offset past":    func(p *Pool) { p.Offset = math.MaxInt64 - p.Size + 1 },
 	} {
 		p := ok
 		mut(&p)

@@ -113,7 +113,7 @@ func (e *Engine) Attach(s *attach.Session, h *attach.Hello, fd int) error {
 		closeFD()
 		return errors.New("an engine is attached already")
 	}
-	buf, err := e.dev.Import(h.Pool.Handle, fd, h.Pool.Size)
+	buf, err := e.dev.Import(h.Pool.Handle, fd, h.Pool.Offset, h.Pool.Size)
 	if err != nil {
 		closeFD()
 		return err

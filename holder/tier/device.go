@@ -128,9 +128,10 @@ func (d *Device) WriteRegions(w io.Writer, buf DeviceBuffer, regions []Region) (
 // (gpu.IPCCUDA or gpu.IPCMemfd).
 func (d *Device) IPCKind() string { return d.d.IPCKind() }
 
-// Import maps n octets of another process's memory: a CUDA IPC handle, or
-// a memfd (fd, which the buffer owns from here on). Free unmaps it.
-func (d *Device) Import(handle []byte, fd int, n int64) (DeviceBuffer, error) {
+// Import maps n octets from off of another process's memory: a CUDA IPC
+// handle's allocation, or a memfd (fd, which the buffer owns from here
+// on). Free unmaps it.
+func (d *Device) Import(handle []byte, fd int, off, n int64) (DeviceBuffer, error) {
 	h := gpu.IPCHandle{FD: fd}
 	if len(handle) > 0 {
 		if len(handle) != len(h.CUDA) {
@@ -138,7 +139,7 @@ func (d *Device) Import(handle []byte, fd int, n int64) (DeviceBuffer, error) {
 		}
 		copy(h.CUDA[:], handle)
 	}
-	return d.d.Import(h, n)
+	return d.d.Import(h, off, n)
 }
 
 // Uploader copies octets into device buffers through double-buffered
