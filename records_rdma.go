@@ -37,25 +37,48 @@ func (q *RDMAReadRequest) Validate() error {
 }
 
 // RDMAReadResponse answers an RDMAReadRequest (201): where the octets are
-// and how to check them. The client reads Length octets at Addr with RKey
-// after the container header Header (hex): together they are the KVB1
-// container of the range, whose SHA-256 is ReprDigest. DELETE
-// rdma/reads/{id} ends the exposure early.
+// and how to check them. The client reads Length octets at Addr with RKey,
+// then each of More in order (a block split between device and host
+// memory is two segments), after the container header Header (hex):
+// together they are the KVB1 container of the range, whose SHA-256 is
+// ReprDigest. DELETE rdma/reads/{id} ends the exposure early.
 type RDMAReadResponse struct {
-	ID         string `json:"id"`
-	Endpoint   string `json:"endpoint"` // the holder's queue pair
-	Addr       string `json:"addr"`     // hex: addresses may exceed 2^53
-	RKey       uint32 `json:"rkey"`
-	Length     uint64 `json:"length"`
-	Header     string `json:"header"`
-	ReprDigest string `json:"repr_digest"`
-	TTLMs      uint64 `json:"ttl_ms"`
+	ID         string        `json:"id"`
+	Endpoint   string        `json:"endpoint"` // the holder's queue pair
+	Addr       string        `json:"addr"`     // hex: addresses may exceed 2^53
+	RKey       uint32        `json:"rkey"`
+	Length     uint64        `json:"length"`
+	More       []RDMASegment `json:"more,omitempty"`
+	Header     string        `json:"header"`
+	ReprDigest string        `json:"repr_digest"`
+	TTLMs      uint64        `json:"ttl_ms"`
 }
+
+// RDMASegment is further octets of an RDMA read, after the first.
+type RDMASegment struct {
+	Addr   string `json:"addr"` // hex
+	RKey   uint32 `json:"rkey"`
+	Length uint64 `json:"length"`
+}
+
+// MaxRDMASegments bounds the segments of one RDMA read.
+const MaxRDMASegments = 4
 
 // Validate implements Validator.
 func (r *RDMAReadResponse) Validate() error {
 	if _, err := strconv.ParseUint(r.Addr, 16, 64); err != nil || r.ID == "" || r.Endpoint == "" || r.Header == "" || r.ReprDigest == "" || r.Length == 0 {
 		return invalidf("rdma read response: id, endpoint, addr (hex), length, header and repr_digest required")
+	}
+	if len(r.More)+1 > MaxRDMASegments {
+		return invalidf("rdma read response: more than %d segments", MaxRDMASegments)
+	}
+	for _, s := range r.More {
+		if _, err := strconv.ParseUint(s.Addr, 16, 64); err != nil || s.Length == 0 {
+			return invalidf("rdma read response: more: addr (hex) and length required")
+		}
+		if err := checkInt("rdma read response: more: length", s.Length); err != nil {
+			return err
+		}
 	}
 	return checkInt("rdma read response: length", r.Length)
 }

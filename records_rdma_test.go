@@ -25,8 +25,22 @@ func TestRDMARecords(t *testing.T) {
 	if err := r.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	r.Addr = "0x7f"
-	if err := r.Validate(); err == nil {
-		t.Fatal("a non-hex addr validated")
+	r.More = []RDMASegment{{Addr: "7f00beef0000", RKey: 3, Length: 4}}
+	if err := r.Validate(); err != nil {
+		t.Fatalf("two segments: %v", err)
+	}
+	for name, mut := range map[string]func(*RDMAReadResponse){
+		"addr not hex":          func(r *RDMAReadResponse) { r.Addr = "0x7f" },
+		"segment addr not hex":  func(r *RDMAReadResponse) { r.More[0].Addr = "zz" },
+		"empty segment":         func(r *RDMAReadResponse) { r.More[0].Length = 0 },
+		"too many segments":     func(r *RDMAReadResponse) { r.More = append(r.More, r.More[0], r.More[0], r.More[0]) },
+		"segment past 2^53 - 1": func(r *RDMAReadResponse) { r.More[0].Length = 1 << 53 },
+	} {
+		bad := r
+		bad.More = append([]RDMASegment(nil), r.More...)
+		mut(&bad)
+		if err := bad.Validate(); err == nil {
+			t.Errorf("%s: validated", name)
+		}
 	}
 }

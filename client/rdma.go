@@ -53,19 +53,24 @@ func (h *Holder) ReadBlockRDMA(ctx context.Context, b BlockRef, g container.Geom
 	if err != nil || len(hdr) < container.HeaderLen(1) || len(hdr) > container.HeaderLen(int(g.Layers)) {
 		return nil, nil, fmt.Errorf("%w: rdma read: header", kvsp.ErrInvalid)
 	}
-	addr, _ := strconv.ParseUint(x.Addr, 16, 64) // validated by Decode
+	segs := []kvsp.RDMASegment{{Addr: x.Addr, RKey: x.RKey, Length: x.Length}} // validated by Decode
+	segs = append(segs, x.More...)
 	want, err := container.ParseReprDigest(x.ReprDigest)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: rdma read: %v", kvsp.ErrDigestMismatch, err)
 	}
 	maxBlock := uint64(container.HeaderLen(int(g.Layers))) + 2*uint64(g.Layers)*g.RawSectionLen()
-	if x.Length > maxBlock {
-		return nil, nil, fmt.Errorf("%w: rdma read of %d octets: a block of this geometry is at most %d", kvsp.ErrInvalid, x.Length, maxBlock)
+	var total uint64
+	for _, s := range segs { // each below 2^53: no overflow
+		total += s.Length
+	}
+	if total > maxBlock {
+		return nil, nil, fmt.Errorf("%w: rdma read of %d octets: a block of this geometry is at most %d", kvsp.ErrInvalid, total, maxBlock)
 	}
 	if err := r.Connect(h.base, x.Endpoint); err != nil {
 		return nil, nil, err
 	}
-	buf, rel, err := r.Buffer(len(hdr) + int(x.Length))
+	buf, rel, err := r.Buffer(len(hdr) + int(total))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -75,8 +80,13 @@ func (h *Holder) ReadBlockRDMA(ctx context.Context, b BlockRef, g container.Geom
 		}
 	}()
 	copy(buf, hdr)
-	if err := r.Read(ctx, h.base, buf[len(hdr):], addr, x.RKey); err != nil {
-		return nil, nil, fmt.Errorf("client: rdma read: %w", err)
+	at := len(hdr)
+	for _, s := range segs {
+		addr, _ := strconv.ParseUint(s.Addr, 16, 64)
+		if err := r.Read(ctx, h.base, buf[at:at+int(s.Length)], addr, s.RKey); err != nil {
+			return nil, nil, fmt.Errorf("client: rdma read: %w", err)
+		}
+		at += int(s.Length)
 	}
 	blk, err = container.OpenBlock(buf, g)
 	if err != nil {

@@ -13,6 +13,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 /* The driver's flag values the shim uses, checked against cuda.h's by
  * the build against it. */
@@ -21,6 +22,8 @@
 #define KVSP_MEMHOSTREGISTER_PORTABLE 0x01
 #define KVSP_EVENT_DISABLE_TIMING 0x2
 #define KVSP_STREAM_NON_BLOCKING 0x1
+#define KVSP_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED 124
+#define KVSP_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD 0x1
 
 #ifdef KVSP_WITH_CUDA_H
 #include <cuda.h>
@@ -38,6 +41,8 @@ typedef struct CUstream_st *CUstream;
 typedef struct CUevent_st *CUevent;
 typedef struct CUmod_st *CUmodule;
 typedef struct CUfunc_st *CUfunction;
+typedef int CUdevice_attribute;
+typedef int CUmemRangeHandleType;
 typedef struct CUipcMemHandle_st {
 	char reserved[KVSP_CUDA_IPC_HANDLE_SIZE];
 } CUipcMemHandle;
@@ -89,10 +94,16 @@ typedef struct CUipcMemHandle_st {
 	X(cuModuleGetFunction, (CUfunction *, CUmodule, const char *))                                      \
 	X(cuLaunchKernel, (CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int, \
 	                   unsigned int, unsigned int, CUstream, void **, void **))                         \
+	X(cuDeviceGetAttribute, (int *, CUdevice_attribute, CUdevice))                                     \
 	X(cuGetErrorString, (CUresult, const char **))
+
+/* Entries the shim does without on older drivers: looked up, not
+ * required. */
+#define KVSP_CU_OPTIONAL(X) X(cuMemGetHandleForAddressRange, (void *, CUdeviceptr, size_t, CUmemRangeHandleType, unsigned long long))
 
 #define KVSP_PFN(name, params) typedef CUresult (*kvsp_pfn_##name) params;
 KVSP_CU_FUNCS(KVSP_PFN)
+KVSP_CU_OPTIONAL(KVSP_PFN)
 
 #ifdef KVSP_WITH_CUDA_H
 /* The prototype check: each pointer type must be the driver's own. */
@@ -108,11 +119,15 @@ KVSP_CU_FUNCS(KVSP_PFN)
 	_Static_assert(sizeof(KVSP_XSTR(name)) == sizeof(#name),                              \
 	               "kvsp_cuda: cuda.h maps " #name " to a versioned symbol: use that one");
 KVSP_CU_FUNCS(KVSP_CHECK)
+KVSP_CU_OPTIONAL(KVSP_CHECK)
+_Static_assert(CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED == KVSP_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, "attribute value");
+_Static_assert(CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD == KVSP_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, "handle type value");
 #endif
 
 static struct {
 #define KVSP_FIELD(name, params) kvsp_pfn_##name name;
 	KVSP_CU_FUNCS(KVSP_FIELD)
+	KVSP_CU_OPTIONAL(KVSP_FIELD)
 } cu;
 
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;
@@ -144,6 +159,8 @@ static void load(void) {
 		return;                                                                                    \
 	}
 	KVSP_CU_FUNCS(KVSP_SYM)
+#define KVSP_OPT_SYM(name, params) cu.name = (kvsp_pfn_##name)dlsym(lib, #name);
+	KVSP_CU_OPTIONAL(KVSP_OPT_SYM)
 	load_status = (int)cu.cuInit(0);
 	if (load_status != 0) {
 		const char *s = NULL;
@@ -168,6 +185,8 @@ const char *kvsp_cuda_error(int code) {
 		return load_error[0] ? load_error : "the CUDA driver is not loaded";
 	case KVSP_CUDA_NOT_OPEN:
 		return "the device was not opened";
+	case KVSP_CUDA_NOT_SUPPORTED:
+		return "not supported by this device, driver or allocation (dma-buf export needs CUDA 11.7+, the device's dma-buf support and page-aligned allocations)";
 	}
 	const char *s = NULL;
 	if (load_status == 0 && cu.cuGetErrorString((CUresult)code, &s) == 0 && s != NULL) {
@@ -394,6 +413,42 @@ int kvsp_cuda_ipc_open(int ordinal, const unsigned char handle[KVSP_CUDA_IPC_HAN
 }
 
 int kvsp_cuda_ipc_close(int ordinal, uint64_t dptr) { CALL(cu.cuIpcCloseMemHandle((CUdeviceptr)dptr)); }
+
+int kvsp_cuda_dmabuf(int ordinal, uint64_t dptr, size_t n, int *fd, uint64_t *offset, uint64_t *size) {
+	int rc = current(ordinal);
+	if (rc != 0) {
+		return rc;
+	}
+	if (cu.cuMemGetHandleForAddressRange == NULL) {
+		return KVSP_CUDA_NOT_SUPPORTED;
+	}
+	pthread_mutex_lock(&ctx_mu);
+	CUdevice d = dev[ordinal];
+	pthread_mutex_unlock(&ctx_mu);
+	int ok = 0;
+	if (cu.cuDeviceGetAttribute(&ok, (CUdevice_attribute)KVSP_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, d) != 0 || !ok) {
+		return KVSP_CUDA_NOT_SUPPORTED;
+	}
+	CUdeviceptr base;
+	size_t len;
+	if ((rc = (int)cu.cuMemGetAddressRange_v2(&base, &len, (CUdeviceptr)dptr)) != 0) {
+		return rc;
+	}
+	uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE);
+	uint64_t lo = dptr / pg * pg, hi = (dptr + n + pg - 1) / pg * pg;
+	if (lo < base || hi > base + len) { /* the page-aligned range leaves the allocation */
+		return KVSP_CUDA_NOT_SUPPORTED;
+	}
+	int h = -1;
+	if ((rc = (int)cu.cuMemGetHandleForAddressRange(&h, (CUdeviceptr)lo, (size_t)(hi - lo),
+	                                                (CUmemRangeHandleType)KVSP_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0)) != 0) {
+		return rc;
+	}
+	*fd = h;
+	*offset = dptr - lo;
+	*size = hi - lo;
+	return 0;
+}
 
 int kvsp_cuda_module_load(int ordinal, const void *image, void **module) {
 	CALL(cu.cuModuleLoadData((CUmodule *)module, image));

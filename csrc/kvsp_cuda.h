@@ -22,6 +22,7 @@
 /* The shim's own codes, outside CUresult's range. */
 #define KVSP_CUDA_NO_DRIVER 100001 /* libcuda.so.1 or a symbol is missing */
 #define KVSP_CUDA_NOT_OPEN 100002  /* the ordinal was not opened */
+#define KVSP_CUDA_NOT_SUPPORTED 100003 /* see kvsp_cuda_dmabuf */
 
 /* Loading and devices. */
 int kvsp_cuda_load(char *err, size_t errlen);
@@ -63,6 +64,14 @@ int kvsp_cuda_event_destroy(int ordinal, void *event);
 int kvsp_cuda_ipc_get(int ordinal, uint64_t dptr, unsigned char handle[KVSP_CUDA_IPC_HANDLE_SIZE]);
 int kvsp_cuda_ipc_open(int ordinal, const unsigned char handle[KVSP_CUDA_IPC_HANDLE_SIZE], uint64_t *dptr, size_t *size);
 int kvsp_cuda_ipc_close(int ordinal, uint64_t dptr);
+
+/* GPUDirect RDMA: kvsp_cuda_dmabuf exports the host-page-aligned range
+ * around [dptr, dptr+n) of one allocation as a dma-buf (a NIC registers it
+ * with ibv_reg_dmabuf_mr); *offset is dptr's offset in it, *size its
+ * length. The caller closes *fd. KVSP_CUDA_NOT_SUPPORTED when the device,
+ * the driver (before CUDA 11.7) or the allocation's alignment does not
+ * allow it. */
+int kvsp_cuda_dmabuf(int ordinal, uint64_t dptr, size_t n, int *fd, uint64_t *offset, uint64_t *size);
 
 /* Modules (PTX) and kernel launches. */
 int kvsp_cuda_module_load(int ordinal, const void *image, void **module);

@@ -95,7 +95,7 @@ void kvsp_rdma_close(kvsp_rdma_dev *d) {
 
 const char *kvsp_rdma_name(kvsp_rdma_dev *d) { return d->name; }
 
-void *kvsp_rdma_reg(kvsp_rdma_dev *d, void *addr, size_t len, int access, uint32_t *lkey, uint32_t *rkey, int *err) {
+static int access_flags(int access) {
 	int flags = IBV_ACCESS_LOCAL_WRITE;
 	if (access & KVSP_RDMA_REMOTE_READ) {
 		flags |= IBV_ACCESS_REMOTE_READ;
@@ -103,9 +103,26 @@ void *kvsp_rdma_reg(kvsp_rdma_dev *d, void *addr, size_t len, int access, uint32
 	if (access & KVSP_RDMA_MW_BIND) {
 		flags |= IBV_ACCESS_MW_BIND;
 	}
-	struct ibv_mr *mr = ibv_reg_mr(d->pd, addr, len, flags);
+	return flags;
+}
+
+void *kvsp_rdma_reg(kvsp_rdma_dev *d, void *addr, size_t len, int access, uint32_t *lkey, uint32_t *rkey, int *err) {
+	struct ibv_mr *mr = ibv_reg_mr(d->pd, addr, len, access_flags(access));
 	if (mr == NULL) {
 		*err = errno;
+		return NULL;
+	}
+	*lkey = mr->lkey;
+	*rkey = mr->rkey;
+	return mr;
+}
+
+void *kvsp_rdma_reg_dmabuf(kvsp_rdma_dev *d, int fd, uint64_t offset, size_t len, uint64_t iova, int access, uint32_t *lkey,
+			   uint32_t *rkey, int *err) {
+	errno = 0;
+	struct ibv_mr *mr = ibv_reg_dmabuf_mr(d->pd, offset, len, iova, fd, access_flags(access));
+	if (mr == NULL) {
+		*err = errno ? errno : EOPNOTSUPP;
 		return NULL;
 	}
 	*lkey = mr->lkey;

@@ -23,6 +23,10 @@ const char *kvsp_rdma_name(kvsp_rdma_dev *d);
 #define KVSP_RDMA_MW_BIND 2
 void *kvsp_rdma_reg(kvsp_rdma_dev *d, void *addr, size_t len, int access, uint32_t *lkey, uint32_t *rkey, int *err);
 int kvsp_rdma_dereg(void *mr);
+/* kvsp_rdma_reg_dmabuf registers len octets at offset of a dma-buf (an
+ * accelerator's memory: GPUDirect RDMA), addressed by peers at iova. */
+void *kvsp_rdma_reg_dmabuf(kvsp_rdma_dev *d, int fd, uint64_t offset, size_t len, uint64_t iova, int access, uint32_t *lkey,
+			   uint32_t *rkey, int *err);
 
 /* Memory windows (type 2): a window bound through a queue pair's send
  * queue lets that pair's peer, and no other, read [addr, addr+len) of an

@@ -41,6 +41,8 @@ func (e *cudaError) Is(target error) bool {
 		return e.code == 2
 	case ErrNoDevice:
 		return e.code == C.KVSP_CUDA_NO_DRIVER || e.code == 100 /* CUDA_ERROR_NO_DEVICE */ || e.code == 101 /* INVALID_DEVICE */
+	case ErrNotSupported:
+		return e.code == C.KVSP_CUDA_NOT_SUPPORTED || e.code == 801 /* CUDA_ERROR_NOT_SUPPORTED */
 	}
 	return false
 }
@@ -192,6 +194,28 @@ func (b *Buffer) Free() {
 		}
 		C.kvsp_cuda_free(b.d.h(), b.ptr)
 	})
+}
+
+// DevicePtr is the buffer's address in the device's address space: what
+// a NIC reads at once the buffer is registered for GPUDirect RDMA.
+func (b *Buffer) DevicePtr() uint64 { return uint64(b.ptr) }
+
+// HostBytes is the buffer's memory when it is host memory: nil for device
+// memory.
+func (b *Buffer) HostBytes() []byte { return nil }
+
+// Dmabuf exports the buffer for GPUDirect RDMA as a dma-buf: fd (the
+// caller closes it once registered), the buffer's offset in it and the
+// dma-buf's length (the host-page-aligned range around the buffer).
+// ErrNotSupported where the device, the driver or the allocation's
+// alignment does not allow it.
+func (b *Buffer) Dmabuf() (fd int, off, size uint64, err error) {
+	var cfd C.int
+	var coff, csize C.uint64_t
+	if err := check("cuMemGetHandleForAddressRange", C.kvsp_cuda_dmabuf(b.d.h(), b.ptr, C.size_t(b.n), &cfd, &coff, &csize)); err != nil {
+		return -1, 0, 0, err
+	}
+	return int(cfd), uint64(coff), uint64(csize), nil
 }
 
 // HostBuffer is pinned (page-locked) host memory, allocated by the driver:

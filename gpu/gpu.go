@@ -23,6 +23,10 @@ var ErrNoDevice = errors.New("gpu: no device")
 // ErrOutOfMemory: the device cannot hold the allocation.
 var ErrOutOfMemory = errors.New("gpu: out of device memory")
 
+// ErrNotSupported: the device, its driver or the allocation cannot do
+// what was asked (a dma-buf export for GPUDirect RDMA).
+var ErrNotSupported = errors.New("gpu: not supported here")
+
 // Info describes an opened device.
 type Info struct {
 	// Name is the device's name; the stand-in's says it is one.

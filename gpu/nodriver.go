@@ -38,6 +38,15 @@ func (b *Buffer) CopyOut(dst []byte, off int64) error { return ErrNoDevice }
 // Free releases the buffer.
 func (b *Buffer) Free() {}
 
+// DevicePtr is the buffer's device address.
+func (b *Buffer) DevicePtr() uint64 { return 0 }
+
+// HostBytes is nil: no memory.
+func (b *Buffer) HostBytes() []byte { return nil }
+
+// Dmabuf exports the buffer for GPUDirect RDMA.
+func (b *Buffer) Dmabuf() (fd int, off, size uint64, err error) { return -1, 0, 0, ErrNoDevice }
+
 // MemInfo returns the device's memory.
 func (d *Device) MemInfo() (free, total int64, err error) { return 0, 0, ErrNoDevice }
 

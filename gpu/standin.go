@@ -5,6 +5,7 @@ package gpu
 import (
 	"fmt"
 	"sync"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -99,6 +100,22 @@ func (b *Buffer) Free() {
 		}
 		b.mem = nil
 	})
+}
+
+// DevicePtr is the buffer's address: the stand-in's memory is the host's.
+func (b *Buffer) DevicePtr() uint64 {
+	if len(b.mem) == 0 {
+		return 0
+	}
+	return uint64(uintptr(unsafe.Pointer(&b.mem[0])))
+}
+
+// HostBytes is the stand-in's memory (a NIC registers it as host memory).
+func (b *Buffer) HostBytes() []byte { return b.mem }
+
+// Dmabuf: the stand-in has no dma-buf; HostBytes is its memory.
+func (b *Buffer) Dmabuf() (fd int, off, size uint64, err error) {
+	return -1, 0, 0, fmt.Errorf("%w: the stand-in's memory is host memory (HostBytes)", ErrNotSupported)
 }
 
 // IPCKind is how the stand-in's buffers are shared: memfd.

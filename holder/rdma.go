@@ -15,12 +15,13 @@ import (
 	"github.com/kvsp/kvsp/server"
 )
 
-// RDMA lets clients read blocks in host memory by one-sided RDMA READ
-// (POST rdma/reads, a kvsp extension): the holder authorizes the request
-// as a block GET, keeps the block and registers its octets until the
-// client is done (DELETE rdma/reads/{id}) or the exposure's TTL ends, and
-// the client's queue pair reads them with no holder CPU in the data path.
-// rdma.Target implements it (on verbs, or the in-process fabric).
+// RDMA lets clients read blocks by one-sided RDMA READ (POST rdma/reads,
+// a kvsp extension): the holder authorizes the request as a block GET,
+// keeps the block and exposes its octets until the client is done (DELETE
+// rdma/reads/{id}) or the exposure's TTL ends, and the client's queue
+// pair reads them with no holder CPU in the data path: from host memory,
+// and from the device tier's memory by GPUDirect RDMA. rdma.Target
+// implements it (on verbs, or the in-process fabric).
 type RDMA interface {
 	// Accept returns the endpoint of this side's queue pair connected to
 	// the client's endpoint.
@@ -30,6 +31,18 @@ type RDMA interface {
 	// implementation may register once for all the blocks the holder
 	// keeps in it over time.
 	Expose(client string, mem, buf []byte) (addr uint64, rkey uint32, release func(), err error)
+	// ExposeDevice lets the client read n octets at off of device memory
+	// until release (GPUDirect RDMA).
+	ExposeDevice(client string, mem DeviceMemory, off, n uint64) (addr uint64, rkey uint32, release func(), err error)
+}
+
+// DeviceMemory is device-tier memory as RDMA registers it (the same
+// interface as rdma.DeviceMemory; tier.DeviceBuffer provides it).
+type DeviceMemory = interface {
+	DevicePtr() uint64
+	HostBytes() []byte
+	Dmabuf() (fd int, off, size uint64, err error)
+	Len() int64
 }
 
 // RDMA exposure limits.
@@ -151,39 +164,101 @@ func (h *Holder) createRDMARead(w http.ResponseWriter, r *http.Request) error {
 		}
 		return fmt.Errorf("%w: the stored block could not be read", kvsp.ErrUnavailable)
 	}
-	if parts.blk == nil { // in device memory or an engine's pages
+	if parts.att != nil { // in an attached engine's pages: gathered per read
 		release()
-		return fmt.Errorf("%w: the block is not in host memory; GET it", kvsp.ErrUnavailable)
+		return fmt.Errorf("%w: the block is in an engine's pages; GET it", kvsp.ErrUnavailable)
 	}
-	v, err := parts.blk.Range(first, last)
-	if err != nil {
-		release()
-		return fmt.Errorf("%w: layers %d-%d", kvsp.ErrLayersUnavailable, first, last)
-	}
-	d, _ := e.rangeDigest(first, last, hostRange{v}.Digest)
 	local, err := h.cfg.RDMA.Accept(q.Endpoint)
 	if err != nil {
 		release()
 		return fmt.Errorf("%w: endpoint: %v", kvsp.ErrInvalid, err)
 	}
-	mem := parts.blk.Bytes()
-	addr, rkey, unexpose, err := h.cfg.RDMA.Expose(q.Endpoint, mem[:cap(mem)], v.Data())
+	x, unexpose, err := h.exposeRange(q.Endpoint, e, parts, first, last)
 	if err != nil {
 		release()
-		return fmt.Errorf("%w: registering the block for RDMA: %v", kvsp.ErrUnavailable, err)
+		return err
 	}
-	id, ok := h.rdma.add(p.ID, ttl, func() { unexpose(); release() })
+	end := func() { unexpose(); release() }
+	id, ok := h.rdma.add(p.ID, ttl, end)
 	if !ok {
-		unexpose()
-		release()
+		end()
 		return fmt.Errorf("%w: %d RDMA reads outstanding; DELETE finished ones", kvsp.ErrTooManyRequests, rdmaMaxPerClient)
 	}
+	n := x.Length
+	for _, s := range x.More {
+		n += s.Length
+	}
 	h.m.gets.Inc()
-	h.m.bytesServed.WithLabelValues(string(parts.tier()), "rdma").Add(float64(len(v.Data())))
-	return server.WriteJSON(w, http.StatusCreated, &kvsp.RDMAReadResponse{
-		ID: id, Endpoint: local, Addr: strconv.FormatUint(addr, 16), RKey: rkey, Length: uint64(len(v.Data())),
-		Header: hex.EncodeToString(v.AppendHeader(nil)), ReprDigest: container.ReprDigest(d), TTLMs: uint64(ttl / time.Millisecond),
-	})
+	h.m.bytesServed.WithLabelValues(string(parts.tier()), "rdma").Add(float64(n))
+	x.ID, x.Endpoint, x.TTLMs = id, local, uint64(ttl/time.Millisecond)
+	return server.WriteJSON(w, http.StatusCreated, x)
+}
+
+// exposeRange exposes layers first..last of a block to the client: one
+// segment in host memory, or a device segment (GPUDirect RDMA) and a host
+// one for a block split between the tiers. It returns the answer without
+// its id, endpoint and TTL, and what ends the exposure.
+func (h *Holder) exposeRange(client string, e *entry, parts parts, first, last uint32) (*kvsp.RDMAReadResponse, func(), error) {
+	var (
+		segs     []kvsp.RDMASegment
+		releases []func()
+		header   []byte
+		digest   container.Digest
+		err      error
+	)
+	end := func() {
+		for _, r := range releases {
+			r()
+		}
+	}
+	expose := func(addr uint64, rkey uint32, release func(), n uint64, err error) error {
+		if err != nil {
+			return fmt.Errorf("%w: registering the block for RDMA: %v", kvsp.ErrUnavailable, err)
+		}
+		releases = append(releases, release)
+		segs = append(segs, kvsp.RDMASegment{Addr: strconv.FormatUint(addr, 16), RKey: rkey, Length: n})
+		return nil
+	}
+	if parts.blk != nil {
+		v, err := parts.blk.Range(first, last)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%w: layers %d-%d", kvsp.ErrLayersUnavailable, first, last)
+		}
+		digest, _ = e.rangeDigest(first, last, hostRange{v}.Digest)
+		header = v.AppendHeader(nil)
+		mem := parts.blk.Bytes()
+		addr, rkey, rel, xerr := h.cfg.RDMA.Expose(client, mem[:cap(mem)], v.Data())
+		err = expose(addr, rkey, rel, uint64(len(v.Data())), xerr)
+	} else { // split: the first devLayers layers in device memory, the rest in the host tail
+		span := layerSpan{e: e, i: int(first - e.hdr.FirstLayer), j: int(last-e.hdr.FirstLayer) + 1}
+		if digest, err = e.rangeDigest(first, last, splitRange{layerSpan: span, d: h.store.dev.d, p: parts}.Digest); err != nil {
+			return nil, nil, fmt.Errorf("%w: reading the block from device memory: %v", kvsp.ErrUnavailable, err)
+		}
+		header = span.headerBytes()
+		a, b := e.layerOffset(span.i), e.layerOffset(span.j)
+		devEnd := e.layerOffset(parts.devLayers)
+		if a < devEnd {
+			n := uint64(min(b, devEnd) - a)
+			addr, rkey, rel, xerr := h.cfg.RDMA.ExposeDevice(client, parts.dev, uint64(a), n)
+			err = expose(addr, rkey, rel, n, xerr)
+		}
+		if err == nil && b > devEnd {
+			t := parts.tail
+			part := t[max(a, devEnd)-devEnd : b-devEnd]
+			addr, rkey, rel, xerr := h.cfg.RDMA.Expose(client, t[:cap(t)], part)
+			err = expose(addr, rkey, rel, uint64(len(part)), xerr)
+		}
+	}
+	if err != nil {
+		end()
+		return nil, nil, err
+	}
+	x := &kvsp.RDMAReadResponse{Addr: segs[0].Addr, RKey: segs[0].RKey, Length: segs[0].Length, More: segs[1:],
+		Header: hex.EncodeToString(header), ReprDigest: container.ReprDigest(digest)}
+	if len(x.More) == 0 {
+		x.More = nil
+	}
+	return x, end, nil
 }
 
 func (h *Holder) deleteRDMARead(w http.ResponseWriter, r *http.Request) error {

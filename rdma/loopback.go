@@ -100,6 +100,16 @@ func (l *Loopback) Register(buf []byte, access Access) (MR, error) {
 	return m, nil
 }
 
+// RegisterDevice implements Provider: the fabric reads host memory, so
+// only memory that is (the stand-in's) registers.
+func (l *Loopback) RegisterDevice(m DeviceMemory, access Access) (MR, error) {
+	b := m.HostBytes()
+	if b == nil {
+		return nil, fmt.Errorf("rdma: the loopback fabric reads host memory; device memory needs a NIC")
+	}
+	return l.Register(b, access)
+}
+
 // loopWindow is a bound type 2 window: qp's peer may read n octets at
 // addr of mr.
 type loopWindow struct {

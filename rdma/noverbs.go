@@ -18,6 +18,9 @@ func (*Verbs) Name() string { return "verbs (not built)" }
 // Register implements Provider.
 func (*Verbs) Register([]byte, Access) (MR, error) { return nil, ErrNotBuilt }
 
+// RegisterDevice implements Provider.
+func (*Verbs) RegisterDevice(DeviceMemory, Access) (MR, error) { return nil, ErrNotBuilt }
+
 // NewQP implements Provider.
 func (*Verbs) NewQP() (QP, error) { return nil, ErrNotBuilt }
 

@@ -96,6 +96,18 @@ const (
 	AccessWindows Access = 2
 )
 
+// DeviceMemory is accelerator memory a provider registers for GPUDirect
+// RDMA: a NIC then reads the device's memory with no host copy. It is
+// what gpu.Buffer provides, named by its methods (rdma imports no project
+// package): its address in the device's address space, its memory when
+// it is host memory (the nogpu stand-in), and its export as a dma-buf.
+type DeviceMemory = interface {
+	DevicePtr() uint64
+	HostBytes() []byte
+	Dmabuf() (fd int, off, size uint64, err error)
+	Len() int64
+}
+
 // Provider is an RDMA implementation on one device.
 type Provider interface {
 	// Name names the device ("mlx5_0", "loopback:holder").
@@ -103,6 +115,11 @@ type Provider interface {
 	// Register registers buf with access. The buffer must stay alive and
 	// unmoved until the MR is closed.
 	Register(buf []byte, access Access) (MR, error)
+	// RegisterDevice registers device memory (GPUDirect RDMA: a dma-buf
+	// of the accelerator's memory, or the stand-in's host memory); its
+	// Region's addresses are the device's. The memory must stay allocated
+	// until the MR is closed.
+	RegisterDevice(m DeviceMemory, access Access) (MR, error)
 	// NewQP creates an RC queue pair, ready to Connect.
 	NewQP() (QP, error)
 	// HasWindows reports whether the device has type 2 memory windows.

@@ -99,10 +99,7 @@ func (t *Target) Expose(client string, mem, buf []byte) (addr uint64, rkey uint3
 	if err != nil {
 		t.cache.release(e)
 		if errors.Is(err, ErrNoWindows) { // the device said otherwise
-			t.mu.Lock()
-			t.noWindows = true
-			t.mu.Unlock()
-			t.cache.drain()
+			t.markNoWindows()
 			return t.register(buf)
 		}
 		t.drop(client, q) // a pair that cannot bind is in the error state
@@ -119,6 +116,57 @@ func (t *Target) Expose(client string, mem, buf []byte) (addr uint64, rkey uint3
 	}, nil
 }
 
+// ExposeDevice lets the client read n octets at off of device memory
+// until release: GPUDirect RDMA, the NIC reading the accelerator's memory
+// with no staging through the host. The memory is registered for this
+// exposure and deregistered when it ends (the device tier frees and
+// reuses its allocations without telling, so a cached registration could
+// outlive its memory); where the device has windows, the key is a window
+// for the client's queue pair over exactly these octets.
+func (t *Target) ExposeDevice(client string, m DeviceMemory, off, n uint64) (addr uint64, rkey uint32, release func(), err error) {
+	if n == 0 || off > uint64(m.Len()) || n > uint64(m.Len())-off {
+		return 0, 0, nil, fmt.Errorf("rdma: exposing %d octets at %d of %d of device memory", n, off, m.Len())
+	}
+	t.mu.Lock()
+	q, noWindows := t.qps[client], t.noWindows
+	t.mu.Unlock()
+	if q == nil {
+		return 0, 0, nil, fmt.Errorf("%w: no queue pair for %s", ErrNotConnected, client)
+	}
+	access := AccessWindows
+	if noWindows {
+		access = AccessRemoteRead
+	}
+	mr, err := t.p.RegisterDevice(m, access)
+	if err != nil {
+		return 0, 0, nil, err
+	}
+	addr = mr.Region().Addr + off
+	if noWindows {
+		var once sync.Once
+		return addr, mr.Region().RKey, func() { once.Do(func() { mr.Close() }) }, nil
+	}
+	w, err := q.Bind(mr, addr, n)
+	if err != nil {
+		mr.Close()
+		if errors.Is(err, ErrNoWindows) {
+			t.markNoWindows()
+			return t.ExposeDevice(client, m, off, n)
+		}
+		t.drop(client, q)
+		return 0, 0, nil, err
+	}
+	var once sync.Once
+	return addr, w.RKey(), func() {
+		once.Do(func() {
+			if w.Invalidate() != nil {
+				t.drop(client, q)
+			}
+			mr.Close()
+		})
+	}, nil
+}
+
 // register exposes buf by a registration of its own, for remote read by
 // any connected peer until release deregisters it.
 func (t *Target) register(buf []byte) (uint64, uint32, func(), error) {
@@ -129,6 +177,16 @@ func (t *Target) register(buf []byte) (uint64, uint32, func(), error) {
 	r := mr.Region()
 	var once sync.Once
 	return r.Addr, r.RKey, func() { once.Do(func() { mr.Close() }) }, nil
+}
+
+// markNoWindows records that the device has no windows after all (a bind
+// said so): exposures register for remote read from now on, and the
+// cached registrations (for windows only) go.
+func (t *Target) markNoWindows() {
+	t.mu.Lock()
+	t.noWindows = true
+	t.mu.Unlock()
+	t.cache.drain()
 }
 
 // drop closes the client's queue pair if it is still q.

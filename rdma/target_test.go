@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"strings"
 	"testing"
+	"unsafe"
 )
 
 // client is an instance's Reader connected to a Target.
@@ -205,5 +207,53 @@ func TestTargetWithoutWindows(t *testing.T) {
 				t.Fatalf("%d registrations made, %d live; want %d, 0", made, live, tc.made)
 			}
 		})
+	}
+}
+
+// hostDevice is device memory that is host memory (as the nogpu
+// stand-in's is); gpuDevice is a GPU's, which only a NIC reads.
+type hostDevice []byte
+
+func (d hostDevice) DevicePtr() uint64 { return uint64(uintptr(unsafe.Pointer(&d[0]))) }
+func (d hostDevice) HostBytes() []byte { return d }
+func (d hostDevice) Len() int64        { return int64(len(d)) }
+func (d hostDevice) Dmabuf() (int, uint64, uint64, error) {
+	return -1, 0, 0, errors.New("host memory")
+}
+
+type gpuDevice struct{ hostDevice }
+
+func (gpuDevice) HostBytes() []byte { return nil }
+
+// TestTargetExposeDevice: device memory is exposed for the one client
+// over exactly the octets asked, registered for the exposure only (the
+// device tier frees and reuses its memory without telling); memory only
+// a NIC can read is refused by the in-process fabric, clearly.
+func TestTargetExposeDevice(t *testing.T) {
+	f := NewFabric()
+	hp := f.Provider("holder")
+	target := NewTarget(hp)
+	defer target.Close()
+	a, b := connectClient(t, f, target, "a"), connectClient(t, f, target, "b")
+	mem := hostDevice(bytes.Repeat([]byte("device"), 1000))
+	addr, rkey, release, err := target.ExposeDevice(a.ep, mem, 600, 1200)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := a.read(addr, rkey, 1200); err != nil || !bytes.Equal(got, mem[600:1800]) {
+		t.Fatalf("the exposed octets: %v", err)
+	}
+	if _, err := b.read(addr, rkey, 16); !errors.Is(err, ErrRemoteAccess) {
+		t.Fatalf("another client: %v", err)
+	}
+	release()
+	if _, live := hp.Registrations(); live != 0 || hp.Windows() != 0 {
+		t.Fatalf("after release: %d registrations live, %d windows", live, hp.Windows())
+	}
+	if _, _, _, err := target.ExposeDevice(a.ep, mem, 5000, 1001); err == nil {
+		t.Fatal("octets past the memory were exposed")
+	}
+	if _, _, _, err := target.ExposeDevice(a.ep, gpuDevice{mem}, 0, 16); err == nil || !strings.Contains(err.Error(), "NIC") {
+		t.Fatalf("GPU memory on the loopback fabric: %v", err)
 	}
 }

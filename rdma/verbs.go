@@ -78,14 +78,7 @@ func (v *Verbs) Register(buf []byte, access Access) (MR, error) {
 	m.pin.Pin(&buf[0])
 	var lkey, rkey C.uint32_t
 	var errno C.int
-	var flags C.int
-	if access&AccessRemoteRead != 0 {
-		flags |= C.KVSP_RDMA_REMOTE_READ
-	}
-	if access&AccessWindows != 0 {
-		flags |= C.KVSP_RDMA_MW_BIND
-	}
-	m.mr = C.kvsp_rdma_reg(v.d, unsafe.Pointer(&buf[0]), C.size_t(len(buf)), flags, &lkey, &rkey, &errno)
+	m.mr = C.kvsp_rdma_reg(v.d, unsafe.Pointer(&buf[0]), C.size_t(len(buf)), accessFlags(access), &lkey, &rkey, &errno)
 	if m.mr == nil {
 		m.pin.Unpin()
 		return nil, fmt.Errorf("rdma: ibv_reg_mr of %d octets: %w", len(buf), syscall.Errno(errno))
@@ -93,6 +86,41 @@ func (v *Verbs) Register(buf []byte, access Access) (MR, error) {
 	m.lkey = uint32(lkey)
 	m.region = Region{Addr: uint64(uintptr(unsafe.Pointer(&buf[0]))), RKey: uint32(rkey), Len: uint64(len(buf))}
 	return m, nil
+}
+
+func accessFlags(a Access) C.int {
+	var flags C.int
+	if a&AccessRemoteRead != 0 {
+		flags |= C.KVSP_RDMA_REMOTE_READ
+	}
+	if a&AccessWindows != 0 {
+		flags |= C.KVSP_RDMA_MW_BIND
+	}
+	return flags
+}
+
+// RegisterDevice implements Provider: the stand-in's host memory as
+// memory, an accelerator's through its dma-buf (ibv_reg_dmabuf_mr, with
+// the device addresses as the region's: the NIC reads the GPU's memory).
+// A device that cannot (no dma-buf support in the GPU driver or the NIC)
+// says so; the holder then serves the block by GET.
+func (v *Verbs) RegisterDevice(dm DeviceMemory, access Access) (MR, error) {
+	if b := dm.HostBytes(); b != nil {
+		return v.Register(b, access)
+	}
+	fd, off, _, err := dm.Dmabuf()
+	if err != nil {
+		return nil, fmt.Errorf("rdma: device memory for GPUDirect RDMA: %w", err)
+	}
+	defer syscall.Close(fd) // the MR holds its own reference to the dma-buf
+	n := dm.Len()
+	var lkey, rkey C.uint32_t
+	var errno C.int
+	mr := C.kvsp_rdma_reg_dmabuf(v.d, C.int(fd), C.uint64_t(off), C.size_t(n), C.uint64_t(dm.DevicePtr()), accessFlags(access), &lkey, &rkey, &errno)
+	if mr == nil {
+		return nil, fmt.Errorf("rdma: ibv_reg_dmabuf_mr of %d octets of device memory: %w", n, syscall.Errno(errno))
+	}
+	return &verbsMR{mr: mr, lkey: uint32(lkey), region: Region{Addr: dm.DevicePtr(), RKey: uint32(rkey), Len: uint64(n)}}, nil
 }
 
 func (m *verbsMR) Region() Region { return m.region }

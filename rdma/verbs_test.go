@@ -7,7 +7,10 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"syscall"
 	"testing"
+
+	"github.com/kvsp/kvsp/gpu"
 )
 
 // TestVerbs: where an RDMA device exists, a READ between two queue pairs
@@ -100,5 +103,60 @@ func TestVerbsWindows(t *testing.T) {
 	}
 	if s := target.CacheStats(); s.Registrations != 1 {
 		t.Fatalf("two exposures of one allocation: %+v", s)
+	}
+}
+
+// TestVerbsGPUDirect: where an RDMA device and a GPU exist (or, under
+// nogpu, the stand-in's host memory), a READ takes a range of device
+// memory straight from the accelerator (ibv_reg_dmabuf_mr over the
+// buffer's dma-buf), and the key dies with the exposure. A GPU or NIC
+// without dma-buf support is reported, not failed.
+func TestVerbsGPUDirect(t *testing.T) {
+	v, err := OpenVerbs("")
+	if err != nil {
+		t.Skipf("no RDMA device here: %v", err)
+	}
+	defer v.Close()
+	d, err := gpu.Open(0)
+	if err != nil {
+		t.Skipf("no GPU here: %v", err)
+	}
+	defer d.Close()
+	buf, err := d.Alloc(4 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer buf.Free()
+	want := bytes.Repeat([]byte("gpudirect"), (4<<20)/9+1)[:4<<20]
+	if err := buf.CopyIn(0, want); err != nil {
+		t.Fatal(err)
+	}
+	target := NewTarget(v)
+	defer target.Close()
+	r := NewReader(v)
+	defer r.Close()
+	ep, _ := r.Endpoint("h")
+	remote, err := target.Accept(ep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Connect("h", remote); err != nil {
+		t.Fatal(err)
+	}
+	addr, rkey, release, err := target.ExposeDevice(ep, buf, 1<<20, 2<<20)
+	if errors.Is(err, gpu.ErrNotSupported) || errors.Is(err, syscall.EOPNOTSUPP) {
+		t.Skipf("%s or the GPU has no dma-buf support: %v", v.Name(), err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst, rel, _ := r.Buffer(2 << 20)
+	defer rel()
+	if err := r.Read(context.Background(), "h", dst, addr, rkey); err != nil || !bytes.Equal(dst, want[1<<20:3<<20]) {
+		t.Fatalf("a READ of device memory: %v", err)
+	}
+	release()
+	if err := r.Read(context.Background(), "h", dst, addr, rkey); err == nil {
+		t.Fatal("a READ after the exposure ended succeeded")
 	}
 }

@@ -40,6 +40,12 @@ type DeviceBuffer interface {
 	// CopyOut fills dst from the buffer at off (device to host).
 	CopyOut(dst []byte, off int64) error
 	Free()
+	// For GPUDirect RDMA (package rdma registers it): the buffer's device
+	// address, its memory when it is host memory (the stand-in), and its
+	// export as a dma-buf.
+	DevicePtr() uint64
+	HostBytes() []byte
+	Dmabuf() (fd int, off, size uint64, err error)
 }
 
 // OpenDevice opens the accelerator of the given ordinal.
