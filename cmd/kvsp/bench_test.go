@@ -34,7 +34,10 @@ func TestBench(t *testing.T) {
 	if rep.BoundSHA256 <= 0 || !strings.Contains(rep.UDPBuffers, "UDP socket buffers") {
 		t.Errorf("bound %v, buffers %q", rep.BoundSHA256, rep.UDPBuffers)
 	}
-	for _, want := range []string{"quicbulk", "h3", "1MiB", "2-5", "bound: SHA-256"} {
+	if rep.BoundQUIC <= 0 || rep.BoundQUICVerified <= 0 {
+		t.Errorf("QUIC bound %v, verified %v", rep.BoundQUIC, rep.BoundQUICVerified)
+	}
+	for _, want := range []string{"quicbulk", "h3", "1MiB", "2-5", "bound: SHA-256", "bound: QUIC alone"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
 		}
