@@ -17,8 +17,9 @@ import (
 type RDMAReader interface {
 	// Endpoint returns this side's queue pair for holder (its base URI).
 	Endpoint(holder string) (string, error)
-	// Connect connects it to the holder's endpoint (once).
-	Connect(holder, remote string) error
+	// Connect connects that queue pair (local, as Endpoint gave it) to
+	// the holder's endpoint (once); an error if it is gone meanwhile.
+	Connect(holder, local, remote string) error
 	// Read reads len(dst) octets at addr with rkey from holder into dst.
 	Read(ctx context.Context, holder string, dst []byte, addr uint64, rkey uint32) error
 	// Buffer returns n octets to read into (registered once, from a
@@ -67,7 +68,7 @@ func (h *Holder) ReadBlockRDMA(ctx context.Context, b BlockRef, g container.Geom
 	if total > maxBlock {
 		return nil, nil, fmt.Errorf("%w: rdma read of %d octets: a block of this geometry is at most %d", kvsp.ErrInvalid, total, maxBlock)
 	}
-	if err := r.Connect(h.base, x.Endpoint); err != nil {
+	if err := r.Connect(h.base, ep, x.Endpoint); err != nil {
 		return nil, nil, err
 	}
 	buf, rel, err := r.Buffer(len(hdr) + int(total))

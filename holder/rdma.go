@@ -29,7 +29,7 @@ type RDMA interface {
 	// Expose lets the client (its endpoint, as given to Accept) read buf
 	// until release. mem is the allocation buf lies in, which an
 	// implementation may register once for all the blocks the holder
-	// keeps in it over time.
+	// keeps in it over time (nil: memory of this read only).
 	Expose(client string, mem, buf []byte) (addr uint64, rkey uint32, release func(), err error)
 	// ExposeDevice lets the client read n octets at off of device memory
 	// until release (GPUDirect RDMA).
@@ -220,14 +220,21 @@ func (h *Holder) exposeRange(client string, e *entry, parts parts, first, last u
 		return nil
 	}
 	if parts.blk != nil {
-		v, err := parts.blk.Range(first, last)
-		if err != nil {
+		v, rerr := parts.blk.Range(first, last)
+		if rerr != nil {
 			return nil, nil, fmt.Errorf("%w: layers %d-%d", kvsp.ErrLayersUnavailable, first, last)
 		}
 		digest, _ = e.rangeDigest(first, last, hostRange{v}.Digest)
 		header = v.AppendHeader(nil)
-		mem := parts.blk.Bytes()
-		addr, rkey, rel, xerr := h.cfg.RDMA.Expose(client, mem[:cap(mem)], v.Data())
+		// The holder's own memory is registered once for all the blocks
+		// it will hold; a block read back from local-storage is in memory
+		// of its own, registered for this read only (nil).
+		var mem []byte
+		if !parts.fromDisk {
+			mem = parts.blk.Bytes()
+			mem = mem[:cap(mem)]
+		}
+		addr, rkey, rel, xerr := h.cfg.RDMA.Expose(client, mem, v.Data())
 		err = expose(addr, rkey, rel, uint64(len(v.Data())), xerr)
 	} else { // split: the first devLayers layers in device memory, the rest in the host tail
 		span := layerSpan{e: e, i: int(first - e.hdr.FirstLayer), j: int(last-e.hdr.FirstLayer) + 1}
@@ -248,6 +255,9 @@ func (h *Holder) exposeRange(client string, e *entry, parts parts, first, last u
 			addr, rkey, rel, xerr := h.cfg.RDMA.Expose(client, t[:cap(t)], part)
 			err = expose(addr, rkey, rel, uint64(len(part)), xerr)
 		}
+	}
+	if err == nil && len(segs) == 0 {
+		err = fmt.Errorf("%w: no octets to expose", kvsp.ErrUnavailable)
 	}
 	if err != nil {
 		end()

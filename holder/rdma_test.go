@@ -119,7 +119,7 @@ func expose(t *testing.T, f *fixture, id string, reader *rdma.Reader, r client.B
 		if err := json.Unmarshal(b, &x); err != nil {
 			t.Fatal(err)
 		}
-		if err := reader.Connect("h1", x.Endpoint); err != nil {
+		if err := reader.Connect("h1", ep, x.Endpoint); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -244,4 +244,42 @@ func TestRDMARegistersRecycledMemoryOnce(t *testing.T) {
 		t.Fatalf("%d blocks: the holder registered %d times (%d windows bound now), the instance %d; want a few, 0, 1", blocks, hmade, hp.Windows(), imade)
 	}
 	t.Logf("%d blocks read by RDMA: holder registrations %d, instance %d", blocks, hmade, imade)
+}
+
+// failingRDMA accepts clients but cannot register memory (as when the
+// locked-memory limit is reached).
+type failingRDMA struct{ *rdma.Target }
+
+func (failingRDMA) Expose(string, []byte, []byte) (uint64, uint32, func(), error) {
+	return 0, 0, nil, errors.New("ibv_reg_mr: cannot allocate memory")
+}
+
+// TestRDMARegistrationFails: a block that cannot be registered is a 503
+// problem (the client GETs it instead), the server stays up, and the
+// block is not left held: it is evicted as any other.
+func TestRDMARegistrationFails(t *testing.T) {
+	fab := rdma.NewFabric()
+	target := rdma.NewTarget(fab.Provider("holder"))
+	t.Cleanup(func() { target.Close() })
+	d0, _ := bigBlock(0)
+	f := start(t, 2*int64(len(d0)), func(c *holder.Config) {
+		c.RDMA = failingRDMA{target}
+		c.Geometries = map[kvsp.CompatID]container.Geometry{compat: geom, bigCompat: bigGeom}
+	})
+	reader := rdma.NewReader(fab.Provider("instance"))
+	t.Cleanup(func() { reader.Close() })
+	hc := f.hold[kvsptest.ClientA]
+	bref := func(k byte) client.BlockRef { r := ref(k); r.Compat = bigCompat; return r }
+	for i := byte(0); i < 4; i++ {
+		d, b := bigBlock(i)
+		if err := hc.PutBlock(context.Background(), bref(i), bytes.NewReader(d), int64(len(d)), b.ContainerDigest()); err != nil {
+			t.Fatalf("PUT %d: %v", i, err)
+		}
+		if _, _, err := hc.ReadBlockRDMA(context.Background(), bref(i), bigGeom, client.GetOptions{}, reader); !errors.Is(err, kvsp.ErrUnavailable) {
+			t.Fatalf("block %d: %v, want 503 kvsp-unavailable", i, err)
+		}
+	}
+	if _, err := hc.GetBlock(context.Background(), bref(0), bigGeom, client.GetOptions{}); !errors.Is(err, kvsp.ErrNotFound) {
+		t.Fatalf("block 0 was not evicted after its failed exposure: %v", err)
+	}
 }

@@ -102,12 +102,15 @@ func (l *Loopback) Register(buf []byte, access Access) (MR, error) {
 
 // RegisterDevice implements Provider: the fabric reads host memory, so
 // only memory that is (the stand-in's) registers.
-func (l *Loopback) RegisterDevice(m DeviceMemory, access Access) (MR, error) {
+func (l *Loopback) RegisterDevice(m DeviceMemory, off, n uint64, access Access) (MR, error) {
 	b := m.HostBytes()
 	if b == nil {
 		return nil, fmt.Errorf("rdma: the loopback fabric reads host memory; device memory needs a NIC")
 	}
-	return l.Register(b, access)
+	if off > uint64(len(b)) || n > uint64(len(b))-off {
+		return nil, fmt.Errorf("rdma: registering %d octets at %d of %d", n, off, len(b))
+	}
+	return l.Register(b[off:off+n], access)
 }
 
 // loopWindow is a bound type 2 window: qp's peer may read n octets at
@@ -221,7 +224,7 @@ func (q *loopQP) Read(ctx context.Context, dst MR, off uint64, src Region) error
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	p := q.peer
-	if p == nil || f.qps[p.qpn] != p || f.qps[q.qpn] != q {
+	if p == nil || f.qps[p.qpn] != p || f.qps[q.qpn] != q || p.peer != q { // RC: each the other's peer
 		return ErrNotConnected
 	}
 	d, ok := dst.(*loopMR)

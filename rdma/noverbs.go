@@ -19,7 +19,9 @@ func (*Verbs) Name() string { return "verbs (not built)" }
 func (*Verbs) Register([]byte, Access) (MR, error) { return nil, ErrNotBuilt }
 
 // RegisterDevice implements Provider.
-func (*Verbs) RegisterDevice(DeviceMemory, Access) (MR, error) { return nil, ErrNotBuilt }
+func (*Verbs) RegisterDevice(DeviceMemory, uint64, uint64, Access) (MR, error) {
+	return nil, ErrNotBuilt
+}
 
 // NewQP implements Provider.
 func (*Verbs) NewQP() (QP, error) { return nil, ErrNotBuilt }

@@ -31,11 +31,12 @@ type bufPool struct {
 	p   Provider
 	max int64
 
-	mu    sync.Mutex
-	idle  map[int][]*poolBuf // by class
-	bases []*poolBuf         // every buffer, by address
-	held  int64              // octets registered
-	stats PoolStats
+	mu     sync.Mutex
+	idle   map[int][]*poolBuf // by class
+	bases  []*poolBuf         // every buffer, by address
+	held   int64              // octets registered
+	stats  PoolStats
+	closed bool
 }
 
 type poolBuf struct {
@@ -81,7 +82,7 @@ func (p *bufPool) get(n int) ([]byte, func(), error) {
 		p.mu.Unlock()
 		return b.buf[:n], p.releaser(b, c), nil
 	}
-	if c == 0 || p.held+int64(c) > p.max {
+	if c == 0 || p.closed || p.held+int64(c) > p.max {
 		p.stats.Unpooled++
 		p.mu.Unlock()
 		return make([]byte, n), func() {}, nil
@@ -93,8 +94,15 @@ func (p *bufPool) get(n int) ([]byte, func(), error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if err != nil {
-		p.held -= int64(c)
+		if !p.closed {
+			p.held -= int64(c)
+		}
 		return nil, nil, fmt.Errorf("rdma: registering a %d-octet receive buffer: %w", c, err)
+	}
+	if p.closed { // closed meanwhile: not pooled
+		mr.Close()
+		p.stats.Unpooled++
+		return buf[:n], func() {}, nil
 	}
 	b := &poolBuf{buf: buf, mr: mr, base: uintptr(unsafe.Pointer(&buf[0]))}
 	i := sort.Search(len(p.bases), func(i int) bool { return p.bases[i].base > b.base })
@@ -112,7 +120,7 @@ func (p *bufPool) releaser(b *poolBuf, c int) func() {
 		once.Do(func() {
 			p.mu.Lock()
 			defer p.mu.Unlock()
-			if p.bases == nil { // closed
+			if p.closed {
 				return
 			}
 			p.idle[c] = append(p.idle[c], b)
@@ -160,5 +168,5 @@ func (p *bufPool) close() {
 	for _, b := range p.bases {
 		b.mr.Close()
 	}
-	p.bases, p.idle, p.held = nil, map[int][]*poolBuf{}, 0
+	p.bases, p.idle, p.held, p.closed = nil, map[int][]*poolBuf{}, 0, true
 }

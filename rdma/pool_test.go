@@ -26,7 +26,7 @@ func TestReaderPoolRegistersOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Connect(holder, remote); err != nil {
+	if err := r.Connect(holder, ep, remote); err != nil {
 		t.Fatal(err)
 	}
 	addr, rkey, unexpose, err := target.Expose(ep, src, src)
@@ -111,7 +111,7 @@ func TestReaderDropsFailedQueuePair(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := r.Connect(holder, remote); err != nil {
+		if err := r.Connect(holder, ep, remote); err != nil {
 			t.Fatal(err)
 		}
 		return ep

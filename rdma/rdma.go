@@ -115,11 +115,11 @@ type Provider interface {
 	// Register registers buf with access. The buffer must stay alive and
 	// unmoved until the MR is closed.
 	Register(buf []byte, access Access) (MR, error)
-	// RegisterDevice registers device memory (GPUDirect RDMA: a dma-buf
-	// of the accelerator's memory, or the stand-in's host memory); its
-	// Region's addresses are the device's. The memory must stay allocated
-	// until the MR is closed.
-	RegisterDevice(m DeviceMemory, access Access) (MR, error)
+	// RegisterDevice registers n octets at off of device memory
+	// (GPUDirect RDMA: a dma-buf of the accelerator's memory, or the
+	// stand-in's host memory); its Region's addresses are the device's.
+	// The memory must stay allocated until the MR is closed.
+	RegisterDevice(m DeviceMemory, off, n uint64, access Access) (MR, error)
 	// NewQP creates an RC queue pair, ready to Connect.
 	NewQP() (QP, error)
 	// HasWindows reports whether the device has type 2 memory windows.

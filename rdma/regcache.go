@@ -60,6 +60,10 @@ func (c *regCache) acquire(mem []byte) (*regEntry, error) {
 	}
 	c.mu.Unlock()
 	mr, err := c.p.Register(mem, c.access) // outside the lock: it is slow
+	if err != nil && c.shed() {
+		// Perhaps the locked-memory limit: what is idle goes, then again.
+		mr, err = c.p.Register(mem, c.access)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -110,6 +114,20 @@ func (c *regCache) trim() {
 		c.held -= int64(e.key.n)
 		e.mr.Close()
 	}
+}
+
+// shed deregisters every idle entry; false if there was none.
+func (c *regCache) shed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := c.idle.Len()
+	for c.idle.Len() > 0 {
+		e := c.idle.Remove(c.idle.Back()).(*regEntry)
+		delete(c.byKey, e.key)
+		c.held -= int64(e.key.n)
+		e.mr.Close()
+	}
+	return n > 0
 }
 
 // drain deregisters the idle entries, and the others once released.

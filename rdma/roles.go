@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 	"unsafe"
 )
 
@@ -21,12 +22,22 @@ type Target struct {
 	cache *regCache
 
 	mu        sync.Mutex
-	qps       map[string]QP // by the client's endpoint
-	noWindows bool          // the device has none: register per exposure
+	peers     map[string]*peer // by the client's endpoint
+	maxPeers  int
+	noWindows bool // the device has none: register per exposure
+}
+
+// peer is a client's queue pair and its exposures under way.
+type peer struct {
+	q      QP
+	active int       // exposures not yet released, under Target.mu
+	used   time.Time // last exposure's start, under Target.mu
 }
 
 // maxPeers bounds the queue pairs a target keeps (one per client
-// endpoint); beyond it new clients are refused.
+// endpoint). Clients come back with new endpoints (after a failed read,
+// or a restart) without saying so: at the bound, the least recently used
+// pair with no exposure under way is closed for a new one.
 const maxPeers = 4096
 
 // DefaultCacheBytes bounds the memory a Target keeps registered while no
@@ -40,7 +51,7 @@ func NewTarget(p Provider) *Target { return NewTargetCache(p, DefaultCacheBytes)
 // NewTargetCache returns a Target on p keeping up to cacheBytes of idle
 // registrations.
 func NewTargetCache(p Provider, cacheBytes int64) *Target {
-	return &Target{p: p, cache: newRegCache(p, AccessWindows, cacheBytes), qps: map[string]QP{}, noWindows: !p.HasWindows()}
+	return &Target{p: p, cache: newRegCache(p, AccessWindows, cacheBytes), peers: map[string]*peer{}, maxPeers: maxPeers, noWindows: !p.HasWindows()}
 }
 
 // Accept returns the endpoint of this side's queue pair connected to the
@@ -51,12 +62,28 @@ func (t *Target) Accept(client string) (string, error) {
 		return "", err
 	}
 	t.mu.Lock()
-	defer t.mu.Unlock()
-	if q := t.qps[client]; q != nil {
-		return q.Endpoint().String(), nil
+	if pr := t.peers[client]; pr != nil {
+		t.mu.Unlock()
+		return pr.q.Endpoint().String(), nil
 	}
-	if len(t.qps) >= maxPeers {
-		return "", fmt.Errorf("rdma: %d queue pairs already", maxPeers)
+	var evict QP
+	if len(t.peers) >= t.maxPeers {
+		var oldest string
+		for k, pr := range t.peers {
+			if pr.active == 0 && (oldest == "" || pr.used.Before(t.peers[oldest].used)) {
+				oldest = k
+			}
+		}
+		if oldest == "" {
+			t.mu.Unlock()
+			return "", fmt.Errorf("rdma: %d queue pairs with reads under way", t.maxPeers)
+		}
+		evict = t.peers[oldest].q
+		delete(t.peers, oldest)
+	}
+	t.mu.Unlock()
+	if evict != nil {
+		evict.Close()
 	}
 	q, err := t.p.NewQP()
 	if err != nil {
@@ -66,104 +93,164 @@ func (t *Target) Accept(client string) (string, error) {
 		q.Close()
 		return "", err
 	}
-	t.qps[client] = q
+	t.mu.Lock()
+	if pr := t.peers[client]; pr != nil { // accepted meanwhile
+		t.mu.Unlock()
+		q.Close()
+		return pr.q.Endpoint().String(), nil
+	}
+	t.peers[client] = &peer{q: q, used: time.Now()}
+	t.mu.Unlock()
 	return q.Endpoint().String(), nil
+}
+
+// begin returns the client's queue pair for an exposure, counted as under
+// way until end.
+func (t *Target) begin(client string) (*peer, bool, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	pr := t.peers[client]
+	if pr == nil {
+		return nil, false, fmt.Errorf("%w: no queue pair for %s", ErrNotConnected, client)
+	}
+	pr.active++
+	pr.used = time.Now()
+	return pr, t.noWindows, nil
+}
+
+func (t *Target) end(pr *peer) {
+	t.mu.Lock()
+	pr.active--
+	t.mu.Unlock()
 }
 
 // Expose lets the client (the endpoint given to Accept) read buf until
 // release. mem is the allocation buf lies in: it is what gets registered
 // (once, for windows), so that memory the holder recycles is not
-// registered again.
+// registered again; nil registers buf for this exposure only (memory that
+// will not come back: a block read from disk).
 func (t *Target) Expose(client string, mem, buf []byte) (addr uint64, rkey uint32, release func(), err error) {
-	if len(buf) == 0 || len(mem) == 0 {
+	if len(buf) == 0 {
 		return 0, 0, nil, fmt.Errorf("rdma: exposing no octets")
 	}
-	lo, a := uintptr(unsafe.Pointer(&mem[0])), uintptr(unsafe.Pointer(&buf[0]))
-	if a < lo || a-lo > uintptr(len(mem)) || uintptr(len(buf)) > uintptr(len(mem))-(a-lo) {
-		return 0, 0, nil, fmt.Errorf("rdma: the exposed octets are not inside the memory given")
+	a := uintptr(unsafe.Pointer(&buf[0]))
+	if mem != nil {
+		lo := uintptr(unsafe.Pointer(&mem[0]))
+		if a < lo || a-lo > uintptr(len(mem)) || uintptr(len(buf)) > uintptr(len(mem))-(a-lo) {
+			return 0, 0, nil, fmt.Errorf("rdma: the exposed octets are not inside the memory given")
+		}
 	}
-	t.mu.Lock()
-	q, noWindows := t.qps[client], t.noWindows
-	t.mu.Unlock()
-	if q == nil {
-		return 0, 0, nil, fmt.Errorf("%w: no queue pair for %s", ErrNotConnected, client)
-	}
-	if noWindows {
-		return t.register(buf)
-	}
-	e, err := t.cache.acquire(mem)
+	pr, noWindows, err := t.begin(client)
 	if err != nil {
 		return 0, 0, nil, err
 	}
-	w, err := q.Bind(e.mr, uint64(a), uint64(len(buf)))
+	addr, rkey, release, err = t.expose(client, pr, noWindows, mem, buf, uint64(a))
 	if err != nil {
-		t.cache.release(e)
+		t.end(pr)
+		return 0, 0, nil, err
+	}
+	return addr, rkey, t.ending(pr, release), nil
+}
+
+// ending wraps release: once, and the exposure no longer under way.
+func (t *Target) ending(pr *peer, release func()) func() {
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			release()
+			t.end(pr)
+		})
+	}
+}
+
+func (t *Target) expose(client string, pr *peer, noWindows bool, mem, buf []byte, a uint64) (uint64, uint32, func(), error) {
+	if noWindows {
+		return t.register(buf)
+	}
+	var mr MR
+	var done func()
+	if mem == nil {
+		m, err := t.p.Register(buf, AccessWindows)
+		if err != nil {
+			return 0, 0, nil, err
+		}
+		mr, done = m, func() { m.Close() }
+	} else {
+		e, err := t.cache.acquire(mem)
+		if err != nil {
+			return 0, 0, nil, err
+		}
+		mr, done = e.mr, func() { t.cache.release(e) }
+	}
+	w, err := pr.q.Bind(mr, a, uint64(len(buf)))
+	if err != nil {
+		done()
 		if errors.Is(err, ErrNoWindows) { // the device said otherwise
 			t.markNoWindows()
 			return t.register(buf)
 		}
-		t.drop(client, q) // a pair that cannot bind is in the error state
+		t.drop(client, pr) // a pair that cannot bind is in the error state
 		return 0, 0, nil, err
 	}
-	var once sync.Once
-	return uint64(a), w.RKey(), func() {
-		once.Do(func() {
-			if w.Invalidate() != nil {
-				t.drop(client, q) // closing the pair ends its windows
-			}
-			t.cache.release(e)
-		})
+	return a, w.RKey(), func() {
+		if w.Invalidate() != nil {
+			t.drop(client, pr) // closing the pair ends its windows
+		}
+		done()
 	}, nil
 }
 
 // ExposeDevice lets the client read n octets at off of device memory
 // until release: GPUDirect RDMA, the NIC reading the accelerator's memory
-// with no staging through the host. The memory is registered for this
+// with no staging through the host. Those octets are registered for this
 // exposure and deregistered when it ends (the device tier frees and
 // reuses its allocations without telling, so a cached registration could
 // outlive its memory); where the device has windows, the key is a window
-// for the client's queue pair over exactly these octets.
+// for the client's queue pair.
 func (t *Target) ExposeDevice(client string, m DeviceMemory, off, n uint64) (addr uint64, rkey uint32, release func(), err error) {
 	if n == 0 || off > uint64(m.Len()) || n > uint64(m.Len())-off {
 		return 0, 0, nil, fmt.Errorf("rdma: exposing %d octets at %d of %d of device memory", n, off, m.Len())
 	}
-	t.mu.Lock()
-	q, noWindows := t.qps[client], t.noWindows
-	t.mu.Unlock()
-	if q == nil {
-		return 0, 0, nil, fmt.Errorf("%w: no queue pair for %s", ErrNotConnected, client)
+	pr, noWindows, err := t.begin(client)
+	if err != nil {
+		return 0, 0, nil, err
 	}
+	addr, rkey, release, err = t.exposeDevice(client, pr, noWindows, m, off, n)
+	if err != nil {
+		t.end(pr)
+		return 0, 0, nil, err
+	}
+	return addr, rkey, t.ending(pr, release), nil
+}
+
+func (t *Target) exposeDevice(client string, pr *peer, noWindows bool, m DeviceMemory, off, n uint64) (uint64, uint32, func(), error) {
 	access := AccessWindows
 	if noWindows {
 		access = AccessRemoteRead
 	}
-	mr, err := t.p.RegisterDevice(m, access)
+	mr, err := t.p.RegisterDevice(m, off, n, access)
 	if err != nil {
 		return 0, 0, nil, err
 	}
-	addr = mr.Region().Addr + off
+	r := mr.Region()
 	if noWindows {
-		var once sync.Once
-		return addr, mr.Region().RKey, func() { once.Do(func() { mr.Close() }) }, nil
+		return r.Addr, r.RKey, func() { mr.Close() }, nil
 	}
-	w, err := q.Bind(mr, addr, n)
+	w, err := pr.q.Bind(mr, r.Addr, n)
 	if err != nil {
 		mr.Close()
 		if errors.Is(err, ErrNoWindows) {
 			t.markNoWindows()
-			return t.ExposeDevice(client, m, off, n)
+			return t.exposeDevice(client, pr, true, m, off, n)
 		}
-		t.drop(client, q)
+		t.drop(client, pr)
 		return 0, 0, nil, err
 	}
-	var once sync.Once
-	return addr, w.RKey(), func() {
-		once.Do(func() {
-			if w.Invalidate() != nil {
-				t.drop(client, q)
-			}
-			mr.Close()
-		})
+	return r.Addr, w.RKey(), func() {
+		if w.Invalidate() != nil {
+			t.drop(client, pr)
+		}
+		mr.Close()
 	}, nil
 }
 
@@ -175,8 +262,7 @@ func (t *Target) register(buf []byte) (uint64, uint32, func(), error) {
 		return 0, 0, nil, err
 	}
 	r := mr.Region()
-	var once sync.Once
-	return r.Addr, r.RKey, func() { once.Do(func() { mr.Close() }) }, nil
+	return r.Addr, r.RKey, func() { mr.Close() }, nil
 }
 
 // markNoWindows records that the device has no windows after all (a bind
@@ -189,14 +275,15 @@ func (t *Target) markNoWindows() {
 	t.cache.drain()
 }
 
-// drop closes the client's queue pair if it is still q.
-func (t *Target) drop(client string, q QP) {
+// drop closes the client's queue pair (if it is still pr's), which ends
+// the windows bound through it.
+func (t *Target) drop(client string, pr *peer) {
 	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.qps[client] == q {
-		delete(t.qps, client)
+	if t.peers[client] == pr {
+		delete(t.peers, client)
 	}
-	q.Close()
+	t.mu.Unlock()
+	pr.q.Close() // outside the lock: it waits for a bind or invalidate under way
 }
 
 // CacheStats reports the registration cache.
@@ -206,12 +293,13 @@ func (t *Target) CacheStats() CacheStats { return t.cache.stats() }
 // the exposures ended).
 func (t *Target) Close() error {
 	t.mu.Lock()
-	var errs []error
-	for k, q := range t.qps {
-		errs = append(errs, q.Close())
-		delete(t.qps, k)
-	}
+	peers := t.peers
+	t.peers = map[string]*peer{}
 	t.mu.Unlock()
+	var errs []error
+	for _, pr := range peers {
+		errs = append(errs, pr.q.Close())
+	}
 	t.cache.close()
 	return errors.Join(errs...)
 }
@@ -227,6 +315,7 @@ type Reader struct {
 
 type readerQP struct {
 	q      QP
+	local  string // its endpoint
 	remote string // the holder endpoint it is connected to; "" before
 }
 
@@ -258,7 +347,7 @@ func (r *Reader) get(holder string) (*readerQP, error) {
 	if err != nil {
 		return nil, err
 	}
-	rq := &readerQP{q: q}
+	rq := &readerQP{q: q, local: q.Endpoint().String()}
 	r.qp[holder] = rq
 	return rq, nil
 }
@@ -269,31 +358,41 @@ func (r *Reader) Endpoint(holder string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return q.q.Endpoint().String(), nil
+	return q.local, nil
 }
 
-// Connect connects the queue pair for holder to remote (once).
-func (r *Reader) Connect(holder, remote string) error {
-	q, err := r.get(holder)
-	if err != nil {
-		return err
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if q.remote == remote {
-		return nil
-	}
-	if q.remote != "" {
-		return fmt.Errorf("%w: the holder answered from another queue pair (%s, was %s); it restarted?", ErrNotConnected, remote, q.remote)
-	}
+// Connect connects the queue pair of endpoint local (from Endpoint) for
+// holder to remote, once. If that pair is gone meanwhile (a failed read
+// dropped it), the holder's answer was for it: ErrNotConnected, and the
+// next read starts over. A holder answering from another pair than before
+// restarted: the pair is dropped, and the next read connects a new one.
+func (r *Reader) Connect(holder, local, remote string) error {
 	ep, err := ParseEndpoint(remote)
 	if err != nil {
 		return err
 	}
+	r.mu.Lock()
+	q := r.qp[holder]
+	switch {
+	case q == nil || q.local != local:
+		r.mu.Unlock()
+		return fmt.Errorf("%w: the queue pair %s was dropped meanwhile", ErrNotConnected, local)
+	case q.remote == remote:
+		r.mu.Unlock()
+		return nil
+	case q.remote != "":
+		delete(r.qp, holder)
+		r.mu.Unlock()
+		q.q.Close()
+		return fmt.Errorf("%w: the holder answered from another queue pair (%s, was %s): it restarted", ErrNotConnected, remote, q.remote)
+	}
 	if err := q.q.Connect(ep); err != nil {
+		r.mu.Unlock()
+		r.forget(holder, q)
 		return err
 	}
 	q.remote = remote
+	r.mu.Unlock()
 	return nil
 }
 
@@ -326,28 +425,36 @@ func (r *Reader) Read(ctx context.Context, holder string, dst []byte, addr uint6
 	return err
 }
 
-// Forget drops the queue pair for holder (after it restarted): the next
-// Endpoint creates a new one.
+// Forget drops the queue pair for holder: the next Endpoint creates a new
+// one.
 func (r *Reader) Forget(holder string) { r.forget(holder, nil) }
 
-// forget drops holder's queue pair if it is still q (nil: any).
+// forget drops holder's queue pair if it is still q (nil: any), closing
+// it outside the lock (a close waits for a read under way on it).
 func (r *Reader) forget(holder string, q *readerQP) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	if cur := r.qp[holder]; cur != nil && (q == nil || cur == q) {
-		cur.q.Close()
-		delete(r.qp, holder)
+	cur := r.qp[holder]
+	if cur == nil || (q != nil && cur != q) {
+		r.mu.Unlock()
+		if q != nil {
+			q.q.Close() // replaced meanwhile: still ours to end
+		}
+		return
 	}
+	delete(r.qp, holder)
+	r.mu.Unlock()
+	cur.q.Close()
 }
 
 // Close destroys the queue pairs and deregisters the pooled buffers.
 func (r *Reader) Close() error {
 	r.mu.Lock()
-	for k, q := range r.qp {
-		q.q.Close()
-		delete(r.qp, k)
-	}
+	qps := r.qp
+	r.qp = map[string]*readerQP{}
 	r.mu.Unlock()
+	for _, q := range qps {
+		q.q.Close()
+	}
 	r.bufs.close()
 	return nil
 }

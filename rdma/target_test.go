@@ -24,7 +24,7 @@ func connectClient(t *testing.T, f *Fabric, target *Target, name string) client 
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Connect("h", remote); err != nil {
+	if err := r.Connect("h", ep, remote); err != nil {
 		t.Fatal(err)
 	}
 	return client{r, ep}
@@ -255,5 +255,96 @@ func TestTargetExposeDevice(t *testing.T) {
 	}
 	if _, _, _, err := target.ExposeDevice(a.ep, gpuDevice{mem}, 0, 16); err == nil || !strings.Contains(err.Error(), "NIC") {
 		t.Fatalf("GPU memory on the loopback fabric: %v", err)
+	}
+}
+
+// TestTargetPeersBounded: clients come back with new queue pairs without
+// saying so; at the bound the least recently used pair with no exposure
+// under way is closed for the new one, and a target whose pairs are all
+// busy refuses.
+func TestTargetPeersBounded(t *testing.T) {
+	f := NewFabric()
+	target := NewTarget(f.Provider("holder"))
+	target.maxPeers = 3
+	defer target.Close()
+	cs := []client{connectClient(t, f, target, "a"), connectClient(t, f, target, "b"), connectClient(t, f, target, "c")}
+	mem := bytes.Repeat([]byte("x"), 4096)
+	var releases []func()
+	for _, c := range cs[1:] { // b and c have reads under way; a is idle
+		_, _, release, err := target.Expose(c.ep, mem, mem)
+		if err != nil {
+			t.Fatal(err)
+		}
+		releases = append(releases, release)
+	}
+	d := connectClient(t, f, target, "d") // takes a's place
+	addr, rkey, release, err := target.Expose(d.ep, mem, mem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := d.read(addr, rkey, 4096); err != nil || !bytes.Equal(got, mem) {
+		t.Fatalf("the new client: %v", err)
+	}
+	if _, _, _, err := target.Expose(cs[0].ep, mem, mem); !errors.Is(err, ErrNotConnected) {
+		t.Fatalf("the evicted client: %v", err)
+	}
+	r := NewReader(f.Provider("e"))
+	defer r.Close()
+	ep, _ := r.Endpoint("h")
+	if _, err := target.Accept(ep); err == nil {
+		t.Fatal("a fourth client was accepted while the three had reads under way")
+	}
+	release()
+	for _, rel := range releases {
+		rel()
+	}
+	if _, err := target.Accept(ep); err != nil {
+		t.Fatalf("once idle: %v", err)
+	}
+}
+
+// TestReaderConnectChecksItsPair: a holder's answer names the pair it was
+// for; if that pair was dropped meanwhile (a concurrent failed read), it
+// is not connected in its place; a holder answering from another pair
+// than before (it restarted) has the pair dropped, and the next read
+// connects a new one. RC pairs read only from their own peer.
+func TestReaderConnectChecksItsPair(t *testing.T) {
+	f := NewFabric()
+	target := NewTarget(f.Provider("holder"))
+	defer target.Close()
+	r := NewReader(f.Provider("instance"))
+	defer r.Close()
+	ep1, _ := r.Endpoint("h")
+	remote1, _ := target.Accept(ep1)
+	r.Forget("h") // as a failed read does
+	ep2, _ := r.Endpoint("h")
+	if err := r.Connect("h", ep1, remote1); !errors.Is(err, ErrNotConnected) {
+		t.Fatalf("an answer for a dropped pair: %v", err)
+	}
+	remote2, _ := target.Accept(ep2)
+	if err := r.Connect("h", ep2, remote2); err != nil {
+		t.Fatal(err)
+	}
+	restarted := NewTarget(f.Provider("holder-again"))
+	defer restarted.Close()
+	remote3, _ := restarted.Accept(ep2)
+	if err := r.Connect("h", ep2, remote3); !errors.Is(err, ErrNotConnected) {
+		t.Fatalf("a restarted holder: %v", err)
+	}
+	if ep3, _ := r.Endpoint("h"); ep3 == ep2 {
+		t.Fatal("the pair of the restarted holder was kept")
+	}
+	// A pair connected to a peer that is connected elsewhere reads nothing.
+	x, y, z := f.Provider("x"), f.Provider("y"), f.Provider("z")
+	qx, _ := x.NewQP()
+	qy, _ := y.NewQP()
+	qz, _ := z.NewQP()
+	qx.Connect(qy.Endpoint())
+	qy.Connect(qz.Endpoint())
+	src := []byte("octets")
+	smr, _ := y.Register(src, AccessRemoteRead)
+	dmr, _ := x.Register(make([]byte, 6), AccessLocal)
+	if err := qx.Read(context.Background(), dmr, 0, smr.Region()); !errors.Is(err, ErrNotConnected) {
+		t.Fatalf("a read over a half-paired connection: %v", err)
 	}
 }

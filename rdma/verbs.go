@@ -31,6 +31,7 @@ type Verbs struct {
 	mwOK   bool
 	mwMu   sync.Mutex
 	mwIdle []unsafe.Pointer // invalidated windows, for reuse
+	closed bool             // under mwMu
 }
 
 // OpenVerbs opens the device named name ("" : the first). On a machine
@@ -55,7 +56,7 @@ func (v *Verbs) Close() error {
 	for _, mw := range v.mwIdle {
 		C.kvsp_rdma_mw_dealloc(mw)
 	}
-	v.mwIdle = nil
+	v.mwIdle, v.closed = nil, true
 	v.mwMu.Unlock()
 	C.kvsp_rdma_close(v.d)
 	return nil
@@ -104,23 +105,26 @@ func accessFlags(a Access) C.int {
 // the device addresses as the region's: the NIC reads the GPU's memory).
 // A device that cannot (no dma-buf support in the GPU driver or the NIC)
 // says so; the holder then serves the block by GET.
-func (v *Verbs) RegisterDevice(dm DeviceMemory, access Access) (MR, error) {
-	if b := dm.HostBytes(); b != nil {
-		return v.Register(b, access)
+func (v *Verbs) RegisterDevice(dm DeviceMemory, off, n uint64, access Access) (MR, error) {
+	if off > uint64(dm.Len()) || n == 0 || n > uint64(dm.Len())-off {
+		return nil, fmt.Errorf("rdma: registering %d octets at %d of %d of device memory", n, off, dm.Len())
 	}
-	fd, off, _, err := dm.Dmabuf()
+	if b := dm.HostBytes(); b != nil {
+		return v.Register(b[off:off+n], access)
+	}
+	fd, at, _, err := dm.Dmabuf()
 	if err != nil {
 		return nil, fmt.Errorf("rdma: device memory for GPUDirect RDMA: %w", err)
 	}
 	defer syscall.Close(fd) // the MR holds its own reference to the dma-buf
-	n := dm.Len()
+	iova := dm.DevicePtr() + off
 	var lkey, rkey C.uint32_t
 	var errno C.int
-	mr := C.kvsp_rdma_reg_dmabuf(v.d, C.int(fd), C.uint64_t(off), C.size_t(n), C.uint64_t(dm.DevicePtr()), accessFlags(access), &lkey, &rkey, &errno)
+	mr := C.kvsp_rdma_reg_dmabuf(v.d, C.int(fd), C.uint64_t(at+off), C.size_t(n), C.uint64_t(iova), accessFlags(access), &lkey, &rkey, &errno)
 	if mr == nil {
 		return nil, fmt.Errorf("rdma: ibv_reg_dmabuf_mr of %d octets of device memory: %w", n, syscall.Errno(errno))
 	}
-	return &verbsMR{mr: mr, lkey: uint32(lkey), region: Region{Addr: dm.DevicePtr(), RKey: uint32(rkey), Len: uint64(n)}}, nil
+	return &verbsMR{mr: mr, lkey: uint32(lkey), region: Region{Addr: iova, RKey: uint32(rkey), Len: n}}, nil
 }
 
 func (m *verbsMR) Region() Region { return m.region }
@@ -280,6 +284,7 @@ func (q *verbsQP) Bind(mr MR, addr, n uint64) (Window, error) {
 		return nil, fmt.Errorf("rdma: posting a window bind: %w", syscall.Errno(rc))
 	}
 	if err := q.complete("window bind"); err != nil {
+		q.destroyLocked() // the bind may still be posted: the pair goes first
 		q.v.freeWindow(mw, false)
 		return nil, err
 	}
@@ -299,8 +304,8 @@ func (w *verbsWindow) Invalidate() error {
 			w.err = ErrNotConnected
 		} else if rc := C.kvsp_rdma_inv_post(q.q, C.uint32_t(w.rkey)); rc != 0 {
 			w.err = fmt.Errorf("rdma: posting a local invalidate: %w", syscall.Errno(rc))
-		} else {
-			w.err = q.complete("local invalidate")
+		} else if w.err = q.complete("local invalidate"); w.err != nil {
+			q.destroyLocked() // the invalidate may still be posted: the pair goes first
 		}
 		q.mu.Unlock()
 		q.v.freeWindow(w.mw, w.err == nil)
@@ -341,6 +346,10 @@ func (v *Verbs) allocWindow() (unsafe.Pointer, error) {
 // reuse, or deallocates it.
 func (v *Verbs) freeWindow(mw unsafe.Pointer, reuse bool) {
 	v.mwMu.Lock()
+	if v.closed { // the device is gone, and its windows with it
+		v.mwMu.Unlock()
+		return
+	}
 	if reuse && len(v.mwIdle) < maxIdleWindows {
 		v.mwIdle = append(v.mwIdle, mw)
 		v.mwMu.Unlock()
@@ -355,9 +364,15 @@ func (v *Verbs) freeWindow(mw unsafe.Pointer, reuse bool) {
 func (q *verbsQP) Close() error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	q.destroyLocked()
+	return nil
+}
+
+// destroyLocked destroys the pair (under q.mu): work requests still
+// posted are flushed, and the NIC no longer touches their memory.
+func (q *verbsQP) destroyLocked() {
 	if q.q != nil {
 		C.kvsp_rdma_qp_destroy(q.q)
 		q.q = nil
 	}
-	return nil
 }

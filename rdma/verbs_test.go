@@ -84,7 +84,7 @@ func TestVerbsWindows(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := r.Connect("h", remote); err != nil {
+		if err := r.Connect("h", ep, remote); err != nil {
 			t.Fatal(err)
 		}
 		addr, rkey, release, err := target.Expose(ep, mem, buf)
@@ -140,7 +140,7 @@ func TestVerbsGPUDirect(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Connect("h", remote); err != nil {
+	if err := r.Connect("h", ep, remote); err != nil {
 		t.Fatal(err)
 	}
 	addr, rkey, release, err := target.ExposeDevice(ep, buf, 1<<20, 2<<20)
