@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -21,6 +22,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/quic-go/quic-go"
 
 	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/client"
@@ -97,19 +100,19 @@ type benchReport struct {
 	Results           []benchResult `json:"results"`
 }
 
-var benchTransports = []string{"http1", "h2", "h3", "quicbulk", "rdma"}
+var benchTransports = []string{"http1", "h2", "h3", "h3-stock", "quicbulk", "rdma"}
 
 func parseBenchFlags(args []string, stderr io.Writer) (*benchConfig, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() { fmt.Fprint(stderr, benchUsage); fs.PrintDefaults() }
-	transports := fs.String("transports", "http1,h2,h3,quicbulk", "transports to measure: http1, h2, h3, quicbulk, rdma (one-sided READ on a verbs device: a binary built with -tags rdma)")
+	transports := fs.String("transports", "http1,h2,h3,h3-stock,quicbulk", "transports to measure: http1, h2, h3 (as kvsp configures it: 4 connections, block-sized windows), h3-stock (quic-go's http3 as it comes: the baseline of quicbulk), quicbulk, rdma (one-sided READ on a verbs device: a binary built with -tags rdma)")
 	rdmaDevice := fs.String("rdma-device", "", "the verbs device of the rdma transport (default: the first)")
 	sizes := fs.String("sizes", "256KiB,1MiB,4MiB,16MiB", "block sizes (KV payload; multiples of 128 KiB; self-started holder only)")
 	streams := fs.String("streams", "1,8,64", "numbers of concurrent streams")
 	layers := fs.String("layers", "all,0-7", `layer ranges: "all" or a-b (of the 32 layers of the self-started holder's blocks)`)
 	duration := fs.Duration("duration", time.Second, "time per measured point")
-	conns := fs.Int("quic-conns", 0, "QUIC connections per holder (default: 1 for h3, as stock; 4 for quicbulk)")
+	conns := fs.Int("quic-conns", 0, "QUIC connections per holder for h3 and quicbulk (default 4; h3-stock has 1)")
 	jsonPath := fs.String("json", "kvsp-bench.json", "JSON report")
 	pngPath := fs.String("png", "kvsp-bench.png", "PNG chart: bandwidth against block size, one line per transport")
 	holderURL := fs.String("holder", "", "a running holder's base URI (with --config and --descriptor)")
@@ -214,7 +217,7 @@ func cmdBench(args []string, stdout, stderr io.Writer) error {
 	rep := benchReport{Date: time.Now().UTC().Format(time.RFC3339), GoVersion: runtime.Version(), CPUs: runtime.GOMAXPROCS(0), Holder: tgt.base}
 	rep.BoundSHA256 = sha256Bound(tgt.sets[len(tgt.sets)-1].blk)
 	fmt.Fprintf(stderr, "holder %s; bound: SHA-256 %.2f GB/s on one core (the verification alone)\n", tgt.base, rep.BoundSHA256)
-	if tgt.quicBound != "" && (slices.Contains(bc.transports, "h3") || slices.Contains(bc.transports, "quicbulk")) {
+	if tgt.quicBound != "" && slices.ContainsFunc(bc.transports, func(t string) bool { return strings.HasPrefix(t, "h3") || t == "quicbulk" }) {
 		set := tgt.sets[len(tgt.sets)-1]
 		if rep.BoundQUIC, rep.BoundQUICVerified, err = quicBound(tgt.quicBound, tgt.tls, set.octets, bc.duration); err != nil {
 			return err
@@ -528,8 +531,10 @@ func benchClient(tr string, tc *tls.Config, conns int) (*client.Client, *quicbul
 	switch tr {
 	case "http1":
 		tc.NextProtos = []string{"http/1.1"}
-	case "h3":
-		cfg.HTTP3, cfg.QUICConns = true, max(1, conns)
+	case "h3": // as kvsp serve's transport h3 configures it
+		cfg.HTTP3, cfg.QUICConns = true, cmp.Or(conns, 4)
+	case "h3-stock": // quic-go's http3 as it comes: one connection, stock windows
+		cfg.HTTP3, cfg.QUICConns, cfg.QUICConfig = true, 1, &quic.Config{}
 	case "quicbulk":
 		bulk = &quicbulk.Transport{TLS: tc, Conns: max(conns, 4)}
 		if conns > 0 {

@@ -13,14 +13,14 @@ func TestBench(t *testing.T) {
 	dir := t.TempDir()
 	jsonPath, pngPath := filepath.Join(dir, "b.json"), filepath.Join(dir, "b.png")
 	code, out, errs := runCLI(t, "bench", "-duration", "150ms", "-sizes", "256KiB,1MiB", "-streams", "1,3", "-layers", "all,2-5",
-		"-transports", "h2,h3,quicbulk", "-json", jsonPath, "-png", pngPath)
+		"-transports", "h2,h3,h3-stock,quicbulk", "-json", jsonPath, "-png", pngPath)
 	if code != 0 {
 		t.Fatalf("bench: %d\n%s\n%s", code, out, errs)
 	}
 	var rep benchReport
 	readReport(t, jsonPath, &rep)
-	if len(rep.Results) != 3*2*2*2 {
-		t.Fatalf("%d results, want 24", len(rep.Results))
+	if len(rep.Results) != 4*2*2*2 {
+		t.Fatalf("%d results, want 32", len(rep.Results))
 	}
 	for _, r := range rep.Results {
 		want := int64(r.GETs) * int64(r.BlockOctets)
@@ -37,7 +37,7 @@ func TestBench(t *testing.T) {
 	if rep.BoundQUIC <= 0 || rep.BoundQUICVerified <= 0 {
 		t.Errorf("QUIC bound %v, verified %v", rep.BoundQUIC, rep.BoundQUICVerified)
 	}
-	for _, want := range []string{"quicbulk", "h3", "1MiB", "2-5", "bound: SHA-256", "bound: QUIC alone"} {
+	for _, want := range []string{"quicbulk", "h3-stock", "1MiB", "2-5", "bound: SHA-256", "bound: QUIC alone"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
 		}

@@ -458,7 +458,7 @@ func processClient(cfg *config.Config, log *slog.Logger) (*client.Client, error)
 		return nil, fmt.Errorf("config: tls.client_cert: %w", err)
 	}
 	tc := mtls.ClientTLSConfig(creds)
-	cc := client.Config{TLS: tc, Logger: log, HTTP3: cfg.Transport == "h3", QUICConns: cfg.QUICConns}
+	cc := client.Config{TLS: tc, Logger: log, HTTP3: cfg.Transport == "h3", QUICConns: cmp.Or(cfg.QUICConns, 4)}
 	if cfg.Transport == "quicbulk" {
 		cc.Bulk = &quicbulk.Transport{TLS: tc, Conns: cmp.Or(cfg.QUICConns, 4), BufferSize: cfg.UDPBufferBytes, Logger: log}
 	}

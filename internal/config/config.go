@@ -32,9 +32,9 @@ type Config struct {
 	// "quicbulk" (block GETs and PUTs over the bulk path, falling back to
 	// HTTPS for holders that do not serve it; the rest over HTTP/2).
 	Transport string `yaml:"transport"`
-	// QUICConns is the number of QUIC connections per holder (h3 and
-	// quicbulk); default 1 for h3, 4 for quicbulk
-	// (one connection's packets are processed by one goroutine).
+	// QUICConns is the number of QUIC connections per peer (h3 and
+	// quicbulk); default 4 (one connection's packets are processed by one
+	// goroutine).
 	QUICConns int `yaml:"quic_conns"`
 	// UDPBufferBytes is the UDP socket buffer asked for (HTTP/3, quicbulk);
 	// default 8 MiB. What the kernel grants less is logged.
