@@ -69,6 +69,9 @@ func (r *RDMAReadResponse) Validate() error {
 	if _, err := strconv.ParseUint(r.Addr, 16, 64); err != nil || r.ID == "" || r.Endpoint == "" || r.Header == "" || r.ReprDigest == "" || r.Length == 0 {
 		return invalidf("rdma read response: id, endpoint, addr (hex), length, header and repr_digest required")
 	}
+	if len(r.More) == 0 {
+		r.More = nil // "more": [] is no more: one form for both
+	}
 	if len(r.More)+1 > MaxRDMASegments {
 		return invalidf("rdma read response: more than %d segments", MaxRDMASegments)
 	}
@@ -79,6 +82,9 @@ func (r *RDMAReadResponse) Validate() error {
 		if err := checkInt("rdma read response: more: length", s.Length); err != nil {
 			return err
 		}
+	}
+	if err := checkInt("rdma read response: ttl_ms", r.TTLMs); err != nil {
+		return err
 	}
 	return checkInt("rdma read response: length", r.Length)
 }

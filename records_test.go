@@ -68,6 +68,13 @@ var recordCases = []recordCase{
 		[]string{"scope_id", "compat_id", "block_keys", "ttl_ms"}},
 	{"map update", func() kvsp.Validator { return new(kvsp.MapUpdate) }, `{"map":` + shardMapExample + `,"scope_id":"` + hx16 + `","compat_id":"` + hx32 + `","tokens":[1,2,3],"deadline_ms":200}`,
 		[]string{"map", "scope_id", "compat_id"}},
+	{"rdma read", func() kvsp.Validator { return new(kvsp.RDMAReadRequest) },
+		`{"scope_id":"` + hx16 + `","compat_id":"` + hx32 + `","block_key":"` + hx32 + `","layers":[0,3],"endpoint":"v1.0001.000abc.000def.fe800000000000000000000000000001","ttl_ms":5000}`,
+		[]string{"scope_id", "compat_id", "block_key", "endpoint"}},
+	{"rdma read answer", func() kvsp.Validator { return new(kvsp.RDMAReadResponse) },
+		`{"id":"r1","endpoint":"v1.0002.000123.000456.fe800000000000000000000000000002","addr":"7f00dead0000","rkey":77,"length":4096,` +
+			`"more":[{"addr":"7f00beef0000","rkey":78,"length":2048}],"header":"4b564231","repr_digest":"sha-256=:AAAA:","ttl_ms":10000}`,
+		[]string{"id", "endpoint", "addr", "length", "header", "repr_digest"}},
 }
 
 // dropMember removes the first member called name (any value) from a JSON
