@@ -21,14 +21,7 @@ func TestReaderPoolRegistersOnce(t *testing.T) {
 	defer r.Close()
 	src := bytes.Repeat([]byte("0123456789abcdef"), 1<<14) // 256 KiB
 	const holder = "https://h1/"
-	ep, _ := r.Endpoint(holder)
-	remote, err := target.Accept(ep)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := r.Connect(holder, ep, remote); err != nil {
-		t.Fatal(err)
-	}
+	ep := connect(t, r, holder, target)
 	addr, rkey, unexpose, err := target.Expose(ep, src, src)
 	if err != nil {
 		t.Fatal(err)
@@ -105,18 +98,7 @@ func TestReaderDropsFailedQueuePair(t *testing.T) {
 	defer r.Close()
 	src := []byte("a block's octets")
 	const holder = "https://h1/"
-	connect := func() string {
-		ep, _ := r.Endpoint(holder)
-		remote, err := target.Accept(ep)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := r.Connect(holder, ep, remote); err != nil {
-			t.Fatal(err)
-		}
-		return ep
-	}
-	ep1 := connect()
+	ep1 := connect(t, r, holder, target)
 	addr, rkey, unexpose, _ := target.Expose(ep1, src, src)
 	unexpose()
 	buf, release, _ := r.Buffer(len(src))
@@ -124,7 +106,7 @@ func TestReaderDropsFailedQueuePair(t *testing.T) {
 	if err := r.Read(context.Background(), holder, buf, addr, rkey); !errors.Is(err, ErrRemoteAccess) {
 		t.Fatalf("read after the exposure ended: %v", err)
 	}
-	ep2 := connect()
+	ep2 := connect(t, r, holder, target)
 	if ep2 == ep1 {
 		t.Fatal("the failed queue pair was kept")
 	}

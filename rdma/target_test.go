@@ -19,15 +19,22 @@ func connectClient(t *testing.T, f *Fabric, target *Target, name string) client 
 	t.Helper()
 	r := NewReader(f.Provider(name))
 	t.Cleanup(func() { r.Close() })
-	ep, _ := r.Endpoint("h")
+	return client{r, connect(t, r, "h", target)}
+}
+
+// connect connects r's queue pair for holder to target as a holder's
+// POST rdma/reads does, and returns its endpoint.
+func connect(t testing.TB, r *Reader, holder string, target *Target) string {
+	t.Helper()
+	ep, _ := r.Endpoint(holder)
 	remote, err := target.Accept(ep)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Connect("h", ep, remote); err != nil {
+	if err := r.Connect(holder, ep, remote); err != nil {
 		t.Fatal(err)
 	}
-	return client{r, ep}
+	return ep
 }
 
 func (c client) read(addr uint64, rkey uint32, n int) ([]byte, error) {

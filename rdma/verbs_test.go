@@ -79,14 +79,7 @@ func TestVerbsWindows(t *testing.T) {
 	mem := bytes.Repeat([]byte("window"), 1<<17)
 	buf := mem[4096 : 4096+65536]
 	for round := range 2 {
-		ep, _ := r.Endpoint("h")
-		remote, err := target.Accept(ep)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := r.Connect("h", ep, remote); err != nil {
-			t.Fatal(err)
-		}
+		ep := connect(t, r, "h", target)
 		addr, rkey, release, err := target.Expose(ep, mem, buf)
 		if err != nil {
 			t.Fatal(err)
@@ -135,14 +128,7 @@ func TestVerbsGPUDirect(t *testing.T) {
 	defer target.Close()
 	r := NewReader(v)
 	defer r.Close()
-	ep, _ := r.Endpoint("h")
-	remote, err := target.Accept(ep)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := r.Connect("h", ep, remote); err != nil {
-		t.Fatal(err)
-	}
+	ep := connect(t, r, "h", target)
 	addr, rkey, release, err := target.ExposeDevice(ep, buf, 1<<20, 2<<20)
 	if errors.Is(err, gpu.ErrNotSupported) || errors.Is(err, syscall.EOPNOTSUPP) {
 		t.Skipf("%s or the GPU has no dma-buf support: %v", v.Name(), err)
