@@ -310,15 +310,17 @@ func (c *Controller) Place(ctx context.Context, q *kvsp.PlaceRequest) (*kvsp.Pla
 
 // continueSession answers a place for a known session: where it continues
 // now (its instance and epoch), after migrating it if its instance failed
-// (R-SES-10). The front end that lost its token stream asks this.
+// (R-SES-10). The front end that lost its token stream asks this. The
+// answer is one state of the session, taken at one instant: the
+// migration's own result, not a later read that another migration may
+// have moved on since (RELIABILITY F14: a place is one operation on the
+// session's epoch).
 func (c *Controller) continueSession(ctx context.Context, s *Session, q *kvsp.PlaceRequest) (*kvsp.PlaceResponse, error) {
 	if s.ScopeID != q.ScopeID || s.CompatID != q.CompatID {
 		return nil, fmt.Errorf("%w: the session has another scope or model", kvsp.ErrConflict)
 	}
 	if from, epoch, lost, _ := c.lost(s); lost {
-		if err := c.migrate(ctx, s.ID, q, from, epoch); err != nil {
-			return nil, err
-		}
+		return c.migrate(ctx, s.ID, q, from, epoch)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -362,12 +364,20 @@ func (c *Controller) lost(s *Session) (from string, epoch uint64, lost, failed b
 // starts over there (the front end keeps what it delivered: nothing was
 // released for a non-deterministic sampler, and a deterministic one
 // regenerates the same tokens).
-func (c *Controller) migrate(ctx context.Context, id kvsp.UUID, q *kvsp.PlaceRequest, from string, fromEpoch uint64) error {
+//
+// It returns where the session is: where it was moved to, or, if another
+// migration moved it first, where that one put it.
+func (c *Controller) migrate(ctx context.Context, id kvsp.UUID, q *kvsp.PlaceRequest, from string, fromEpoch uint64) (*kvsp.PlaceResponse, error) {
 	c.mu.Lock()
 	s := c.sessions[id]
-	if s.Instance != from || s.InstanceEpoch != fromEpoch {
+	if s == nil { // forgotten meanwhile
 		c.mu.Unlock()
-		return nil // moved already (the sweep and a front end both noticed)
+		return nil, fmt.Errorf("%w: session", kvsp.ErrNotFound)
+	}
+	if s.Instance != from || s.InstanceEpoch != fromEpoch {
+		out := &kvsp.PlaceResponse{Session: s.ID, Epoch: s.Epoch, Instance: s.Instance}
+		c.mu.Unlock()
+		return out, nil // moved already (the sweep and a front end both noticed)
 	}
 	cp := s.Checkpoint
 	c.mu.Unlock()
@@ -378,7 +388,7 @@ func (c *Controller) migrate(ctx context.Context, id kvsp.UUID, q *kvsp.PlaceReq
 	case cp != nil: // the background sweep: the request is the checkpoint's
 		pq = kvsp.PlaceRequest{ScopeID: s.ScopeID, CompatID: s.CompatID, Tokens: make([]uint32, 0), MaxTokens: max(1, s.MaxTokens)}
 	default:
-		return fmt.Errorf("%w: session %s has no checkpoint to resume from", kvsp.ErrUnavailable, id)
+		return nil, fmt.Errorf("%w: session %s has no checkpoint to resume from", kvsp.ErrUnavailable, id)
 	}
 	mig := &migration{session: s, from: from, fromEpoch: fromEpoch, cp: cp}
 	if _, _, _, failed := c.lost(s); failed {
@@ -386,11 +396,11 @@ func (c *Controller) migrate(ctx context.Context, id kvsp.UUID, q *kvsp.PlaceReq
 	}
 	out, err := c.placeOn(ctx, &pq, mig)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	c.m.migrations.Inc()
 	c.log.Info("session migrated", "session", id.String(), "from", from, "to", out.Instance, "epoch", out.Epoch)
-	return nil
+	return &kvsp.PlaceResponse{Session: out.Session, Epoch: out.Epoch, Instance: out.Instance}, nil
 }
 
 // migration is what place does differently for a migrating session.
@@ -464,7 +474,7 @@ func (c *Controller) Run(ctx context.Context, every time.Duration) {
 			if !lost {
 				continue
 			}
-			if err := c.migrate(ctx, s.ID, nil, from, epoch); err != nil {
+			if _, err := c.migrate(ctx, s.ID, nil, from, epoch); err != nil {
 				c.log.Warn("session not migrated", "session", s.ID.String(), "err", err)
 			}
 		}
