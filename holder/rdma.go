@@ -24,7 +24,8 @@ import (
 // implements it (on verbs, or the in-process fabric).
 type RDMA interface {
 	// Accept returns the endpoint of this side's queue pair connected to
-	// the client's endpoint.
+	// the client's endpoint. An error with an Invalid() method reporting
+	// true is the client's (a 400); others are the holder's (503).
 	Accept(client string) (string, error)
 	// Expose lets the client (its endpoint, as given to Accept) read buf
 	// until release. mem is the allocation buf lies in, which an
@@ -171,7 +172,11 @@ func (h *Holder) createRDMARead(w http.ResponseWriter, r *http.Request) error {
 	local, err := h.cfg.RDMA.Accept(q.Endpoint)
 	if err != nil {
 		release()
-		return fmt.Errorf("%w: endpoint: %v", kvsp.ErrInvalid, err)
+		var bad interface{ Invalid() bool }
+		if errors.As(err, &bad) && bad.Invalid() {
+			return fmt.Errorf("%w: endpoint: %v", kvsp.ErrInvalid, err)
+		}
+		return fmt.Errorf("%w: no queue pair for the endpoint: %v", kvsp.ErrUnavailable, err)
 	}
 	x, unexpose, err := h.exposeRange(q.Endpoint, e, parts, first, last)
 	if err != nil {

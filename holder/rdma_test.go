@@ -282,4 +282,21 @@ func TestRDMARegistrationFails(t *testing.T) {
 	if _, err := hc.GetBlock(context.Background(), bref(0), bigGeom, client.GetOptions{}); !errors.Is(err, kvsp.ErrNotFound) {
 		t.Fatalf("block 0 was not evicted after its failed exposure: %v", err)
 	}
+	// A holder out of queue pairs is unavailable, not the client's fault.
+	f3 := start(t, 1<<20, func(c *holder.Config) { c.RDMA = busyRDMA{target} })
+	data, blk := makeBlock(5, 0, 4)
+	hc3 := f3.hold[kvsptest.ClientA]
+	if err := hc3.PutBlock(context.Background(), ref(5), bytes.NewReader(data), int64(len(data)), blk.ContainerDigest()); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := hc3.ReadBlockRDMA(context.Background(), ref(5), geom, client.GetOptions{}, reader); !errors.Is(err, kvsp.ErrUnavailable) {
+		t.Fatalf("no queue pair to give: %v, want 503", err)
+	}
+}
+
+// busyRDMA has no queue pair to give.
+type busyRDMA struct{ *rdma.Target }
+
+func (busyRDMA) Accept(string) (string, error) {
+	return "", errors.New("rdma: 4096 queue pairs with reads under way")
 }

@@ -68,18 +68,28 @@ func ParseEndpoint(s string) (Endpoint, error) {
 	var e Endpoint
 	f := strings.Split(s, ".")
 	if len(f) != 5 || f[0] != "v1" || len(f[1]) != 4 || len(f[2]) != 6 || len(f[3]) != 6 || len(f[4]) != 32 {
-		return e, fmt.Errorf("rdma: endpoint %q: want v1.lid.qpn.psn.gid in hex", s)
+		return e, &EndpointError{fmt.Errorf("rdma: endpoint %q: want v1.lid.qpn.psn.gid in hex", s)}
 	}
 	lid, err1 := strconv.ParseUint(f[1], 16, 16)
 	qpn, err2 := strconv.ParseUint(f[2], 16, 24)
 	psn, err3 := strconv.ParseUint(f[3], 16, 24)
 	_, err4 := hex.Decode(e.GID[:], []byte(f[4]))
 	if err := errors.Join(err1, err2, err3, err4); err != nil {
-		return e, fmt.Errorf("rdma: endpoint %q: %w", s, err)
+		return e, &EndpointError{fmt.Errorf("rdma: endpoint %q: %w", s, err)}
 	}
 	e.LID, e.QPN, e.PSN = uint16(lid), uint32(qpn), uint32(psn)
 	return e, nil
 }
+
+// EndpointError is an endpoint that does not parse: the peer's input is
+// wrong (a holder answers 400), unlike the other failures of Accept.
+type EndpointError struct{ err error }
+
+func (e *EndpointError) Error() string { return e.err.Error() }
+func (e *EndpointError) Unwrap() error { return e.err }
+
+// Invalid marks the error as bad input.
+func (e *EndpointError) Invalid() bool { return true }
 
 // Access says what a registration allows beyond local use.
 type Access uint8
