@@ -246,7 +246,14 @@ func mountRoles(srv *server.Server, cfg *config.Config, log *slog.Logger, reg pr
 				closers = append([]func(){func() { target.Close(); v.Close() }}, closers...)
 				log.Info("RDMA reads", "base", hcfg.Base, "device", v.Name())
 			}
-			h, err := newHolder(cfg, hcfg, hc, target, log, prometheus.WrapRegistererWith(prometheus.Labels{"holder": hcfg.Base}, reg))
+			hreg := prometheus.WrapRegistererWith(prometheus.Labels{"holder": hcfg.Base}, reg)
+			if target != nil {
+				if err := registerTargetMetrics(hreg, target); err != nil {
+					closeAll()
+					return nil, fmt.Errorf("holders[%d]: %w", i, err)
+				}
+			}
+			h, err := newHolder(cfg, hcfg, hc, target, log, hreg)
 			if err != nil {
 				closeAll()
 				return nil, fmt.Errorf("holders[%d]: %w", i, err)
@@ -440,6 +447,10 @@ func newInstance(x *config.Instance, c *client.Client, keys []kvsp.ScopeKey, log
 		icfg.RDMA = r
 		engStop := stop
 		stop = func() { engStop(); r.Close(); v.Close() }
+		if err := registerReaderMetrics(reg, r); err != nil {
+			stop()
+			return nil, nil, err
+		}
 		log.Info("RDMA reads", "instance", x.Base, "device", v.Name())
 	}
 	a, err := instance.New(icfg)
