@@ -103,31 +103,31 @@ func (c *regCache) release(e *regEntry) {
 
 // trim deregisters idle entries, least recently used first, while more
 // than max octets are registered (under mu).
-func (c *regCache) trim() {
-	for c.held > c.max {
+func (c *regCache) trim() { c.trimTo(c.max) }
+
+// trimTo deregisters idle entries, least recently used first, while more
+// than limit octets are registered (under mu); it returns how many.
+func (c *regCache) trimTo(limit int64) int {
+	n := 0
+	for c.held > limit {
 		last := c.idle.Back()
 		if last == nil {
-			return // all in use: they are deregistered once idle
+			break // all in use: they are deregistered once idle
 		}
 		e := c.idle.Remove(last).(*regEntry)
 		delete(c.byKey, e.key)
 		c.held -= int64(e.key.n)
 		e.mr.Close()
+		n++
 	}
+	return n
 }
 
 // shed deregisters every idle entry; false if there was none.
 func (c *regCache) shed() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	n := c.idle.Len()
-	for c.idle.Len() > 0 {
-		e := c.idle.Remove(c.idle.Back()).(*regEntry)
-		delete(c.byKey, e.key)
-		c.held -= int64(e.key.n)
-		e.mr.Close()
-	}
-	return n > 0
+	return c.trimTo(0) > 0
 }
 
 // drain deregisters the idle entries, and the others once released.

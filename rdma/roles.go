@@ -140,59 +140,71 @@ func (t *Target) Expose(client string, mem, buf []byte) (addr uint64, rkey uint3
 			return 0, 0, nil, fmt.Errorf("rdma: the exposed octets are not inside the memory given")
 		}
 	}
+	return t.exposure(client, func(pr *peer, noWindows bool) (uint64, uint32, func(), error) {
+		if noWindows {
+			return t.register(buf)
+		}
+		var mr MR
+		var done func()
+		if mem == nil {
+			m, err := t.p.Register(buf, AccessWindows)
+			if err != nil {
+				return 0, 0, nil, err
+			}
+			mr, done = m, func() { m.Close() }
+		} else {
+			e, err := t.cache.acquire(mem)
+			if err != nil {
+				return 0, 0, nil, err
+			}
+			mr, done = e.mr, func() { t.cache.release(e) }
+		}
+		rkey, release, err := t.bind(client, pr, mr, uint64(a), uint64(len(buf)), done)
+		if errors.Is(err, ErrNoWindows) {
+			return t.register(buf)
+		}
+		return uint64(a), rkey, release, err
+	})
+}
+
+// exposure runs expose for the client's queue pair, the exposure counted
+// as under way until its release (once).
+func (t *Target) exposure(client string, expose func(pr *peer, noWindows bool) (uint64, uint32, func(), error)) (uint64, uint32, func(), error) {
 	pr, noWindows, err := t.begin(client)
 	if err != nil {
 		return 0, 0, nil, err
 	}
-	addr, rkey, release, err = t.expose(client, pr, noWindows, mem, buf, uint64(a))
+	addr, rkey, release, err := expose(pr, noWindows)
 	if err != nil {
 		t.end(pr)
 		return 0, 0, nil, err
 	}
-	return addr, rkey, t.ending(pr, release), nil
-}
-
-// ending wraps release: once, and the exposure no longer under way.
-func (t *Target) ending(pr *peer, release func()) func() {
 	var once sync.Once
-	return func() {
+	return addr, rkey, func() {
 		once.Do(func() {
 			release()
 			t.end(pr)
 		})
-	}
+	}, nil
 }
 
-func (t *Target) expose(client string, pr *peer, noWindows bool, mem, buf []byte, a uint64) (uint64, uint32, func(), error) {
-	if noWindows {
-		return t.register(buf)
-	}
-	var mr MR
-	var done func()
-	if mem == nil {
-		m, err := t.p.Register(buf, AccessWindows)
-		if err != nil {
-			return 0, 0, nil, err
-		}
-		mr, done = m, func() { m.Close() }
-	} else {
-		e, err := t.cache.acquire(mem)
-		if err != nil {
-			return 0, 0, nil, err
-		}
-		mr, done = e.mr, func() { t.cache.release(e) }
-	}
-	w, err := pr.q.Bind(mr, a, uint64(len(buf)))
+// bind binds a window over n octets at addr of mr for the client's queue
+// pair; its release invalidates it, then calls done (what frees mr). A
+// failed bind calls done at once; ErrNoWindows (the device said otherwise
+// than HasWindows) turns windows off for the target, and another failure
+// takes the pair down (it is in the error state).
+func (t *Target) bind(client string, pr *peer, mr MR, addr, n uint64, done func()) (uint32, func(), error) {
+	w, err := pr.q.Bind(mr, addr, n)
 	if err != nil {
 		done()
-		if errors.Is(err, ErrNoWindows) { // the device said otherwise
+		if errors.Is(err, ErrNoWindows) {
 			t.markNoWindows()
-			return t.register(buf)
+		} else {
+			t.drop(client, pr)
 		}
-		t.drop(client, pr) // a pair that cannot bind is in the error state
-		return 0, 0, nil, err
+		return 0, nil, err
 	}
-	return a, w.RKey(), func() {
+	return w.RKey(), func() {
 		if w.Invalidate() != nil {
 			t.drop(client, pr) // closing the pair ends its windows
 		}
@@ -211,16 +223,9 @@ func (t *Target) ExposeDevice(client string, m DeviceMemory, off, n uint64) (add
 	if n == 0 || off > uint64(m.Len()) || n > uint64(m.Len())-off {
 		return 0, 0, nil, fmt.Errorf("rdma: exposing %d octets at %d of %d of device memory", n, off, m.Len())
 	}
-	pr, noWindows, err := t.begin(client)
-	if err != nil {
-		return 0, 0, nil, err
-	}
-	addr, rkey, release, err = t.exposeDevice(client, pr, noWindows, m, off, n)
-	if err != nil {
-		t.end(pr)
-		return 0, 0, nil, err
-	}
-	return addr, rkey, t.ending(pr, release), nil
+	return t.exposure(client, func(pr *peer, noWindows bool) (uint64, uint32, func(), error) {
+		return t.exposeDevice(client, pr, noWindows, m, off, n)
+	})
 }
 
 func (t *Target) exposeDevice(client string, pr *peer, noWindows bool, m DeviceMemory, off, n uint64) (uint64, uint32, func(), error) {
@@ -236,22 +241,11 @@ func (t *Target) exposeDevice(client string, pr *peer, noWindows bool, m DeviceM
 	if noWindows {
 		return r.Addr, r.RKey, func() { mr.Close() }, nil
 	}
-	w, err := pr.q.Bind(mr, r.Addr, n)
-	if err != nil {
-		mr.Close()
-		if errors.Is(err, ErrNoWindows) {
-			t.markNoWindows()
-			return t.exposeDevice(client, pr, true, m, off, n)
-		}
-		t.drop(client, pr)
-		return 0, 0, nil, err
+	rkey, release, err := t.bind(client, pr, mr, r.Addr, n, func() { mr.Close() })
+	if errors.Is(err, ErrNoWindows) {
+		return t.exposeDevice(client, pr, true, m, off, n)
 	}
-	return r.Addr, w.RKey(), func() {
-		if w.Invalidate() != nil {
-			t.drop(client, pr)
-		}
-		mr.Close()
-	}, nil
+	return r.Addr, rkey, release, err
 }
 
 // register exposes buf by a registration of its own, for remote read by
