@@ -13,6 +13,7 @@ import (
 	"github.com/kvsp/kvsp/client"
 	"github.com/kvsp/kvsp/container"
 	"github.com/kvsp/kvsp/holder"
+	"github.com/kvsp/kvsp/holder/tier"
 	"github.com/kvsp/kvsp/internal/kvsptest"
 	"github.com/kvsp/kvsp/rdma"
 )
@@ -299,4 +300,49 @@ type busyRDMA struct{ *rdma.Target }
 
 func (busyRDMA) Accept(string) (string, error) {
 	return "", errors.New("rdma: 4096 queue pairs with reads under way")
+}
+
+// TestRDMAFromLocalStorage: a block demoted to local storage is read by
+// RDMA from the memory it is read back into, registered for that read
+// only: memory that will not come back is not kept registered.
+func TestRDMAFromLocalStorage(t *testing.T) {
+	disk, err := tier.OpenDisk(tier.DiskConfig{Dir: t.TempDir(), Capacity: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fab := rdma.NewFabric()
+	hp := fab.Provider("holder")
+	target := rdma.NewTarget(hp)
+	t.Cleanup(func() { target.Close() })
+	f := start(t, blockSize(), func(c *holder.Config) { c.Disk, c.RDMA = disk, target })
+	reader := rdma.NewReader(fab.Provider("instance"))
+	t.Cleanup(func() { reader.Close() })
+	hc := f.hold[kvsptest.ClientA]
+	data, blk := makeBlock(21, 0, 4)
+	d2, b2 := makeBlock(22, 0, 4) // demotes block 21 to local storage
+	for _, b := range []struct {
+		k    byte
+		data []byte
+		blk  *container.Block
+	}{{21, data, blk}, {22, d2, b2}} {
+		if err := hc.PutBlock(context.Background(), ref(b.k), bytes.NewReader(b.data), int64(len(b.data)), b.blk.ContainerDigest()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 2 {
+		got, release, err := hc.ReadBlockRDMA(context.Background(), ref(21), geom, client.GetOptions{LayerDigests: blk.LayerDigests()}, reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got.Bytes(), data) {
+			t.Fatal("the block read back from local storage differs")
+		}
+		release()
+	}
+	if s := target.CacheStats(); s.Registrations != 0 || s.HeldBytes != 0 {
+		t.Fatalf("blocks read from disk went into the registration cache: %+v", s)
+	}
+	if _, live := hp.Registrations(); live != 0 {
+		t.Fatalf("%d registrations live after the reads", live)
+	}
 }

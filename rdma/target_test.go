@@ -355,3 +355,42 @@ func TestReaderConnectChecksItsPair(t *testing.T) {
 		t.Fatalf("a read over a half-paired connection: %v", err)
 	}
 }
+
+// memlocked is a provider whose registrations fail beyond a number live,
+// as ibv_reg_mr does at the locked-memory limit.
+type memlocked struct {
+	*Loopback
+	max int
+}
+
+func (p memlocked) Register(buf []byte, access Access) (MR, error) {
+	if _, live := p.Registrations(); live >= p.max {
+		return nil, errors.New("ibv_reg_mr: cannot allocate memory")
+	}
+	return p.Loopback.Register(buf, access)
+}
+
+// TestTargetShedsAtTheLimit: a registration refused (the locked-memory
+// limit) lets the idle cached ones go and is tried once more, rather than
+// failing every new read while idle registrations hold the memory.
+func TestTargetShedsAtTheLimit(t *testing.T) {
+	f := NewFabric()
+	hp := f.Provider("holder")
+	target := NewTarget(memlocked{hp, 2})
+	defer target.Close()
+	c := connectClient(t, f, target, "c")
+	for i := range 5 {
+		mem := bytes.Repeat([]byte{byte(i)}, 8192)
+		addr, rkey, release, err := target.Expose(c.ep, mem, mem)
+		if err != nil {
+			t.Fatalf("allocation %d: %v", i, err)
+		}
+		if got, err := c.read(addr, rkey, len(mem)); err != nil || !bytes.Equal(got, mem) {
+			t.Fatalf("allocation %d: %v", i, err)
+		}
+		release()
+	}
+	if _, live := hp.Registrations(); live > 2 {
+		t.Fatalf("%d registrations live past the limit", live)
+	}
+}
