@@ -71,7 +71,7 @@ func TestL2_Soak(t *testing.T) {
 			blocks[i*4+j] = blk{client.BlockRef{Compat: w.compat, Scope: w.scopeKey.ID(), Key: keys[i*4+j]}, b, d}
 		}
 	}
-	var ops, failures atomic.Int64
+	var ops, failures, quota atomic.Int64
 	var firstErr atomic.Pointer[error]
 	fail := func(err error) {
 		failures.Add(1)
@@ -97,6 +97,14 @@ func TestL2_Soak(t *testing.T) {
 						ls, err = w.src.Lease(ctx, &kvsp.LeaseRequest{ScopeID: w.scopeKey.ID(), CompatID: w.compat, BlockKeys: []kvsp.BlockKey{b.ref.Key}, TTLMs: 1000})
 						if errors.Is(err, kvsp.ErrNotFound) {
 							err = nil // not stored yet
+							break
+						}
+						if errors.Is(err, kvsp.ErrLeaseQuota) {
+							// A quarter of the leases are left to expire:
+							// on a fast machine they pass the client's
+							// quota (256 at once), which then holds.
+							quota.Add(1)
+							err = nil
 							break
 						}
 						if err == nil {
@@ -160,8 +168,8 @@ func TestL2_Soak(t *testing.T) {
 		pprof.WriteHeapProfile(f)
 		f.Close()
 	}
-	t.Logf("%d operations in %v, %d failed; goroutines %d -> %d, open files %d -> %d, heap in use %.1f -> %.1f MiB",
-		n, dur, failures.Load(), g0, g1, f0, f1, float64(h0)/(1<<20), float64(h1)/(1<<20))
+	t.Logf("%d operations in %v, %d failed, %d leases refused by the client's quota; goroutines %d -> %d, open files %d -> %d, heap in use %.1f -> %.1f MiB",
+		n, dur, failures.Load(), quota.Load(), g0, g1, f0, f1, float64(h0)/(1<<20), float64(h1)/(1<<20))
 	if f := failures.Load(); f > 0 {
 		t.Fatalf("%d of %d operations failed, the first: %v", f, n, *firstErr.Load())
 	}
