@@ -969,7 +969,9 @@ type Reshard struct {
 	Abort      uint64         `json:"abort,omitzero"`
 	// ScopeID and CompatID, kvsp extension members of a plan, name the
 	// scope and model of the context's blocks (fetches are block GETs,
-	// A-26).
+	// A-26); ScopeID is also sent with commits and aborts, since a map
+	// identifier names a context within its scope only. Absent, the
+	// instance takes the scope of the map it holds under that identifier.
 	ScopeID  ScopeID  `json:"scope_id,omitzero"`
 	CompatID CompatID `json:"compat_id,omitzero"`
 	// Plan, a kvsp extension member of all three messages, identifies one
@@ -1065,16 +1067,18 @@ func (r *Reshard) MarshalJSONTo(enc *jsontext.Encoder) error {
 			nonNil(r.Retain), nonNil(r.Fetch), nonNil(r.Release), r.ScopeID, r.CompatID, r.Plan, r.Term})
 	case ReshardCommit:
 		return json.MarshalEncode(enc, struct {
-			Map    string `json:"map"`
-			Commit uint64 `json:"commit"`
-			Plan   UUID   `json:"plan,omitzero"`
-		}{r.Map, r.Commit, r.Plan})
+			Map     string  `json:"map"`
+			Commit  uint64  `json:"commit"`
+			ScopeID ScopeID `json:"scope_id,omitzero"`
+			Plan    UUID    `json:"plan,omitzero"`
+		}{r.Map, r.Commit, r.ScopeID, r.Plan})
 	case ReshardAbort:
 		return json.MarshalEncode(enc, struct {
-			Map   string `json:"map"`
-			Abort uint64 `json:"abort"`
-			Plan  UUID   `json:"plan,omitzero"`
-		}{r.Map, r.Abort, r.Plan})
+			Map     string  `json:"map"`
+			Abort   uint64  `json:"abort"`
+			ScopeID ScopeID `json:"scope_id,omitzero"`
+			Plan    UUID    `json:"plan,omitzero"`
+		}{r.Map, r.Abort, r.ScopeID, r.Plan})
 	}
 	return invalidf("reshard: no kind set")
 }

@@ -27,26 +27,29 @@ type PlaceSampler struct {
 const MaxPlaceTokens = 1 << 20
 
 // Validate implements Validator.
-func (q *PlaceRequest) Validate() error {
+func (q *PlaceRequest) Validate() error { return q.validate("place") }
+
+func (q *PlaceRequest) validate(where string) error {
 	switch {
 	case q.ScopeID.IsZero():
-		return invalidf("place: scope_id: required")
+		return invalidf("%s: scope_id: required", where)
 	case q.CompatID.IsZero():
-		return invalidf("place: compat_id: required")
+		return invalidf("%s: compat_id: required", where)
 	case len(q.Tokens) == 0:
-		return invalidf("place: tokens: required, at least one")
+		return invalidf("%s: tokens: required, at least one", where)
 	case len(q.Tokens) > MaxPlaceTokens:
-		return fmt.Errorf("%w: place: tokens: more than %d", ErrTooLarge, MaxPlaceTokens) // 413
+		return fmt.Errorf("%w: %s: tokens: more than %d", ErrTooLarge, where, MaxPlaceTokens) // 413
 	case q.MaxTokens == 0 || q.MaxTokens > MaxJSONInt:
-		return invalidf("place: max_tokens: required, 1..2^53-1")
+		return invalidf("%s: max_tokens: required, 1..2^53-1", where)
 	case q.Session != nil && q.Session.IsZero():
-		return invalidf("place: session: the nil UUID")
-	case q.Sampler != nil && q.Sampler.Method == "":
-		return invalidf("place: sampler.method: required")
-	case q.Sampler != nil && q.Sampler.Seed > MaxJSONInt:
-		// the seed travels on in checkpoints, which refuse it; a
-		// session accepted with it could never checkpoint (found by L2).
-		return invalidf("place: sampler.seed: 0..2^53-1")
+		return invalidf("%s: session: the nil UUID", where)
+	}
+	if s := q.Sampler; s != nil {
+		// B10: a sampler out of range is refused here, before anything is
+		// placed or started (a top-p with p <= 0 made the engine panic);
+		// the seed travels on in checkpoints, which refuse one above
+		// 2^53-1 (found by L2).
+		return ValidateSampler(where+": sampler", s.Method, s.Params, s.Seed)
 	}
 	return nil
 }
@@ -107,7 +110,7 @@ func (q *GenerateRequest) Validate() error {
 		return fmt.Errorf("%w: generate: max_tokens: at most %d", ErrTooLarge, MaxGenerateTokens)
 	}
 	p := PlaceRequest{ScopeID: q.ScopeID, CompatID: q.CompatID, Tokens: q.Tokens, MaxTokens: q.MaxTokens, Sampler: q.Sampler}
-	return p.Validate()
+	return p.validate("generate")
 }
 
 // GeneratedToken is one line of a token stream; the last line has Done

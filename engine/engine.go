@@ -105,8 +105,8 @@ type Token struct {
 
 // Sampler methods.
 const (
-	Greedy = "greedy"
-	TopP   = "top-p"
+	Greedy = kvsp.SamplerGreedy
+	TopP   = kvsp.SamplerTopP
 )
 
 // KV is an engine's KV memory, addressed by Block Key and layer.

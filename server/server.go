@@ -184,6 +184,10 @@ func (s *Server) Mount(base string) *Router {
 	return &Router{s: s, base: base}
 }
 
+// Policy returns the server's policy store: a role that decides what to
+// send to whom (the PC placing a scope's requests) reads it there.
+func (r *Router) Policy() *PolicyStore { return r.s.policy }
+
 // Handle adds a route: method and a path relative to the base, with
 // ServeMux wildcards ("replicas/{holder}/{key}"). Other methods on the same
 // path get 405 with Allow (R-HTTP-1).

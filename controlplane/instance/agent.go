@@ -86,10 +86,10 @@ type Agent struct {
 	mu         sync.Mutex
 	state      kvsp.InstanceState
 	directives map[kvsp.UUID]*directive
-	resumes    map[kvsp.UUID]*resumed
-	shards     map[string]*shard // by map identifier
-	running    int               // generations in progress
-	closed     bool              // Close was called: it serves nothing more
+	resumes    map[sessionKey]*resumed
+	shards     map[shardKey]*shard
+	running    int  // generations in progress
+	closed     bool // Close was called: it serves nothing more
 	stop       context.CancelFunc
 	stopCtx    context.Context
 }
@@ -128,7 +128,7 @@ func New(cfg Config) (*Agent, error) {
 	}
 	a := &Agent{cfg: cfg, compat: compat, g: cfg.Engine.Geometry(), keys: map[kvsp.ScopeID]kvsp.ScopeKey{},
 		epoch: epoch, log: cfg.Logger, m: newMetrics(cfg.Registerer),
-		work: make(chan struct{}, cfg.Workers), offloads: make(chan struct{}, maxOffloads), state: kvsp.StateActive, directives: map[kvsp.UUID]*directive{}, resumes: map[kvsp.UUID]*resumed{}, shards: map[string]*shard{}}
+		work: make(chan struct{}, cfg.Workers), offloads: make(chan struct{}, maxOffloads), state: kvsp.StateActive, directives: map[kvsp.UUID]*directive{}, resumes: map[sessionKey]*resumed{}, shards: map[shardKey]*shard{}}
 	a.stopCtx, a.stop = context.WithCancel(context.Background())
 	a.ctl = cfg.Client.Controller(cfg.Controller, cfg.Controllers...)
 	for _, k := range cfg.Scopes {
@@ -283,7 +283,10 @@ var ErrPendingQuota = fmt.Errorf("%w: too many prefetch directives pending", kvs
 // that id is 409. A draining or sleeping instance refuses (409
 // kvsp-invalid-state, R-ST-14, A-36).
 func (a *Agent) Prefetch(d *kvsp.PrefetchDirective, body []byte) error {
-	if d.ScopeID.IsZero() || d.CompatID != a.compat {
+	if _, ok := a.keys[d.ScopeID]; !ok { // R-PF-16: before any lease, GET or lookup
+		return fmt.Errorf("%w: this instance holds no key for the directive's scope", kvsp.ErrScopeDenied)
+	}
+	if d.CompatID != a.compat {
 		return fmt.Errorf("%w: this instance serves compat_id %s", kvsp.ErrIncompatible, a.compat)
 	}
 	received := time.Now()
@@ -322,14 +325,16 @@ func (a *Agent) Prefetch(d *kvsp.PrefetchDirective, body []byte) error {
 }
 
 // awaitPrefetch waits until the prefetch directives sent for a request
-// (request_ref: its session) have finished, within their own deadlines,
-// so the request's prefill finds what they loaded.
-func (a *Agent) awaitPrefetch(ctx context.Context, session kvsp.UUID) {
+// (request_ref: its session; of its scope) have finished, within their
+// own deadlines, so the request's prefill finds what they loaded.
+// Another scope's directives are never waited for (S11: no timing tells
+// a session id of another scope).
+func (a *Agent) awaitPrefetch(ctx context.Context, scope kvsp.ScopeID, session kvsp.UUID) {
 	ref := session.String()
 	a.mu.Lock()
 	var waits []chan struct{}
 	for _, x := range a.directives {
-		if x.d.RequestRef == ref && x.done != nil {
+		if x.d.RequestRef == ref && x.d.ScopeID == scope && x.done != nil {
 			waits = append(waits, x.done)
 		}
 	}
@@ -343,15 +348,16 @@ func (a *Agent) awaitPrefetch(ctx context.Context, session kvsp.UUID) {
 	}
 }
 
-// PrefetchStatus reads a directive's state.
-func (a *Agent) PrefetchStatus(id kvsp.UUID) (kvsp.PrefetchStatus, bool) {
+// prefetchStatus reads a directive's state and scope: its status
+// goes only to a caller authorized for that scope.
+func (a *Agent) prefetchStatus(id kvsp.UUID) (kvsp.PrefetchStatus, kvsp.ScopeID, bool) {
 	a.mu.Lock()
 	x := a.directives[id]
 	a.mu.Unlock()
 	if x == nil {
-		return kvsp.PrefetchStatus{}, false
+		return kvsp.PrefetchStatus{}, kvsp.ScopeID{}, false
 	}
-	return x.status(), true
+	return x.status(), x.d.ScopeID, true
 }
 
 // run loads a directive's blocks, up to Workers at once, started in

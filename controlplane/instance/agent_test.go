@@ -54,6 +54,7 @@ type rig struct {
 	g        container.Geometry
 	compat   kvsp.CompatID
 	scopeKey kvsp.ScopeKey
+	scopeB   kvsp.ScopeKey    // with rigOptions.scopeB
 	pc       *client.Instance // the PC's identity, to the agent
 	front    *client.Client   // a front end
 	src      *client.Holder   // h1, as a client that fills it
@@ -90,6 +91,26 @@ type rigOptions struct {
 	holderReg prometheus.Registerer
 	// sessionRetention is the PC's SessionRetention (default its own).
 	sessionRetention time.Duration
+	// scopeB adds a second scope (key 0x20..0x3f), which the PC, the
+	// agent and h1 serve too: clientB may use it only, ClientA and pcA
+	// (a controller) scope A only.
+	scopeB bool
+}
+
+// Identities of the rig's second scope (rigOptions.scopeB).
+const (
+	clientB = "spiffe://kvsp.test/client/b"
+	pcA     = "spiffe://kvsp.test/pc/a"
+)
+
+// scopeBKey is the second scope's key.
+func scopeBKey() kvsp.ScopeKey {
+	key := make([]byte, 32)
+	for i := range key {
+		key[i] = byte(0x20 + i)
+	}
+	k, _ := kvsp.NewScopeKey(key)
+	return k
 }
 
 func newRig(t testing.TB, o rigOptions) *rig {
@@ -122,12 +143,22 @@ func newRig(t testing.TB, o rigOptions) *rig {
 	}
 	w.isURL = isURL
 	// Identities whose speaks_for carry the server's port.
+	scopes := kvsptest.Scope
+	if o.scopeB {
+		w.scopeB = scopeBKey()
+		scopes += ", " + w.scopeB.ID().String()
+	}
 	pol := `principals:
-  - {id: "` + kvsptest.PC + `", roles: [controller], scopes: [` + kvsptest.Scope + `]}
-  - {id: "` + kvsptest.Holder1 + `", roles: [holder], speaks_for: ["` + w.url("/h1/") + `", "` + w.url("/hi/") + `", "` + w.url("/bad/") + `"], scopes: [` + kvsptest.Scope + `]}
+  - {id: "` + kvsptest.PC + `", roles: [controller], scopes: [` + scopes + `]}
+  - {id: "` + kvsptest.Holder1 + `", roles: [holder], speaks_for: ["` + w.url("/h1/") + `", "` + w.url("/hi/") + `", "` + w.url("/bad/") + `"], scopes: [` + scopes + `]}
   - {id: "` + kvsptest.ClientA + `", roles: [client], scopes: [` + kvsptest.Scope + `]}
-  - {id: "` + agentID + `", roles: [instance, client], speaks_for: ["` + w.url("/ii1/") + `", "` + w.url("/ii2/") + `"], scopes: [` + kvsptest.Scope + `]}
+  - {id: "` + agentID + `", roles: [instance, client], speaks_for: ["` + w.url("/ii1/") + `", "` + w.url("/ii2/") + `"], scopes: [` + scopes + `]}
 `
+	if o.scopeB {
+		pol += `  - {id: "` + clientB + `", roles: [client], scopes: [` + w.scopeB.ID().String() + `]}
+  - {id: "` + pcA + `", roles: [controller], scopes: [` + kvsptest.Scope + `]}
+`
+	}
 	os.WriteFile(p.Path("policy.yaml"), []byte(pol), 0o644)
 	if err := w.srv.Policy.Reload(); err != nil {
 		t.Fatal(err)
@@ -185,7 +216,11 @@ func newRig(t testing.TB, o rigOptions) *rig {
 		key[i] = byte(i)
 	}
 	w.scopeKey, _ = kvsp.NewScopeKey(key)
-	w.ctl, _ = placement.New(placement.Config{Scopes: []kvsp.ScopeKey{w.scopeKey}, BlockTokens: map[kvsp.CompatID]int{w.compat: 16},
+	keys := []kvsp.ScopeKey{w.scopeKey}
+	if o.scopeB {
+		keys = append(keys, w.scopeB)
+	}
+	w.ctl, _ = placement.New(placement.Config{Scopes: keys, BlockTokens: map[kvsp.CompatID]int{w.compat: 16},
 		Index: mk(kvsptest.PC).Index(isURL), Instances: placement.ClientInstances{C: mk(kvsptest.PC)}, Logger: o.ctlLog, Registerer: o.ctlReg,
 		SessionRetention: o.sessionRetention})
 	w.ctl.Mount(w.srv.Server.Mount("/pc/"))
@@ -194,7 +229,7 @@ func newRig(t testing.TB, o rigOptions) *rig {
 		own = ""
 	}
 	icfg := instance.Config{Base: w.url("/ii1/"), Engine: w.eng, Client: mk(agentID), Index: isURL, Holder: own,
-		Controller: w.url("/pc/"), StatusTTL: 300 * time.Millisecond, Scopes: []kvsp.ScopeKey{w.scopeKey}, Workers: 4, MaxPending: 4,
+		Controller: w.url("/pc/"), StatusTTL: 300 * time.Millisecond, Scopes: keys, Workers: 4, MaxPending: 4,
 		Links: []kvsp.Link{{Holder: w.url("/h1/"), MbitPerS: 100000, RTTUs: 20}}, Registerer: w.reg}
 	if o.rdma != nil {
 		icfg.RDMA = o.rdma
@@ -754,7 +789,7 @@ func TestStatusPlaceGenerate(t *testing.T) {
 	}
 	w.waitPublished(t, allKeys[3:], w.url("/hi/"))
 	// R-SES-1/3: the PC holds the final checkpoint of the session.
-	s, _ := w.ctl.Session(pl.Session)
+	s, _ := w.ctl.Session(w.scopeKey.ID(), pl.Session)
 	if cp := s.Checkpoint; cp == nil || cp.OutputOffset != 600 || len(cp.Generated) != 600 || cp.Generated[599] != want[599] ||
 		len(cp.PromptBlocks) != 3 || len(cp.PromptTail) != 3 || !cp.Sampler.Deterministic || cp.Sampler.Step != 600 {
 		t.Fatalf("checkpoint at the PC: %+v", cp)
@@ -776,7 +811,7 @@ func TestGenerateTopPReleasesAfterAck(t *testing.T) {
 	n := 0
 	err = w.front.Instance(pl.Instance).Generate(context.Background(), &kvsp.GenerateRequest{Session: pl.Session, Epoch: pl.Epoch, ScopeID: w.scopeKey.ID(),
 		CompatID: w.compat, Tokens: tokens, MaxTokens: 100, Sampler: sampler}, func(tok kvsp.GeneratedToken) error {
-		s, _ := w.ctl.Session(pl.Session)
+		s, _ := w.ctl.Session(w.scopeKey.ID(), pl.Session)
 		if s.Checkpoint == nil || tok.Index >= s.Checkpoint.OutputOffset {
 			t.Errorf("token %d released before a checkpoint covered it", tok.Index)
 		}
@@ -789,7 +824,7 @@ func TestGenerateTopPReleasesAfterAck(t *testing.T) {
 	if err != nil || n != 100 {
 		t.Fatalf("%d tokens, %v", n, err)
 	}
-	if s, _ := w.ctl.Session(pl.Session); s.Checkpoint.Sampler.Deterministic || s.Checkpoint.Sampler.Seed != 3 || s.Checkpoint.Sampler.Method != "top-p" {
+	if s, _ := w.ctl.Session(w.scopeKey.ID(), pl.Session); s.Checkpoint.Sampler.Deterministic || s.Checkpoint.Sampler.Seed != 3 || s.Checkpoint.Sampler.Method != "top-p" {
 		t.Fatalf("sampler in the checkpoint: %+v", s.Checkpoint.Sampler)
 	}
 }
@@ -893,7 +928,7 @@ func sessionSurvives(t *testing.T, sampler *kvsp.PlaceSampler) {
 	if !equal(got, want) {
 		t.Fatalf("delivered %d tokens; differs from the uninterrupted run", len(got))
 	}
-	s, _ := w.ctl.Session(session)
+	s, _ := w.ctl.Session(w.scopeKey.ID(), session)
 	if s.Epoch != 2 || s.Instance != w.url("/ii2/") || s.Checkpoint == nil || s.Checkpoint.OutputOffset != n || s.Checkpoint.Epoch != 2 ||
 		s.Checkpoint.Sampler.Deterministic != (sampler == nil) {
 		t.Fatalf("session at the PC: epoch %d on %s, checkpoint %+v", s.Epoch, s.Instance, s.Checkpoint)

@@ -51,6 +51,11 @@ func (a *Agent) postPrefetch(w http.ResponseWriter, r *http.Request) error {
 	if err := kvsp.Decode(body, &d); err != nil {
 		return err
 	}
+	// R-PF-16: the caller must be authorized for the directive's scope,
+	// before any lease, GET or lookup (and before its id is looked at).
+	if !server.PrincipalFrom(r.Context()).MayUseScope(d.ScopeID) {
+		return fmt.Errorf("%w: prefetch", kvsp.ErrScopeDenied)
+	}
 	if err := a.Prefetch(&d, body); err != nil {
 		return err
 	}
@@ -65,8 +70,8 @@ func (a *Agent) getPrefetch(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return fmt.Errorf("%w: directive id", kvsp.ErrInvalid)
 	}
-	st, ok := a.PrefetchStatus(id)
-	if !ok {
+	st, scope, ok := a.prefetchStatus(id)
+	if !ok || !server.PrincipalFrom(r.Context()).MayUseScope(scope) { // another scope's: as an unknown one (S11)
 		return fmt.Errorf("%w: directive", kvsp.ErrNotFound)
 	}
 	return server.WriteJSON(w, http.StatusOK, &st)
@@ -104,7 +109,12 @@ func (a *Agent) generate(w http.ResponseWriter, r *http.Request) error {
 	if q.CompatID != a.compat {
 		return fmt.Errorf("%w: this instance serves compat_id %s", kvsp.ErrIncompatible, a.compat)
 	}
-	x, err := a.resumeOf(r.Context(), &q)
+	bt := int(a.g.BlockTokens)
+	keys, err := kvsp.BlockKeys(key, q.CompatID, bt, q.Tokens)
+	if err != nil {
+		return err
+	}
+	x, err := a.resumeOf(r.Context(), &q, keys, q.Tokens[len(keys)*bt:])
 	if err != nil {
 		return err
 	}
@@ -126,13 +136,9 @@ func (a *Agent) generate(w http.ResponseWriter, r *http.Request) error {
 		a.mu.Unlock()
 		a.settle()
 	}()
-	keys, err := kvsp.BlockKeys(key, q.CompatID, int(a.g.BlockTokens), q.Tokens)
-	if err != nil {
-		return err
-	}
 	// The blocks the PC's directive for this request is loading are
 	// worth waiting for: the directive's deadline bounds the wait (R-PF-*).
-	a.awaitPrefetch(r.Context(), q.Session)
+	a.awaitPrefetch(r.Context(), q.ScopeID, q.Session)
 	req := engine.Request{Tokens: q.Tokens, Keys: keys, MaxTokens: int(q.MaxTokens), Sampler: engine.Sampler{Method: engine.Greedy}}
 	var prefill atomic.Pointer[kvsp.PrefillInfo] // for the first line sent
 	req.OnPrefill = func(st engine.PrefillStats) {
@@ -147,9 +153,6 @@ func (a *Agent) generate(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	if x != nil { // a resumed session continues from its checkpoint (R-SES-12..14)
-		if len(x.cp.PromptBlocks) != len(keys) || (len(keys) > 0 && x.cp.PromptBlocks[len(keys)-1] != keys[len(keys)-1]) {
-			return fmt.Errorf("%w: the prompt is not the checkpoint's", kvsp.ErrConflict)
-		}
 		req.Generated = x.cp.Generated
 	}
 	// The chain past the prompt: blocks of generated tokens get keys, and
@@ -203,5 +206,15 @@ func (a *Agent) generate(w http.ResponseWriter, r *http.Request) error {
 		a.log.Warn("generation stopped", "session", q.Session.String(), "err", err)
 		return nil
 	}
-	return line(kvsp.GeneratedToken{Index: q.MaxTokens, Epoch: q.Epoch, Done: true})
+	if err := line(kvsp.GeneratedToken{Index: q.MaxTokens, Epoch: q.Epoch, Done: true}); err != nil {
+		return nil // the status is sent
+	}
+	if x != nil { // delivered whole: the resume is spent (a cut stream comes back for it)
+		a.mu.Lock()
+		if k := (sessionKey{q.ScopeID, q.Session}); a.resumes[k] == x {
+			delete(a.resumes, k)
+		}
+		a.mu.Unlock()
+	}
+	return nil
 }

@@ -49,15 +49,64 @@ func release(kv engine.KV, key kvsp.BlockKey, cached bool) {
 // deadline rather than a hang).
 const reshardMargin = 10 // percent
 
-func (a *Agent) shardOf(m string) *shard {
+// shardKey names a map at the instance: its identifier within its scope
+// (RELIABILITY S11: a plan, commit or abort of one scope never reaches
+// another scope's map of the same identifier, nor tells it exists).
+type shardKey struct {
+	scope kvsp.ScopeID
+	m     string
+}
+
+func (a *Agent) shardOf(scope kvsp.ScopeID, m string) *shard {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	s := a.shards[m]
+	k := shardKey{scope, m}
+	s := a.shards[k]
 	if s == nil {
-		s = &shard{owned: map[uint64]kvsp.BlockKey{}, cached: map[kvsp.BlockKey]bool{}}
-		a.shards[m] = s
+		s = &shard{scope: scope, owned: map[uint64]kvsp.BlockKey{}, cached: map[kvsp.BlockKey]bool{}}
+		a.shards[k] = s
 	}
 	return s
+}
+
+// shardFor finds the map a reshard message is for, the caller authorized
+// (may) for its scope before anything is looked at. A message naming its
+// scope_id (kvsp's PC sends it with every message) gets that scope's map,
+// 403 kvsp-scope-denied if the caller or this instance is not authorized
+// for it. A message without one (the spec's form) gets the map of that
+// identifier in a scope the caller may use; a first plan for a map held
+// nowhere gets the instance's scope when it serves one only. Maps of
+// scopes the caller may not use are never considered.
+func (a *Agent) shardFor(r *kvsp.Reshard, may func(kvsp.ScopeID) bool) (*shard, error) {
+	if !r.ScopeID.IsZero() {
+		if _, ok := a.keys[r.ScopeID]; !ok || !may(r.ScopeID) {
+			return nil, fmt.Errorf("%w: reshard", kvsp.ErrScopeDenied)
+		}
+		return a.shardOf(r.ScopeID, r.Map), nil
+	}
+	a.mu.Lock()
+	var found []kvsp.ScopeID
+	for k, s := range a.shards {
+		if k.m == r.Map && (k.scope.IsZero() || may(k.scope)) && (len(s.owned) > 0 || s.pending != nil || s.version > 0) {
+			found = append(found, k.scope)
+		}
+	}
+	a.mu.Unlock()
+	switch {
+	case len(found) == 1:
+		return a.shardOf(found[0], r.Map), nil
+	case len(found) > 1:
+		return nil, fmt.Errorf("%w: reshard: scope_id: this map identifier is held in several scopes; name the scope", kvsp.ErrInvalid)
+	}
+	var scope kvsp.ScopeID
+	if len(a.keys) == 1 {
+		for id := range a.keys {
+			if may(id) {
+				scope = id
+			}
+		}
+	}
+	return a.shardOf(scope, r.Map), nil
 }
 
 // Reshard handles one message of the resharding procedure: a plan is
@@ -67,8 +116,28 @@ func (a *Agent) shardOf(m string) *shard {
 // R-RSH-12, A-26). A message that does not match the map's version is
 // 409 kvsp-plan-conflict (R-RSH-13, R-RSH-14).
 func (a *Agent) Reshard(ctx context.Context, r *kvsp.Reshard) (*kvsp.ReshardAck, error) {
+	return a.reshard(ctx, r, func(kvsp.ScopeID) bool { return true })
+}
+
+// reshard is Reshard for a caller authorized (may) for some scopes.
+func (a *Agent) reshard(ctx context.Context, r *kvsp.Reshard, may func(kvsp.ScopeID) bool) (*kvsp.ReshardAck, error) {
 	received := time.Now()
-	s := a.shardOf(r.Map)
+	s, err := a.shardFor(r, may)
+	if err != nil {
+		return nil, err
+	}
+	if r.Kind == kvsp.ReshardPlan {
+		// The spec's plan has neither member: the model is the instance's
+		// own, the scope the map's (shardFor).
+		x := *r
+		if x.CompatID.IsZero() {
+			x.CompatID = a.compat
+		}
+		if x.ScopeID.IsZero() {
+			x.ScopeID = s.scope
+		}
+		r = &x
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	ack := func(moved uint64) *kvsp.ReshardAck {
@@ -134,9 +203,6 @@ func (a *Agent) Reshard(ctx context.Context, r *kvsp.Reshard) (*kvsp.ReshardAck,
 		return nil, err
 	}
 	s.planned = max(s.planned, r.To)
-	if !r.ScopeID.IsZero() {
-		s.scope = r.ScopeID
-	}
 	deadline := received.Add(time.Duration(r.DeadlineMs) * time.Millisecond * (100 - reshardMargin) / 100)
 	fctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
@@ -167,14 +233,6 @@ func (a *Agent) checkPlan(s *shard, r *kvsp.Reshard) error {
 	if r.CompatID != a.compat {
 		return fmt.Errorf("%w: this instance serves compat_id %s", kvsp.ErrIncompatible, a.compat)
 	}
-	if !r.ScopeID.IsZero() {
-		if _, ok := a.keys[r.ScopeID]; !ok {
-			return fmt.Errorf("%w: this instance holds no key for the plan's scope", kvsp.ErrScopeDenied)
-		}
-		if len(s.owned) > 0 && r.ScopeID != s.scope {
-			return kvsp.NewProblem(kvsp.ErrPlanConflict, "the plan's scope is not the map's")
-		}
-	}
 	b := a.blockTokens()
 	seen := map[uint64]bool{}
 	for _, set := range [][]kvsp.TokenRange{r.Retain, r.Release} {
@@ -190,9 +248,16 @@ func (a *Agent) checkPlan(s *shard, r *kvsp.Reshard) error {
 	if len(seen) != len(s.owned) {
 		return kvsp.NewProblem(kvsp.ErrPlanConflict, "the plan neither retains nor releases some tokens this instance holds").With("version", s.version)
 	}
-	for _, f := range r.Fetch {
-		if f.BlockKeys == nil || r.ScopeID.IsZero() {
-			return fmt.Errorf("%w: reshard plan: fetch needs the scope_id and block_keys members", kvsp.ErrInvalid)
+	// A range to fetch is named by Block Keys, which the instance cannot
+	// compute without the tokens: kvsp's extension members carry them.
+	// Without them the plan cannot be carried out: 400 at once, well
+	// before its deadline.
+	for i, f := range r.Fetch {
+		switch {
+		case f.BlockKeys == nil:
+			return fmt.Errorf("%w: reshard plan: fetch[%d].block_keys: required to fetch a range (a kvsp extension member: the Block Keys of its blocks)", kvsp.ErrInvalid, i)
+		case r.ScopeID.IsZero():
+			return fmt.Errorf("%w: reshard plan: scope_id: required to fetch a range (this instance holds no map of that identifier and serves more than one scope)", kvsp.ErrInvalid)
 		}
 	}
 	return nil
@@ -279,8 +344,8 @@ func (a *Agent) discard(s *shard) {
 
 // ShardPlanOpen reports a plan for map m that this instance acknowledged
 // and has not seen committed or aborted yet (its fetched blocks pinned).
-func (a *Agent) ShardPlanOpen(m string) bool {
-	s := a.shardOf(m)
+func (a *Agent) ShardPlanOpen(scope kvsp.ScopeID, m string) bool {
+	s := a.shardOf(scope, m)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.pending != nil
@@ -288,8 +353,8 @@ func (a *Agent) ShardPlanOpen(m string) bool {
 
 // ShardRanges returns the token ranges this instance holds of a map at its
 // current version, in order, merged.
-func (a *Agent) ShardRanges(m string) (version uint64, ranges []kvsp.TokenRange) {
-	s := a.shardOf(m)
+func (a *Agent) ShardRanges(scope kvsp.ScopeID, m string) (version uint64, ranges []kvsp.TokenRange) {
+	s := a.shardOf(scope, m)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	b := a.blockTokens()
@@ -313,7 +378,7 @@ func (a *Agent) postReshard(w http.ResponseWriter, r *http.Request) error {
 	if err := server.DecodeJSON(r, &q); err != nil {
 		return err
 	}
-	ack, err := a.Reshard(r.Context(), &q)
+	ack, err := a.reshard(r.Context(), &q, server.PrincipalFrom(r.Context()).MayUseScope)
 	if err != nil {
 		return err
 	}

@@ -123,7 +123,7 @@ func newGroupWith(t *testing.T, store placement.Store) *group {
   - {id: "` + kvsptest.PC + `", roles: [controller], scopes: [` + kvsptest.Scope + `]}
   - {id: "` + kvsptest.Holder1 + `", roles: [holder], speaks_for: ["` + u("/h1/") + `", "` + u("/ha/") + `", "` + u("/hb/") + `", "` + u("/hc/") + `"], scopes: [` + kvsptest.Scope + `]}
   - {id: "` + kvsptest.ClientA + `", roles: [client], scopes: [` + kvsptest.Scope + `]}
-  - {id: "` + agentID + `", roles: [instance, client], speaks_for: ["` + u("/ii1/") + `", "` + u("/ii2/") + `", "` + u("/ii3/") + `"], scopes: [` + kvsptest.Scope + `]}
+  - {id: "` + agentID + `", roles: [instance, client], speaks_for: ["` + u("/ii1/") + `", "` + u("/ii2/") + `", "` + u("/ii3/") + `", "` + u("/stuck/") + `", "` + u("/flaky/") + `"], scopes: [` + kvsptest.Scope + `]}
 `
 	os.WriteFile(p.Path("policy.yaml"), []byte(pol), 0o644)
 	if err := w.srv.Policy.Reload(); err != nil {
@@ -176,6 +176,15 @@ func newGroupWith(t *testing.T, store placement.Store) *group {
 		wg.Go(func() { a.Run(ctx) })
 	}
 	w.g = mustGeometry(t)
+	// The stand-in members report too: the PC sends a scope's plans only
+	// to instances whose identity may use the scope (S12).
+	for base, holder := range map[string]string{u("/stuck/"): "", u("/flaky/"): u("/hc/")} {
+		st := &kvsp.InstanceStatus{Instance: base, Epoch: 1, State: kvsp.StateActive, BatchSize: 1, Links: []kvsp.Link{}, TTLMs: 3_600_000,
+			CompatID: w.compat, Holder: holder}
+		if _, err := ac.Controller(u("/pc/")).PutStatus(context.Background(), st); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for base := range w.agents { // the PC learns each instance's holder from its status
 		deadline := time.Now().Add(5 * time.Second)
 		for s, ok := w.pc.Registry().Get(base); !ok || s.Status.Holder == ""; s, ok = w.pc.Registry().Get(base) {
@@ -212,7 +221,7 @@ func (w *group) fill(t *testing.T, tokens []uint32, n int) {
 }
 
 func (w *group) ranges(base string) (uint64, []kvsp.TokenRange) {
-	return w.agents[w.url(base)].ShardRanges("c3f8e1")
+	return w.agents[w.url(base)].ShardRanges(w.scope.ID(), "c3f8e1")
 }
 
 // TestReshardRetainsInPlace: a context of 8 blocks goes from no map to
@@ -284,7 +293,7 @@ func TestReshardRetainsInPlace(t *testing.T) {
 	if u := w.engs[w.url("/ii1/")].Stats().KVUtilization; u >= utilBefore {
 		t.Fatalf("kv_utilization %v after releasing half, was %v", u, utilBefore)
 	}
-	if m, _ := w.pc.ShardMap("c3f8e1"); !reflect.DeepEqual(m, v2) {
+	if m, _ := w.pc.ShardMap(w.scope.ID(), "c3f8e1"); !reflect.DeepEqual(m, v2) {
 		t.Fatalf("the PC's map %+v", m)
 	}
 	// Commit again: idempotent (A-26). A plan from another version than
@@ -348,7 +357,7 @@ func TestF12_ReshardDeadlineAbort(t *testing.T) {
 	if !reflect.DeepEqual(aborts, []uint64{2}) {
 		t.Fatalf("the stuck member received aborts %v", aborts)
 	}
-	if m, _ := w.pc.ShardMap("c3f8e1"); !reflect.DeepEqual(m, v1) {
+	if m, _ := w.pc.ShardMap(w.scope.ID(), "c3f8e1"); !reflect.DeepEqual(m, v1) {
 		t.Fatalf("the PC's map after abort %+v, want v1", m)
 	}
 	for base, want := range map[string][]kvsp.TokenRange{"/ii1/": {{0, 64}}, "/ii2/": {{64, 128}}, "/ii3/": nil} {
@@ -468,14 +477,14 @@ func TestReshardLostCommitIsResent(t *testing.T) {
 	if _, err := w.pc.Reshard(ctx, &placement.ReshardRequest{Next: v1, ScopeID: w.scope.ID(), CompatID: w.compat, Tokens: tokens, Deadline: 5 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
-	if v, _ := w.agents[w.url("/ii3/")].ShardRanges("c3f8e1"); v != 0 {
+	if v, _ := w.agents[w.url("/ii3/")].ShardRanges(w.scope.ID(), "c3f8e1"); v != 0 {
 		t.Fatalf("the flaky member is at v%d: its commit should have been lost", v)
 	}
 	v2 := w.shardMap(2, 0, 64, "/ii1/", 64, 96, "/flaky/", 96, 128, "/ii2/")
 	if _, err := w.pc.Reshard(ctx, &placement.ReshardRequest{Next: v2, ScopeID: w.scope.ID(), CompatID: w.compat, Deadline: 5 * time.Second}); err != nil {
 		t.Fatalf("the reshard after a lost commit: %v", err)
 	}
-	if v, r := w.agents[w.url("/ii3/")].ShardRanges("c3f8e1"); v != 2 || !reflect.DeepEqual(r, []kvsp.TokenRange{{64, 96}}) {
+	if v, r := w.agents[w.url("/ii3/")].ShardRanges(w.scope.ID(), "c3f8e1"); v != 2 || !reflect.DeepEqual(r, []kvsp.TokenRange{{64, 96}}) {
 		t.Fatalf("the flaky member at v%d holds %v", v, r)
 	}
 }
@@ -505,7 +514,7 @@ func TestReshardSharedBlocksStay(t *testing.T) {
 			t.Fatalf("block %d of mapB left ii1 when mapA moved away", i)
 		}
 	}
-	if v, r := w.agents[w.url("/ii1/")].ShardRanges("mapB"); v != 1 || !reflect.DeepEqual(r, []kvsp.TokenRange{{0, 64}}) {
+	if v, r := w.agents[w.url("/ii1/")].ShardRanges(w.scope.ID(), "mapB"); v != 1 || !reflect.DeepEqual(r, []kvsp.TokenRange{{0, 64}}) {
 		t.Fatalf("mapB at ii1: v%d %v", v, r)
 	}
 }
@@ -565,7 +574,7 @@ func TestF12_ReshardPCCrash(t *testing.T) {
 			if point == "pc/reshard-recorded" {
 				want, wantRanges = 2, map[string][]kvsp.TokenRange{"/ii1/": {{32, 64}}, "/ii2/": {{64, 128}}, "/ii3/": {{0, 32}}}
 			}
-			if m, _ := pc2.ShardMap("c3f8e1"); m.Version != want {
+			if m, _ := pc2.ShardMap(w.scope.ID(), "c3f8e1"); m.Version != want {
 				t.Fatalf("the restarted PC's map: version %d, want %d", m.Version, want)
 			}
 			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {

@@ -4,11 +4,20 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/server"
 )
+
+// sessionKey names a session at the instance: its id within its scope.
+// A request of one scope never finds another scope's session, whatever
+// id it names: it is answered as for an id nobody uses (RELIABILITY S11).
+type sessionKey struct {
+	scope kvsp.ScopeID
+	id    kvsp.UUID
+}
 
 // resumed is a session this instance was asked to resume: its
 // checkpoint and new epoch, and the loading of its prompt's blocks.
@@ -25,25 +34,32 @@ type resumed struct {
 // from the checkpoint (R-SES-11..14).
 func (a *Agent) Resume(r *kvsp.ResumeRequest) error {
 	cp := &r.Checkpoint
+	if _, ok := a.keys[cp.ScopeID]; !ok {
+		return fmt.Errorf("%w: this instance holds no key for the checkpoint's scope", kvsp.ErrScopeDenied)
+	}
 	if cp.CompatID != a.compat {
 		return fmt.Errorf("%w: this instance serves compat_id %s", kvsp.ErrIncompatible, a.compat) // R-SES-19
 	}
 	if err := cp.ValidateFor(int(a.g.BlockTokens)); err != nil {
 		return err
 	}
+	if err := kvsp.ValidateSampler("resume: checkpoint.sampler", cp.Sampler.Method, cp.Sampler.Params, cp.Sampler.Seed); err != nil {
+		return err // B10: what generation would run with
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.state != kvsp.StateActive {
 		return fmt.Errorf("%w: the instance is %s", kvsp.ErrInvalidState, a.state)
 	}
-	if old := a.resumes[cp.Session]; old != nil && old.epoch >= r.Epoch {
+	k := sessionKey{cp.ScopeID, cp.Session}
+	if old := a.resumes[k]; old != nil && old.epoch >= r.Epoch {
 		if old.epoch == r.Epoch {
 			return nil // the same resume again
 		}
 		return kvsp.NewProblem(kvsp.ErrStaleEpoch, "a newer epoch of this session is here").With("epoch", old.epoch)
 	}
 	x := &resumed{epoch: r.Epoch, cp: *cp, ready: make(chan struct{})}
-	a.resumes[cp.Session] = x
+	a.resumes[k] = x
 	go func() {
 		defer close(x.ready)
 		a.loadPrompt(x)
@@ -90,14 +106,29 @@ func (a *Agent) loadPrompt(x *resumed) {
 	}
 }
 
-// resumeOf returns the resumed session for a generate request of that
-// session and epoch, once its blocks are loaded.
-func (a *Agent) resumeOf(ctx context.Context, q *kvsp.GenerateRequest) (*resumed, error) {
+// resumeOf returns the resumed session a generate request continues, once
+// its blocks are loaded: nil for a new session (epoch 1, and none resumed
+// here). A session is found by its id within the request's scope only,
+// so another scope's session is answered exactly as an id nobody uses
+// (RELIABILITY S11): an epoch above 1 that this instance was not asked to
+// resume is 404, a lower one than it was is 409 kvsp-stale-epoch. The
+// prompt must be the checkpoint's, blocks and tail (409 otherwise).
+// Nothing is streamed before these checks.
+func (a *Agent) resumeOf(ctx context.Context, q *kvsp.GenerateRequest, keys []kvsp.BlockKey, tail []uint32) (*resumed, error) {
 	a.mu.Lock()
-	x := a.resumes[q.Session]
+	x := a.resumes[sessionKey{q.ScopeID, q.Session}]
 	a.mu.Unlock()
-	if x == nil || x.epoch != q.Epoch {
-		return nil, nil
+	switch {
+	case x == nil && q.Epoch == 1:
+		return nil, nil // a new session
+	case x == nil || q.Epoch > x.epoch:
+		return nil, fmt.Errorf("%w: session: not resumed here at this epoch", kvsp.ErrNotFound)
+	case q.Epoch < x.epoch:
+		return nil, kvsp.NewProblem(kvsp.ErrStaleEpoch, "the session continues at a newer epoch").With("epoch", x.epoch)
+	case !slices.Equal(x.cp.PromptBlocks, keys):
+		return nil, fmt.Errorf("%w: the prompt's blocks are not the checkpoint's prompt_blocks", kvsp.ErrConflict)
+	case !slices.Equal(x.cp.PromptTail, tail):
+		return nil, fmt.Errorf("%w: the prompt's last tokens are not the checkpoint's prompt_tail", kvsp.ErrConflict)
 	}
 	select {
 	case <-x.ready:
@@ -111,6 +142,9 @@ func (a *Agent) postResume(w http.ResponseWriter, r *http.Request) error {
 	var q kvsp.ResumeRequest
 	if err := server.DecodeJSON(r, &q); err != nil {
 		return err
+	}
+	if !server.PrincipalFrom(r.Context()).MayUseScope(q.Checkpoint.ScopeID) {
+		return fmt.Errorf("%w: resume", kvsp.ErrScopeDenied) // before the session is looked at
 	}
 	if r.PathValue("session") != q.Checkpoint.Session.String() {
 		return fmt.Errorf("%w: the path's session is not the checkpoint's", kvsp.ErrInvalid)

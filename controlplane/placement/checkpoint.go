@@ -21,7 +21,7 @@ import (
 func (c *Controller) PutCheckpoint(cp *kvsp.Checkpoint, speaksFor func(string) bool) (uint64, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	s := c.sessions[cp.Session]
+	s := c.sessions[SessionKey{cp.ScopeID, cp.Session}] // another scope's session is not found (S11)
 	switch {
 	case s == nil:
 		return 0, fmt.Errorf("%w: session", kvsp.ErrNotFound)
@@ -31,8 +31,10 @@ func (c *Controller) PutCheckpoint(cp *kvsp.Checkpoint, speaksFor func(string) b
 		return 0, fmt.Errorf("%w: checkpoint epoch %d is above the session's", kvsp.ErrForbidden, cp.Epoch)
 	case !speaksFor(s.Instance):
 		return 0, fmt.Errorf("%w: the session is served by another instance", kvsp.ErrForbidden)
-	case cp.CompatID != s.CompatID || cp.ScopeID != s.ScopeID:
-		return 0, fmt.Errorf("%w: checkpoint: compat_id and scope_id are the session's", kvsp.ErrInvalid)
+	case cp.CompatID != s.CompatID:
+		return 0, fmt.Errorf("%w: checkpoint: the session runs another model", kvsp.ErrIncompatible)
+	case s.Prompt != [32]byte{} && kvsp.PromptDigest(cp.PromptBlocks, cp.PromptTail) != s.Prompt:
+		return 0, fmt.Errorf("%w: checkpoint: prompt_blocks and prompt_tail are not the session's prompt", kvsp.ErrConflict)
 	}
 	if bt := c.cfg.BlockTokens[s.CompatID]; bt > 0 {
 		if err := cp.ValidateFor(bt); err != nil {

@@ -84,8 +84,8 @@ func (s *EtcdStore) put(key string, val []byte) error {
 }
 
 // DeleteSession implements Store.
-func (s *EtcdStore) DeleteSession(id kvsp.UUID) error {
-	return s.do(clientv3.OpDelete(s.key("sessions", id.String())))
+func (s *EtcdStore) DeleteSession(scope kvsp.ScopeID, id kvsp.UUID) error {
+	return s.do(clientv3.OpDelete(s.key("sessions", scope.String()+"/"+id.String())))
 }
 
 // do runs op if this PC still leads (its election key is the one it won).
@@ -120,7 +120,7 @@ func (s *EtcdStore) PutSession(x *Session) error {
 	if err != nil {
 		return err
 	}
-	return s.put(s.key("sessions", x.ID.String()), b)
+	return s.put(s.key("sessions", x.ScopeID.String()+"/"+x.ID.String()), b) // ids are unique within a scope only
 }
 
 // PutShardMap implements Store.
@@ -129,7 +129,7 @@ func (s *EtcdStore) PutShardMap(m *ShardContext) error {
 	if err != nil {
 		return err
 	}
-	return s.put(s.key("maps", m.Map.Map), b)
+	return s.put(s.key("maps", m.ScopeID.String()+"/"+m.Map.Map), b)
 }
 
 // Load implements Store: the group's state in one read.

@@ -88,7 +88,7 @@ func TestEtcdStandbyTakesOver(t *testing.T) {
 	id := kvsp.NewUUID()
 	a.mu.Lock()
 	s := &Session{ID: id, Epoch: 3, ScopeID: kvsp.ScopeID{1}, CompatID: compatA, Instance: "https://ii1/", MaxTokens: 100}
-	a.sessions[id] = s
+	a.sessions[s.key()] = s
 	if err := a.persist(s); err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +112,7 @@ func TestEtcdStandbyTakesOver(t *testing.T) {
 		t.Fatalf("took over after %v", d)
 	}
 	t.Logf("the standby led %v after the leader died (lease %v)", d.Round(time.Millisecond), time.Second)
-	got, ok := b.Session(id)
+	got, ok := b.Session(kvsp.ScopeID{1}, id)
 	if !ok || got.Epoch != 3 || got.Checkpoint == nil || got.Checkpoint.OutputOffset != 32 {
 		t.Fatalf("the new leader's session: %+v", got)
 	}

@@ -49,9 +49,7 @@ func TestF8_PCStallDoesNotMassFailInstances(t *testing.T) {
 		t.Fatalf("place on ii2: %+v %v", dead, err)
 	}
 	for _, out := range []*kvsp.PlaceResponse{alive, dead} {
-		cp := &kvsp.Checkpoint{Session: out.Session, Epoch: 1, CompatID: compat, ScopeID: w.scopeKey.ID(), PromptBlocks: []kvsp.BlockKey{{1}, {2}, {3}},
-			PromptTail: make([]uint32, 5), Generated: make([]uint32, 8), OutputOffset: 8,
-			Sampler: kvsp.Sampler{Method: "greedy", Params: map[string]any{}, Step: 8, Deterministic: true}}
+		cp := w.checkpoint(out.Session, 1, tokens, 8)
 		if _, err := w.ctl.PutCheckpoint(context.Background(), cp); err != nil {
 			t.Fatal(err)
 		}
@@ -82,7 +80,7 @@ func TestF8_PCStallDoesNotMassFailInstances(t *testing.T) {
 	report()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if s, _ := w.pc.Session(dead.Session); s.Epoch == 2 {
+		if s, _ := w.pc.Session(w.scopeKey.ID(), dead.Session); s.Epoch == 2 {
 			if s.Instance == w.base["ii2"] {
 				t.Fatal("the dead instance's session stayed on it")
 			}
@@ -98,7 +96,7 @@ func TestF8_PCStallDoesNotMassFailInstances(t *testing.T) {
 		report()
 		time.Sleep(50 * time.Millisecond)
 	}
-	if s, _ := w.pc.Session(alive.Session); s.Epoch != 1 || s.Instance != w.base["ii1"] {
+	if s, _ := w.pc.Session(w.scopeKey.ID(), alive.Session); s.Epoch != 1 || s.Instance != w.base["ii1"] {
 		t.Fatalf("the live instance's session after the stall: epoch %d on %s, want 1 on ii1", s.Epoch, s.Instance)
 	}
 	rs := append(w.ii[w.base["ii1"]].resumed(), w.ii[w.base["ii3"]].resumed()...)
@@ -201,9 +199,7 @@ func TestF14_CheckpointRegisterLinearizable(t *testing.T) {
 						e = 1
 					}
 					off := uint64(1 + rng.IntN(200))
-					cp := &kvsp.Checkpoint{Session: id, Epoch: e, CompatID: compat, ScopeID: w.scopeKey.ID(), PromptBlocks: []kvsp.BlockKey{{1}, {2}, {3}},
-						PromptTail: make([]uint32, 5), Generated: make([]uint32, off), OutputOffset: off,
-						Sampler: kvsp.Sampler{Method: "greedy", Params: map[string]any{}, Step: off, Deterministic: true}}
+					cp := w.checkpoint(id, e, tokens, off)
 					call := time.Now()
 					ack, err := w.ctl.PutCheckpoint(context.Background(), cp)
 					var out cpOutput
@@ -224,7 +220,7 @@ func TestF14_CheckpointRegisterLinearizable(t *testing.T) {
 				case r < 75:
 					// The session's instance restarts (a higher epoch):
 					// the next place migrates the session.
-					s, _ := w.pc.Session(id)
+					s, _ := w.pc.Session(w.scopeKey.ID(), id)
 					v, _ := instEpoch.Load(s.Instance)
 					st := &kvsp.InstanceStatus{Instance: s.Instance, Epoch: v.(*atomic.Uint64).Add(1), State: kvsp.StateActive, BatchSize: 8,
 						PrefillTokensPerS: 42000, DecodeTokensPerS: 3100, Links: []kvsp.Link{}, TTLMs: 60000, CompatID: compat}
@@ -243,7 +239,7 @@ func TestF14_CheckpointRegisterLinearizable(t *testing.T) {
 					record(client, cpInput{op: "continue"}, call, cpOutput{kind: "epoch", epoch: out.Epoch})
 				default:
 					call := time.Now()
-					s, _ := w.pc.Session(id)
+					s, _ := w.pc.Session(w.scopeKey.ID(), id)
 					out := cpOutput{kind: "state", epoch: s.Epoch}
 					if s.Checkpoint != nil {
 						out.offset = s.Checkpoint.OutputOffset
@@ -269,7 +265,7 @@ func TestF14_CheckpointRegisterLinearizable(t *testing.T) {
 	if stats["checkpoint/ack"] == 0 || stats["checkpoint/stale"] == 0 || stats["checkpoint/forbidden"] == 0 || stats["continue/epoch"] == 0 {
 		t.Fatalf("the history lacks a kind of outcome, so it proves little: %v", stats)
 	}
-	s, _ := w.pc.Session(id)
+	s, _ := w.pc.Session(w.scopeKey.ID(), id)
 	t.Logf("%d operations linearizable: %v; final epoch %d", len(history), stats, s.Epoch)
 }
 
@@ -334,9 +330,7 @@ func TestSessionsForgotten(t *testing.T) {
 	}
 	finished, running, idle := ids[0], ids[1], ids[2]
 	cp := func(id kvsp.UUID, off uint64) {
-		c := &kvsp.Checkpoint{Session: id, Epoch: 1, CompatID: compat, ScopeID: w.scopeKey.ID(), PromptBlocks: []kvsp.BlockKey{{1}, {2}, {3}},
-			PromptTail: make([]uint32, 5), Generated: make([]uint32, off), OutputOffset: off,
-			Sampler: kvsp.Sampler{Method: "greedy", Params: map[string]any{}, Step: off, Deterministic: true}}
+		c := w.checkpoint(id, 1, tokens, off)
 		if _, err := w.ctl.PutCheckpoint(context.Background(), c); err != nil {
 			t.Fatal(err)
 		}
@@ -359,8 +353,8 @@ func TestSessionsForgotten(t *testing.T) {
 	}
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		cp(running, 8) // still generating
-		_, f := w.pc.Session(finished)
-		_, i := w.pc.Session(idle)
+		_, f := w.pc.Session(w.scopeKey.ID(), finished)
+		_, i := w.pc.Session(w.scopeKey.ID(), idle)
 		if !f && !i {
 			break
 		}
@@ -368,7 +362,7 @@ func TestSessionsForgotten(t *testing.T) {
 			t.Fatalf("after their retention: finished kept %v, idle kept %v", f, i)
 		}
 	}
-	if _, ok := w.pc.Session(running); !ok {
+	if _, ok := w.pc.Session(w.scopeKey.ID(), running); !ok {
 		t.Fatal("the running session was dropped")
 	}
 	if m := stored(); m[finished] || m[idle] || !m[running] {

@@ -15,6 +15,7 @@ import (
 // the resource table, and POST place for front ends (the client role, and
 // the scope).
 func (c *Controller) Mount(r *server.Router) error {
+	c.policy.Store(r.Policy())
 	if err := server.MountRole(r, server.RoleController, map[string]server.HandlerFunc{
 		"PUT instances/{instance}/status":   c.leading(c.putStatus),
 		"PUT sessions/{session}/checkpoint": c.leading(c.putCheckpoint),
@@ -82,13 +83,14 @@ func (c *Controller) putStatus(w http.ResponseWriter, r *http.Request) error {
 	if err := server.DecodeJSON(r, &st); err != nil {
 		return err
 	}
-	if !server.PrincipalFrom(r.Context()).SpeaksFor(st.Instance) {
+	p := server.PrincipalFrom(r.Context())
+	if !p.SpeaksFor(st.Instance) {
 		return fmt.Errorf("%w: this identity does not speak for %s", kvsp.ErrForbidden, st.Instance)
 	}
 	if r.PathValue("instance") != kvsp.ResourceID(st.Instance) {
 		return fmt.Errorf("%w: the path's instance id is not the record's (R-ST-2)", kvsp.ErrInvalid)
 	}
-	state, err := c.reg.Put(&st)
+	state, err := c.reg.PutFrom(&st, p.ID)
 	if err != nil {
 		return err
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/kvsp/kvsp/client"
 	"github.com/kvsp/kvsp/controlplane/index"
 	"github.com/kvsp/kvsp/internal/failpoint"
+	"github.com/kvsp/kvsp/server"
 )
 
 // Index is the Index Service as the PC uses it: client.Index, or an
@@ -115,24 +116,40 @@ type Controller struct {
 	stallAfter atomic.Int64 // a sweep later than this (ns) is a stall
 	planTerm   atomic.Int64 // orders this PC's reshard plans after its predecessors'
 	standby    atomic.Bool  // a standby of an HA group: serves nothing
-	leader     atomic.Pointer[string]
-	cfg        Config
-	keys       map[kvsp.ScopeID]kvsp.ScopeKey
-	reg        *Registry
-	log        *slog.Logger
-	m          *metrics
-	mu         sync.Mutex
-	sessions   map[kvsp.UUID]*Session
-	maps       map[string]*shardEntry // sequence-sharded contexts by map identifier
+	// policy is the policy of the server the PC is mounted on: an
+	// instance is a candidate for a scope's requests only if the identity
+	// that reports it may use that scope (nil: not mounted, no check).
+	policy   atomic.Pointer[server.PolicyStore]
+	leader   atomic.Pointer[string]
+	cfg      Config
+	keys     map[kvsp.ScopeID]kvsp.ScopeKey
+	reg      *Registry
+	log      *slog.Logger
+	m        *metrics
+	mu       sync.Mutex
+	sessions map[SessionKey]*Session
+	maps     map[mapKey]*shardEntry // sequence-sharded contexts by scope and map identifier
 }
 
-// Session is a session the PC placed (the session-migration issue adds its
-// checkpoints).
+// SessionKey names a session: its id within its scope. Sessions of two
+// scopes never meet, even under one id (a front end may choose the id of
+// a new session): whatever names another scope's session finds nothing,
+// exactly as for an id nobody uses (RELIABILITY S11).
+type SessionKey struct {
+	Scope kvsp.ScopeID
+	ID    kvsp.UUID
+}
+
+// Session is a session the PC placed.
 type Session struct {
 	ID       kvsp.UUID
 	Epoch    uint64
 	ScopeID  kvsp.ScopeID
 	CompatID kvsp.CompatID
+	// Prompt is the prompt's kvsp.PromptDigest: a place or a checkpoint
+	// naming the session must carry this prompt (zero: not known, for
+	// state stored before it was kept).
+	Prompt   [32]byte
 	Instance string
 	// InstanceEpoch is the instance's epoch when the session was placed
 	// there: a higher one means it restarted and lost the session.
@@ -145,6 +162,12 @@ type Session struct {
 	// Active is when it was last placed, migrated or checkpointed (not
 	// stored: a restarted PC counts from its start).
 	Active time.Time
+	// resumePending: the instance of the current epoch (above 1) may not
+	// have been sent its resume yet (refused, or the PC restarted between
+	// persisting the epoch and sending it): the next place sends it
+	// before answering, since an instance serves an epoch above 1 only
+	// once resumed at it.
+	resumePending bool
 }
 
 // New returns a Controller.
@@ -174,7 +197,7 @@ func New(cfg Config) (*Controller, error) {
 		cfg.SessionIdle = 15 * time.Minute
 	}
 	c := &Controller{cfg: cfg, keys: map[kvsp.ScopeID]kvsp.ScopeKey{}, reg: &Registry{m: map[string]*instance{}, onStatus: cfg.OnStatus}, log: cfg.Logger,
-		m: newMetrics(cfg.Registerer), sessions: map[kvsp.UUID]*Session{}, maps: map[string]*shardEntry{}}
+		m: newMetrics(cfg.Registerer), sessions: map[SessionKey]*Session{}, maps: map[mapKey]*shardEntry{}}
 	for _, k := range cfg.Scopes {
 		c.keys[k.ID()] = k
 	}
@@ -209,17 +232,18 @@ func (c *Controller) load(st *State) {
 	}
 	c.reg.mu.Unlock()
 	c.mu.Lock()
-	c.sessions = map[kvsp.UUID]*Session{}
+	c.sessions = map[SessionKey]*Session{}
 	now := time.Now()
 	for _, s := range st.Sessions {
 		s.Active = now
-		c.sessions[s.ID] = s
+		s.resumePending = s.Epoch > 1 // whether the resume went out before the stop is not known
+		c.sessions[s.key()] = s
 	}
-	c.maps = map[string]*shardEntry{}
+	c.maps = map[mapKey]*shardEntry{}
 	for _, m := range st.Maps {
 		e := &shardEntry{}
 		e.ctx.Store(m)
-		c.maps[m.Map.Map] = e
+		c.maps[mapKey{m.ScopeID, m.Map.Map}] = e
 	}
 	c.mu.Unlock()
 	c.started.Store(time.Now().UnixNano())
@@ -245,11 +269,13 @@ func (c *Controller) persist(s *Session) error {
 // Registry returns the instance registry.
 func (c *Controller) Registry() *Registry { return c.reg }
 
-// Session returns a placed session.
-func (c *Controller) Session(id kvsp.UUID) (Session, bool) {
+func (s *Session) key() SessionKey { return SessionKey{s.ScopeID, s.ID} }
+
+// Session returns a placed session of a scope.
+func (c *Controller) Session(scope kvsp.ScopeID, id kvsp.UUID) (Session, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	s := c.sessions[id]
+	s := c.sessions[SessionKey{scope, id}]
 	if s == nil {
 		return Session{}, false
 	}
@@ -295,17 +321,36 @@ func (c *Controller) Sessions() []SessionSummary {
 
 // Place chooses the instance for a request and sends it the directive
 // for the cached prefix it lacks (spec "Placement Inputs", "Prefetch
-// Directives").
+// Directives"). A request naming a session of its scope continues it; a
+// session id its scope does not have (unknown, or another scope's) names
+// a new session of the caller's scope.
 func (c *Controller) Place(ctx context.Context, q *kvsp.PlaceRequest) (*kvsp.PlaceResponse, error) {
+	if _, ok := c.keys[q.ScopeID]; !ok {
+		return nil, fmt.Errorf("%w: the PC holds no key for this scope", kvsp.ErrScopeDenied)
+	}
 	if q.Session != nil {
 		c.mu.Lock()
-		s := c.sessions[*q.Session]
+		s := c.sessions[SessionKey{q.ScopeID, *q.Session}]
 		c.mu.Unlock()
 		if s != nil {
 			return c.continueSession(ctx, s, q)
 		}
 	}
 	return c.placeOn(ctx, q, nil)
+}
+
+// prompt returns a request's Block Keys and tail, and their digest.
+func (c *Controller) prompt(scope kvsp.ScopeID, compat kvsp.CompatID, tokens []uint32) ([]kvsp.BlockKey, []uint32, [32]byte, error) {
+	bt := c.cfg.BlockTokens[compat]
+	if bt == 0 {
+		return nil, nil, [32]byte{}, fmt.Errorf("%w: no instance serves this compat_id", kvsp.ErrIncompatible)
+	}
+	keys, err := kvsp.BlockKeys(c.keys[scope], compat, bt, tokens)
+	if err != nil {
+		return nil, nil, [32]byte{}, err
+	}
+	tail := tokens[len(keys)*bt:]
+	return keys, tail, kvsp.PromptDigest(keys, tail), nil
 }
 
 // continueSession answers a place for a known session: where it continues
@@ -316,15 +361,40 @@ func (c *Controller) Place(ctx context.Context, q *kvsp.PlaceRequest) (*kvsp.Pla
 // have moved on since (RELIABILITY F14: a place is one operation on the
 // session's epoch).
 func (c *Controller) continueSession(ctx context.Context, s *Session, q *kvsp.PlaceRequest) (*kvsp.PlaceResponse, error) {
-	if s.ScopeID != q.ScopeID || s.CompatID != q.CompatID {
-		return nil, fmt.Errorf("%w: the session has another scope or model", kvsp.ErrConflict)
+	if s.CompatID != q.CompatID {
+		return nil, fmt.Errorf("%w: the session runs another model", kvsp.ErrIncompatible)
+	}
+	if _, _, digest, err := c.prompt(q.ScopeID, q.CompatID, q.Tokens); err != nil {
+		return nil, err
+	} else if s.Prompt != [32]byte{} && digest != s.Prompt {
+		return nil, fmt.Errorf("%w: the tokens are not the session's prompt", kvsp.ErrConflict)
 	}
 	if from, epoch, lost, _ := c.lost(s); lost {
-		return c.migrate(ctx, s.ID, q, from, epoch)
+		return c.migrate(ctx, s.key(), q, from, epoch)
 	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	return &kvsp.PlaceResponse{Session: s.ID, Epoch: s.Epoch, Instance: s.Instance}, nil
+	out := &kvsp.PlaceResponse{Session: s.ID, Epoch: s.Epoch, Instance: s.Instance}
+	pending, cp, fromEpoch := s.resumePending, s.Checkpoint, s.InstanceEpoch
+	c.mu.Unlock()
+	if !pending {
+		return out, nil
+	}
+	if cp == nil {
+		var err error
+		if cp, err = c.startCheckpoint(s, q); err != nil {
+			return nil, err
+		}
+	}
+	if err := c.cfg.Instances.Resume(ctx, out.Instance, &kvsp.ResumeRequest{Epoch: out.Epoch, Checkpoint: *cp}); err != nil {
+		c.log.Warn("resume not accepted; the session moves", "instance", out.Instance, "err", err)
+		return c.migrate(ctx, s.key(), q, out.Instance, fromEpoch)
+	}
+	c.mu.Lock()
+	if s.Epoch == out.Epoch {
+		s.resumePending = false
+	}
+	c.mu.Unlock()
+	return out, nil
 }
 
 // inGrace reports an instance known only from saved state, shortly after
@@ -344,6 +414,7 @@ func (c *Controller) lost(s *Session) (from string, epoch uint64, lost, failed b
 	c.mu.Lock()
 	from, epoch = s.Instance, s.InstanceEpoch
 	c.mu.Unlock()
+
 	if c.inGrace(from) {
 		return from, epoch, false, false
 	}
@@ -367,7 +438,7 @@ func (c *Controller) lost(s *Session) (from string, epoch uint64, lost, failed b
 //
 // It returns where the session is: where it was moved to, or, if another
 // migration moved it first, where that one put it.
-func (c *Controller) migrate(ctx context.Context, id kvsp.UUID, q *kvsp.PlaceRequest, from string, fromEpoch uint64) (*kvsp.PlaceResponse, error) {
+func (c *Controller) migrate(ctx context.Context, id SessionKey, q *kvsp.PlaceRequest, from string, fromEpoch uint64) (*kvsp.PlaceResponse, error) {
 	c.mu.Lock()
 	s := c.sessions[id]
 	if s == nil { // forgotten meanwhile
@@ -385,10 +456,19 @@ func (c *Controller) migrate(ctx context.Context, id kvsp.UUID, q *kvsp.PlaceReq
 	switch {
 	case q != nil:
 		pq = *q
+		if cp == nil {
+			// No output checkpointed yet: the session starts over at the
+			// new instance from its prompt, resumed like any other (an
+			// instance serves an epoch above 1 only when resumed at it).
+			var err error
+			if cp, err = c.startCheckpoint(s, q); err != nil {
+				return nil, err
+			}
+		}
 	case cp != nil: // the background sweep: the request is the checkpoint's
 		pq = kvsp.PlaceRequest{ScopeID: s.ScopeID, CompatID: s.CompatID, Tokens: make([]uint32, 0), MaxTokens: max(1, s.MaxTokens)}
 	default:
-		return nil, fmt.Errorf("%w: session %s has no checkpoint to resume from", kvsp.ErrUnavailable, id)
+		return nil, fmt.Errorf("%w: session %s has no checkpoint to resume from", kvsp.ErrUnavailable, id.ID)
 	}
 	mig := &migration{session: s, from: from, fromEpoch: fromEpoch, cp: cp}
 	if _, _, _, failed := c.lost(s); failed {
@@ -399,7 +479,7 @@ func (c *Controller) migrate(ctx context.Context, id kvsp.UUID, q *kvsp.PlaceReq
 		return nil, err
 	}
 	c.m.migrations.Inc()
-	c.log.Info("session migrated", "session", id.String(), "from", from, "to", out.Instance, "epoch", out.Epoch)
+	c.log.Info("session migrated", "session", id.ID.String(), "from", from, "to", out.Instance, "epoch", out.Epoch)
 	return &kvsp.PlaceResponse{Session: out.Session, Epoch: out.Epoch, Instance: out.Instance}, nil
 }
 
@@ -474,7 +554,7 @@ func (c *Controller) Run(ctx context.Context, every time.Duration) {
 			if !lost {
 				continue
 			}
-			if _, err := c.migrate(ctx, s.ID, nil, from, epoch); err != nil {
+			if _, err := c.migrate(ctx, s.key(), nil, from, epoch); err != nil {
 				c.log.Warn("session not migrated", "session", s.ID.String(), "err", err)
 			}
 		}
@@ -492,8 +572,8 @@ func (c *Controller) forget(now time.Time) {
 			continue
 		}
 		if c.cfg.State != nil {
-			if err := c.cfg.State.DeleteSession(id); err != nil {
-				c.log.Warn("session not forgotten: the controller's state could not be written", "session", id.String(), "err", err)
+			if err := c.cfg.State.DeleteSession(id.Scope, id.ID); err != nil {
+				c.log.Warn("session not forgotten: the controller's state could not be written", "session", id.ID.String(), "err", err)
 				continue // kept, tried again at the next sweep
 			}
 		}
@@ -513,6 +593,10 @@ func (c *Controller) placeOn(ctx context.Context, q *kvsp.PlaceRequest, mig *mig
 		if s.Status.CompatID != q.CompatID || (mig != nil && s.Status.Instance == mig.exclude) {
 			continue
 		}
+		if !c.authorized(s, q.ScopeID) { // S12: never a scope's requests (or its directives) to an instance outside it
+			c.m.unauthorized.Inc()
+			continue
+		}
 		switch s.State {
 		case kvsp.StateActive:
 			if s.Status.Queued < max(1, s.Status.BatchSize) { // capacity
@@ -522,7 +606,7 @@ func (c *Controller) placeOn(ctx context.Context, q *kvsp.PlaceRequest, mig *mig
 			sleeping = append(sleeping, candidate{snap: s})
 		}
 	}
-	if bt == 0 || (len(active) == 0 && len(sleeping) == 0 && !c.served(q.CompatID)) {
+	if bt == 0 || (len(active) == 0 && len(sleeping) == 0 && !c.served(q.CompatID, q.ScopeID)) {
 		c.m.placements.WithLabelValues("incompatible").Inc()
 		return nil, fmt.Errorf("%w: no instance serves this compat_id", kvsp.ErrIncompatible)
 	}
@@ -600,7 +684,7 @@ func (c *Controller) placeOn(ctx context.Context, q *kvsp.PlaceRequest, mig *mig
 			return out, nil
 		}
 		s.Epoch++
-		s.Instance, s.InstanceEpoch, s.Active = uri, chosen.snap.Status.Epoch, time.Now()
+		s.Instance, s.InstanceEpoch, s.Active, s.resumePending = uri, chosen.snap.Status.Epoch, time.Now(), true
 		out.Session, out.Epoch = s.ID, s.Epoch
 		err := c.persist(s)
 		if err == nil {
@@ -612,7 +696,15 @@ func (c *Controller) placeOn(ctx context.Context, q *kvsp.PlaceRequest, mig *mig
 		}
 		if mig.cp != nil {
 			if err := c.cfg.Instances.Resume(ctx, uri, &kvsp.ResumeRequest{Epoch: out.Epoch, Checkpoint: *mig.cp}); err != nil {
-				c.log.Warn("resume not accepted; the session starts over there", "instance", uri, "err", err)
+				// Sent again by the next place, which moves the session
+				// if it is refused again.
+				c.log.Warn("resume not accepted; sent again at the session's next place", "instance", uri, "err", err)
+			} else {
+				c.mu.Lock()
+				if s.Epoch == out.Epoch {
+					s.resumePending = false
+				}
+				c.mu.Unlock()
 			}
 		}
 		c.m.placements.WithLabelValues("migrated").Inc()
@@ -624,14 +716,19 @@ func (c *Controller) placeOn(ctx context.Context, q *kvsp.PlaceRequest, mig *mig
 		out.Session = kvsp.NewUUID()
 	}
 	c.mu.Lock()
-	s := &Session{ID: out.Session, Epoch: 1, ScopeID: q.ScopeID, CompatID: q.CompatID, Instance: uri, InstanceEpoch: chosen.snap.Status.Epoch,
-		Created: time.Now(), MaxTokens: q.MaxTokens}
+	if s := c.sessions[SessionKey{q.ScopeID, out.Session}]; s != nil { // placed meanwhile by a retry of this request
+		out.Epoch, out.Instance = s.Epoch, s.Instance
+		c.mu.Unlock()
+		return out, nil
+	}
+	s := &Session{ID: out.Session, Epoch: 1, ScopeID: q.ScopeID, CompatID: q.CompatID, Prompt: kvsp.PromptDigest(keys, q.Tokens[len(keys)*bt:]),
+		Instance: uri, InstanceEpoch: chosen.snap.Status.Epoch, Created: time.Now(), MaxTokens: q.MaxTokens}
 	s.Active = s.Created
 	if err := c.persist(s); err != nil {
 		c.mu.Unlock()
 		return nil, err
 	}
-	c.sessions[out.Session] = s
+	c.sessions[s.key()] = s
 	c.mu.Unlock()
 	c.reg.observe(uri, c.estimateServiceUs(&chosen.snap.Status, len(q.Tokens), q.MaxTokens))
 
@@ -643,18 +740,41 @@ func (c *Controller) placeOn(ctx context.Context, q *kvsp.PlaceRequest, mig *mig
 	return out, nil
 }
 
-// served reports that compat is served here: an instance reported it
-// (failed ones too: they may come back), or one known only from saved
-// state has yet to report.
-func (c *Controller) served(compat kvsp.CompatID) bool {
+// served reports that compat is served here for scope: an instance
+// authorized for the scope reported it (failed ones too: they may come
+// back), or one known only from saved state has yet to report.
+func (c *Controller) served(compat kvsp.CompatID, scope kvsp.ScopeID) bool {
 	for _, s := range c.reg.All() {
 		// A failed instance may come back (503 until then, not 409); one
 		// known only from saved state has not said its model yet.
-		if s.Status.CompatID == compat || s.Status.Instance == "" {
+		if s.Status.Instance == "" || (s.Status.CompatID == compat && c.authorized(s, scope)) {
 			return true
 		}
 	}
 	return false
+}
+
+// authorized reports whether the instance s may be sent a scope's
+// requests and directives (RELIABILITY S12): the identity that reports it
+// holds the instance role, speaks for it and may use the scope, in the
+// policy in force now. A PC used without a server (its Go API) has no
+// policy to consult.
+func (c *Controller) authorized(s Snapshot, scope kvsp.ScopeID) bool {
+	ps := c.policy.Load()
+	if ps == nil {
+		return true
+	}
+	p := ps.Policy().Lookup(s.Reporter)
+	return p.Has(server.RoleInstance) && p.SpeaksFor(s.Status.Instance) && p.MayUseScope(scope)
+}
+
+// authorizedURI is authorized for an instance known by its base URI.
+func (c *Controller) authorizedURI(uri string, scope kvsp.ScopeID) bool {
+	if c.policy.Load() == nil {
+		return true
+	}
+	s, ok := c.reg.Get(uri)
+	return ok && c.authorized(s, scope)
 }
 
 // serviceUs is the mean service time used for wait_us: the instance's
@@ -726,16 +846,17 @@ func (c *Controller) prefetch(ctx context.Context, uri string, q *kvsp.PlaceRequ
 }
 
 type metrics struct {
-	leader      prometheus.Gauge
-	reshards    *prometheus.CounterVec
-	migrations  prometheus.Counter
-	stalls      prometheus.Counter
-	forgotten   *prometheus.CounterVec
-	checkpoints *prometheus.CounterVec
-	placements  *prometheus.CounterVec
-	directives  *prometheus.CounterVec
-	wakeups     prometheus.Counter
-	matched     prometheus.Histogram
+	leader       prometheus.Gauge
+	reshards     *prometheus.CounterVec
+	migrations   prometheus.Counter
+	stalls       prometheus.Counter
+	forgotten    *prometheus.CounterVec
+	checkpoints  *prometheus.CounterVec
+	placements   *prometheus.CounterVec
+	directives   *prometheus.CounterVec
+	wakeups      prometheus.Counter
+	matched      prometheus.Histogram
+	unauthorized prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -750,6 +871,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		directives: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_pc_directives_total",
 			Help: "Prefetch directives by outcome (sent, failed, quota)."}, []string{"outcome"}),
 		wakeups: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvsp_pc_wakeups_total", Help: "Sleeping instances woken for a request."}),
+		unauthorized: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvsp_pc_unauthorized_candidates_total",
+			Help: "Instances passed over for a request because the identity reporting them is not authorized for its scope."}),
 		matched: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvsp_pc_matched_blocks",
 			Help: "Cached prefix length of placed requests, in blocks.", Buckets: prometheus.ExponentialBuckets(1, 2, 12)}),
 		reshards: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_pc_reshards_total",
@@ -758,7 +881,31 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "1 while this controller serves (the leader of its group, or alone), 0 while a standby."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.migrations, m.stalls, m.forgotten, m.checkpoints, m.placements, m.directives, m.wakeups, m.matched, m.reshards, m.leader)
+		reg.MustRegister(m.migrations, m.stalls, m.forgotten, m.checkpoints, m.placements, m.directives, m.wakeups, m.matched, m.reshards, m.leader, m.unauthorized)
 	}
 	return m
+}
+
+// startCheckpoint is the checkpoint of a session that has output nothing
+// yet (R-REC-16..21 at offset 0): its prompt, and the sampler it asked for
+// at step 0. A migration resumes it like any other, so that the new
+// instance knows the session, its scope and its prompt.
+func (c *Controller) startCheckpoint(s *Session, q *kvsp.PlaceRequest) (*kvsp.Checkpoint, error) {
+	keys, tail, _, err := c.prompt(q.ScopeID, q.CompatID, q.Tokens)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	epoch := s.Epoch
+	c.mu.Unlock()
+	cp := &kvsp.Checkpoint{Session: s.ID, Epoch: epoch, CompatID: s.CompatID, ScopeID: s.ScopeID,
+		PromptBlocks: keys, PromptTail: append([]uint32{}, tail...), Generated: []uint32{},
+		Sampler: kvsp.Sampler{Method: kvsp.SamplerGreedy, Params: map[string]any{}, Deterministic: true}}
+	if sp := q.Sampler; sp != nil {
+		cp.Sampler.Method, cp.Sampler.Seed, cp.Sampler.Deterministic = sp.Method, sp.Seed, sp.Method == kvsp.SamplerGreedy
+		if sp.Params != nil {
+			cp.Sampler.Params = sp.Params
+		}
+	}
+	return cp, nil
 }

@@ -39,6 +39,12 @@ type mockII struct {
 	resumes    []kvsp.ResumeRequest
 }
 
+func (m *mockII) sent() []kvsp.PrefetchDirective {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]kvsp.PrefetchDirective(nil), m.directives...)
+}
+
 func (m *mockII) resumed() []kvsp.ResumeRequest {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -90,6 +96,7 @@ type world struct {
 	ctl      *client.Controller // with the instances' identity
 	front    *client.Client     // a front end (client role)
 	scopeKey kvsp.ScopeKey
+	pki      *kvsptest.PKI
 }
 
 func newWorld(t *testing.T, maxPending int) *world { return newWorldWith(t, maxPending, nil) }
@@ -98,6 +105,7 @@ func newWorld(t *testing.T, maxPending int) *world { return newWorldWith(t, maxP
 func newWorldWith(t *testing.T, maxPending int, edit func(*placement.Config)) *world {
 	w := &world{ii: map[string]*mockII{}, base: map[string]string{}}
 	p := kvsptest.NewPKI(t)
+	w.pki = p
 	w.mem = index.NewMemory(time.Second)
 	t.Cleanup(func() { w.mem.Close() })
 	svc, _ := index.New(index.Config{MaxTTL: time.Hour, MaxLookupKeys: 4096}, w.mem)
@@ -134,7 +142,7 @@ func newWorldWith(t *testing.T, maxPending int, edit func(*placement.Config)) *w
 		w.ii[u], w.base[name] = m, u
 		speaks = append(speaks, `"`+u+`"`)
 	}
-	pol := kvsptest.Policy + `  - {id: "` + iiID + `", roles: [instance], speaks_for: [` + strings.Join(speaks, ", ") + `]}
+	pol := kvsptest.Policy + `  - {id: "` + iiID + `", roles: [instance], speaks_for: [` + strings.Join(speaks, ", ") + `], scopes: [` + kvsptest.Scope + `]}
 `
 	if err := os.WriteFile(p.Path("policy.yaml"), []byte(pol), 0o644); err != nil {
 		t.Fatal(err)
@@ -176,6 +184,15 @@ func (w *world) publish(t *testing.T, tokens []uint32, n int) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// checkpoint is the checkpoint of a session of prompt tokens at output
+// offset gen (greedy), its prompt the session's.
+func (w *world) checkpoint(session kvsp.UUID, epoch uint64, tokens []uint32, gen uint64) *kvsp.Checkpoint {
+	keys, _ := kvsp.BlockKeys(w.scopeKey, compat, bt, tokens)
+	return &kvsp.Checkpoint{Session: session, Epoch: epoch, CompatID: compat, ScopeID: w.scopeKey.ID(), PromptBlocks: keys,
+		PromptTail: append([]uint32{}, tokens[len(keys)*bt:]...), Generated: make([]uint32, gen), OutputOffset: gen,
+		Sampler: kvsp.Sampler{Method: "greedy", Params: map[string]any{}, Step: gen, Deterministic: true}}
 }
 
 func (w *world) place(t *testing.T, tokens []uint32) (*kvsp.PlaceResponse, error) {
@@ -225,7 +242,7 @@ func TestPlaceByCost(t *testing.T) {
 		len(d.Blocks[0].Sources) != 1 || d.Blocks[0].Sources[0] != h1Base || d.DeadlineMs == 0 || d.LayerOrder != "ascending" {
 		t.Fatalf("directive %+v", d)
 	}
-	if s, ok := w.pc.Session(out.Session); !ok || s.Instance != w.base["ii2"] || s.Epoch != 1 {
+	if s, ok := w.pc.Session(w.scopeKey.ID(), out.Session); !ok || s.Instance != w.base["ii2"] || s.Epoch != 1 {
 		t.Fatalf("session %+v", s)
 	}
 	if n := len(w.ii[w.base["ii3"]].directives); n != 0 {
@@ -355,13 +372,12 @@ func TestStatusOverHTTP(t *testing.T) {
 func TestCheckpointOverHTTP(t *testing.T) {
 	w := newWorld(t, 4)
 	w.status(t, "ii1", 1, 0, kvsp.StateActive)
-	out, err := w.place(t, prompt(40, 7))
+	tokens := prompt(40, 7)
+	out, err := w.place(t, tokens)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cp := &kvsp.Checkpoint{Session: out.Session, Epoch: out.Epoch, CompatID: compat, ScopeID: w.scopeKey.ID(), PromptBlocks: []kvsp.BlockKey{{1}, {2}},
-		PromptTail: make([]uint32, 8), Generated: make([]uint32, 16), OutputOffset: 16,
-		Sampler: kvsp.Sampler{Method: "greedy", Params: map[string]any{}, Step: 16, Deterministic: true}}
+	cp := w.checkpoint(out.Session, out.Epoch, tokens, 16)
 	ack, err := w.ctl.PutCheckpoint(context.Background(), cp)
 	if err != nil || ack.OutputOffset != 16 {
 		t.Fatalf("checkpoint: %+v %v", ack, err)
@@ -389,9 +405,7 @@ func TestMigration(t *testing.T) {
 			t.Fatalf("place: %+v %v", out, err)
 		}
 		sessions = append(sessions, out)
-		cp := &kvsp.Checkpoint{Session: out.Session, Epoch: 1, CompatID: compat, ScopeID: w.scopeKey.ID(), PromptBlocks: []kvsp.BlockKey{{1}, {2}, {3}},
-			PromptTail: make([]uint32, 5), Generated: make([]uint32, 8), OutputOffset: 8,
-			Sampler: kvsp.Sampler{Method: "greedy", Params: map[string]any{}, Step: 8, Deterministic: true}}
+		cp := w.checkpoint(out.Session, 1, tokens, 8)
 		if _, err := w.ctl.PutCheckpoint(context.Background(), cp); err != nil {
 			t.Fatal(err)
 		}
@@ -425,7 +439,7 @@ func TestMigration(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if s, _ := w.pc.Session(sessions[1].Session); s.Epoch != 2 || s.Instance != w.base["ii2"] {
+	if s, _ := w.pc.Session(w.scopeKey.ID(), sessions[1].Session); s.Epoch != 2 || s.Instance != w.base["ii2"] {
 		t.Fatalf("session 1: %+v", s)
 	}
 }
@@ -444,9 +458,7 @@ func TestRestartedInstanceLosesItsSessions(t *testing.T) {
 	if err != nil || out.Instance != w.base["ii1"] {
 		t.Fatalf("place: %+v %v", out, err)
 	}
-	cp := &kvsp.Checkpoint{Session: out.Session, Epoch: 1, CompatID: compat, ScopeID: w.scopeKey.ID(), PromptBlocks: []kvsp.BlockKey{{1}, {2}, {3}},
-		PromptTail: make([]uint32, 5), Generated: make([]uint32, 8), OutputOffset: 8,
-		Sampler: kvsp.Sampler{Method: "greedy", Params: map[string]any{}, Step: 8, Deterministic: true}}
+	cp := w.checkpoint(out.Session, 1, tokens, 8)
 	if _, err := w.ctl.PutCheckpoint(context.Background(), cp); err != nil {
 		t.Fatal(err)
 	}

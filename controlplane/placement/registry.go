@@ -13,6 +13,7 @@ import (
 // instance is what the PC knows of one instance.
 type instance struct {
 	st       kvsp.InstanceStatus // the last record accepted
+	reporter string              // the identity that sent it ("" through the Go API)
 	expires  time.Time
 	maxEpoch uint64
 	// draining is set when the PC accepted the instance's request to sleep
@@ -48,6 +49,10 @@ func (in *instance) pendingAt(now time.Time) int {
 	return len(in.pending)
 }
 
+func (in *instance) snapshot(now time.Time) Snapshot {
+	return Snapshot{Status: in.st, State: in.state(now), Pending: in.pendingAt(now), ServiceUs: in.serviceUs, Placed: in.placed, Reporter: in.reporter}
+}
+
 // expiries is a min-heap of times.
 type expiries []time.Time
 
@@ -81,6 +86,13 @@ func NewRegistry() *Registry { return &Registry{m: map[string]*instance{}} }
 // below the highest seen is refused (409 kvsp-stale-epoch, with the
 // highest epoch; A-12) and changes nothing.
 func (r *Registry) Put(st *kvsp.InstanceStatus) (kvsp.InstanceState, error) {
+	return r.PutFrom(st, "")
+}
+
+// PutFrom is Put for a record sent by the identity reporter (the PC
+// places a scope's requests only on instances whose reporter the policy
+// authorizes for that scope, RELIABILITY S12).
+func (r *Registry) PutFrom(st *kvsp.InstanceStatus, reporter string) (kvsp.InstanceState, error) {
 	now := time.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -101,6 +113,7 @@ func (r *Registry) Put(st *kvsp.InstanceStatus) (kvsp.InstanceState, error) {
 		in.maxEpoch, in.draining, in.pending = st.Epoch, false, nil
 	}
 	in.st = *st
+	in.reporter = reporter
 	in.placed = 0
 	in.st.Links = append([]kvsp.Link(nil), st.Links...)
 	in.expires = now.Add(time.Duration(st.TTLMs) * time.Millisecond)
@@ -135,6 +148,8 @@ type Snapshot struct {
 	ServiceUs float64
 	// Placed counts the requests placed since its last status record.
 	Placed int
+	// Reporter is the identity that sent the status record.
+	Reporter string
 }
 
 // Load estimates the requests at the instance now: running and queued as
@@ -159,7 +174,7 @@ func (r *Registry) Get(uri string) (Snapshot, bool) {
 		return Snapshot{}, false
 	}
 	now := time.Now()
-	return Snapshot{Status: in.st, State: in.state(now), Pending: in.pendingAt(now), ServiceUs: in.serviceUs, Placed: in.placed}, true
+	return in.snapshot(now), true
 }
 
 // All returns every instance's snapshot.
@@ -169,7 +184,7 @@ func (r *Registry) All() []Snapshot {
 	now := time.Now()
 	out := make([]Snapshot, 0, len(r.m))
 	for _, in := range r.m {
-		out = append(out, Snapshot{Status: in.st, State: in.state(now), Pending: in.pendingAt(now), ServiceUs: in.serviceUs, Placed: in.placed})
+		out = append(out, in.snapshot(now))
 	}
 	return out
 }

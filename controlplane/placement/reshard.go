@@ -63,20 +63,29 @@ type shardEntry struct {
 	ctx atomic.Pointer[ShardContext] // nil: no map yet; written with mu held
 }
 
-func (c *Controller) shardEntry(m string) *shardEntry {
+// mapKey names a sequence-sharded context: its map identifier within its
+// scope. A map identifier another scope uses names nothing in yours
+// (RELIABILITY S11): not its version, not its members.
+type mapKey struct {
+	scope kvsp.ScopeID
+	m     string
+}
+
+func (c *Controller) shardEntry(scope kvsp.ScopeID, m string) *shardEntry {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	e := c.maps[m]
+	k := mapKey{scope, m}
+	e := c.maps[k]
 	if e == nil {
 		e = &shardEntry{}
-		c.maps[m] = e
+		c.maps[k] = e
 	}
 	return e
 }
 
 // ShardMap returns a context's map at its authoritative version.
-func (c *Controller) ShardMap(m string) (kvsp.ShardMap, bool) {
-	cur := c.shardEntry(m).ctx.Load()
+func (c *Controller) ShardMap(scope kvsp.ScopeID, m string) (kvsp.ShardMap, bool) {
+	cur := c.shardEntry(scope, m).ctx.Load()
 	if cur == nil {
 		return kvsp.ShardMap{}, false
 	}
@@ -110,7 +119,7 @@ func (c *Controller) Reshard(ctx context.Context, q *ReshardRequest) (*ReshardRe
 	if q.Deadline > MaxReshardDeadline {
 		return nil, fmt.Errorf("%w: deadline_ms: at most %d", kvsp.ErrInvalid, MaxReshardDeadline.Milliseconds())
 	}
-	e := c.shardEntry(q.Next.Map)
+	e := c.shardEntry(q.ScopeID, q.Next.Map)
 	if !e.mu.TryLock() { // one at a time: a second would find its version taken, or a member's plan open
 		var v uint64
 		if cur := e.ctx.Load(); cur != nil {
@@ -127,8 +136,8 @@ func (c *Controller) Reshard(ctx context.Context, q *ReshardRequest) (*ReshardRe
 	if q.Next.Version != cur.Map.Version+1 {
 		return nil, kvsp.NewProblem(kvsp.ErrPlanConflict, "the new map's version is not the current one plus one").With("version", cur.Map.Version)
 	}
-	if cur.ScopeID != q.ScopeID || cur.CompatID != q.CompatID {
-		return nil, kvsp.NewProblem(kvsp.ErrPlanConflict, "the map belongs to another scope or model")
+	if cur.CompatID != q.CompatID {
+		return nil, fmt.Errorf("%w: the context is of another model", kvsp.ErrIncompatible)
 	}
 	keys := cur.Keys
 	if q.Tokens != nil {
@@ -151,6 +160,11 @@ func (c *Controller) Reshard(ctx context.Context, q *ReshardRequest) (*ReshardRe
 	if last != uint64(len(keys))*b {
 		return nil, fmt.Errorf("%w: shard map: the shards must cover the context's %d complete blocks", kvsp.ErrInvalid, len(keys))
 	}
+	for i, s := range q.Next.Shards { // S12: a scope's blocks go only to its instances
+		if !c.authorizedURI(s.Instance, q.ScopeID) {
+			return nil, fmt.Errorf("%w: shard map: shards[%d].instance is not an instance of this scope", kvsp.ErrScopeDenied, i)
+		}
+	}
 
 	// The decisions outlive the request that asked for them: a commit or
 	// abort not sent would leave members with an open plan.
@@ -165,7 +179,7 @@ func (c *Controller) Reshard(ctx context.Context, q *ReshardRequest) (*ReshardRe
 			}
 		}
 		// One short try each: a member that cannot take it fails the plan anyway.
-		c.send(dctx, members, &kvsp.Reshard{Kind: kvsp.ReshardCommit, Map: cur.Map.Map, Commit: cur.Map.Version}, 1, time.Second)
+		c.send(dctx, members, &kvsp.Reshard{Kind: kvsp.ReshardCommit, Map: cur.Map.Map, ScopeID: cur.ScopeID, Commit: cur.Map.Version}, 1, time.Second)
 	}
 
 	plans := PlanReshard(cur.Map, q.Next)
@@ -218,7 +232,7 @@ func (c *Controller) Reshard(ctx context.Context, q *ReshardRequest) (*ReshardRe
 	if failed != nil {
 		c.m.reshards.WithLabelValues("aborted").Inc()
 		c.log.Warn("reshard aborted", "map", q.Next.Map, "to", q.Next.Version, "err", failed)
-		c.broadcast(dctx, members, &kvsp.Reshard{Kind: kvsp.ReshardAbort, Map: q.Next.Map, Abort: q.Next.Version, Plan: planID})
+		c.broadcast(dctx, members, &kvsp.Reshard{Kind: kvsp.ReshardAbort, Map: q.Next.Map, ScopeID: q.ScopeID, Abort: q.Next.Version, Plan: planID})
 		return nil, fmt.Errorf("%w: %w", ErrReshardAborted, failed)
 	}
 
@@ -227,13 +241,13 @@ func (c *Controller) Reshard(ctx context.Context, q *ReshardRequest) (*ReshardRe
 	if c.cfg.State != nil {
 		if err := c.cfg.State.PutShardMap(next); err != nil {
 			c.log.Error("controller state not written; aborting the reshard", "err", err)
-			c.broadcast(dctx, members, &kvsp.Reshard{Kind: kvsp.ReshardAbort, Map: q.Next.Map, Abort: q.Next.Version, Plan: planID})
+			c.broadcast(dctx, members, &kvsp.Reshard{Kind: kvsp.ReshardAbort, Map: q.Next.Map, ScopeID: q.ScopeID, Abort: q.Next.Version, Plan: planID})
 			return nil, fmt.Errorf("%w: the controller's state could not be written", kvsp.ErrUnavailable)
 		}
 	}
 	e.ctx.Store(next)
 	failpoint.Eval("pc/reshard-recorded") // F12: a crash between the decision and the commits
-	c.broadcast(dctx, members, &kvsp.Reshard{Kind: kvsp.ReshardCommit, Map: q.Next.Map, Commit: q.Next.Version, Plan: planID})
+	c.broadcast(dctx, members, &kvsp.Reshard{Kind: kvsp.ReshardCommit, Map: q.Next.Map, ScopeID: q.ScopeID, Commit: q.Next.Version, Plan: planID})
 	c.m.reshards.WithLabelValues("committed").Inc()
 	return res, nil
 }
@@ -253,21 +267,30 @@ func (c *Controller) resolveMaps(ctx context.Context) {
 		entries = append(entries, e)
 	}
 	c.mu.Unlock()
-	all := c.reg.URIs()
+	known := c.reg.URIs()
 	for _, e := range entries {
 		if !e.mu.TryLock() {
 			continue // a reshard of this map is under way here: its plan replaces the open one, its decision ends it
 		}
 		cur := e.ctx.Load()
 		if cur != nil && cur.Map.Version > 0 {
-			var members []string
+			var members, all []string
 			for _, s := range cur.Map.Shards {
 				if !slices.Contains(members, s.Instance) {
 					members = append(members, s.Instance)
 				}
 			}
-			c.send(ctx, members, &kvsp.Reshard{Kind: kvsp.ReshardCommit, Map: cur.Map.Map, Commit: cur.Map.Version}, 2, time.Second)
-			c.send(ctx, all, &kvsp.Reshard{Kind: kvsp.ReshardAbort, Map: cur.Map.Map, Abort: cur.Map.Version + 1}, 1, time.Second)
+			for _, uri := range known {
+				// S12: never to an instance known to be outside the map's
+				// scope; one known only from saved state (not reported
+				// since the restart, its identity not known yet) gets it,
+				// since the plan to abort may have reached it.
+				if st, _ := c.reg.Get(uri); st.Status.Instance == "" || c.authorized(st, cur.ScopeID) {
+					all = append(all, uri)
+				}
+			}
+			c.send(ctx, members, &kvsp.Reshard{Kind: kvsp.ReshardCommit, Map: cur.Map.Map, ScopeID: cur.ScopeID, Commit: cur.Map.Version}, 2, time.Second)
+			c.send(ctx, all, &kvsp.Reshard{Kind: kvsp.ReshardAbort, Map: cur.Map.Map, ScopeID: cur.ScopeID, Abort: cur.Map.Version + 1}, 1, time.Second)
 		}
 		e.mu.Unlock()
 	}

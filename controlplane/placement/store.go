@@ -1,7 +1,9 @@
 package placement
 
 import (
+	"bytes"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
@@ -20,7 +22,7 @@ import (
 type Store interface {
 	PutInstanceEpoch(instance string, epoch uint64) error
 	PutSession(s *Session) error
-	DeleteSession(id kvsp.UUID) error
+	DeleteSession(scope kvsp.ScopeID, id kvsp.UUID) error
 	PutShardMap(m *ShardContext) error
 	Load() (*State, error)
 	Close() error
@@ -55,13 +57,63 @@ func OpenBoltStore(path string) (*BoltStore, error) {
 				return err
 			}
 		}
-		return nil
+		return rekeyByScope(tx)
 	})
 	if err != nil {
 		db.Close()
 		return nil, err
 	}
 	return &BoltStore{db: db}, nil
+}
+
+// rekeyByScope moves sessions and maps stored under their id alone (before
+// ids were scoped) to their scoped keys, so that deleting them works.
+func rekeyByScope(tx *bolt.Tx) error {
+	type move struct{ from, to, v []byte }
+	var moves []move
+	sb, mb := tx.Bucket(bucketSessions), tx.Bucket(bucketMaps)
+	if err := sb.ForEach(func(k, v []byte) error {
+		if len(k) == len(kvsp.UUID{}) {
+			x, err := decodeSession(v)
+			if err != nil {
+				return err
+			}
+			moves = append(moves, move{bytes.Clone(k), sessionDBKey(x.ScopeID, x.ID), bytes.Clone(v)})
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	for _, m := range moves {
+		if err := sb.Delete(m.from); err != nil {
+			return err
+		}
+		if err := sb.Put(m.to, m.v); err != nil {
+			return err
+		}
+	}
+	moves = moves[:0]
+	if err := mb.ForEach(func(k, v []byte) error {
+		x, err := decodeShardContext(v)
+		if err != nil {
+			return err
+		}
+		if to := mapDBKey(x.ScopeID, x.Map.Map); !bytes.Equal(k, to) {
+			moves = append(moves, move{bytes.Clone(k), to, bytes.Clone(v)})
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	for _, m := range moves {
+		if err := mb.Delete(m.from); err != nil {
+			return err
+		}
+		if err := mb.Put(m.to, m.v); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // PutInstanceEpoch implements Store.
@@ -81,6 +133,7 @@ type storedSession struct {
 	InstEpoch  uint64           `json:"instance_epoch,omitzero"`
 	Created    time.Time        `json:"created"`
 	MaxTokens  uint64           `json:"max_tokens"`
+	Prompt     string           `json:"prompt_digest,omitempty"` // hex; absent in state written before it was kept
 	Checkpoint *kvsp.Checkpoint `json:"checkpoint,omitempty"`
 }
 
@@ -102,13 +155,20 @@ func (s *BoltStore) PutSession(x *Session) error {
 		return err
 	}
 	return s.db.Update(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketSessions).Put(x.ID[:], b)
+		return tx.Bucket(bucketSessions).Put(sessionDBKey(x.ScopeID, x.ID), b)
 	})
 }
 
+// sessionDBKey is a session's key in the bucket: scope, then id (ids are
+// unique within a scope only).
+func sessionDBKey(scope kvsp.ScopeID, id kvsp.UUID) []byte { return append(scope[:], id[:]...) }
+
+// mapDBKey is a shard map's key in the bucket: scope, then the map id.
+func mapDBKey(scope kvsp.ScopeID, m string) []byte { return append(scope[:], m...) }
+
 // DeleteSession implements Store.
-func (s *BoltStore) DeleteSession(id kvsp.UUID) error {
-	return s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketSessions).Delete(id[:]) })
+func (s *BoltStore) DeleteSession(scope kvsp.ScopeID, id kvsp.UUID) error {
+	return s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketSessions).Delete(sessionDBKey(scope, id)) })
 }
 
 // PutShardMap implements Store.
@@ -118,7 +178,7 @@ func (s *BoltStore) PutShardMap(m *ShardContext) error {
 		return err
 	}
 	return s.db.Update(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketMaps).Put([]byte(m.Map.Map), b)
+		return tx.Bucket(bucketMaps).Put(mapDBKey(m.ScopeID, m.Map.Map), b)
 	})
 }
 
@@ -161,8 +221,12 @@ func decodeEpoch(v []byte) (uint64, error) {
 }
 
 func encodeSession(x *Session) ([]byte, error) {
-	return kvsp.Marshal(&storedSession{ID: x.ID, Epoch: x.Epoch, ScopeID: x.ScopeID, CompatID: x.CompatID, Instance: x.Instance, InstEpoch: x.InstanceEpoch,
-		Created: x.Created, MaxTokens: x.MaxTokens, Checkpoint: x.Checkpoint})
+	st := &storedSession{ID: x.ID, Epoch: x.Epoch, ScopeID: x.ScopeID, CompatID: x.CompatID, Instance: x.Instance, InstEpoch: x.InstanceEpoch,
+		Created: x.Created, MaxTokens: x.MaxTokens, Checkpoint: x.Checkpoint}
+	if x.Prompt != [32]byte{} {
+		st.Prompt = hex.EncodeToString(x.Prompt[:])
+	}
+	return kvsp.Marshal(st)
 }
 
 func decodeSession(v []byte) (*Session, error) {
@@ -170,8 +234,16 @@ func decodeSession(v []byte) (*Session, error) {
 	if err := kvsp.Decode(v, &x); err != nil {
 		return nil, fmt.Errorf("placement: state: session: %w", err)
 	}
-	return &Session{ID: x.ID, Epoch: x.Epoch, ScopeID: x.ScopeID, CompatID: x.CompatID, Instance: x.Instance, InstanceEpoch: x.InstEpoch,
-		Created: x.Created, MaxTokens: x.MaxTokens, Checkpoint: x.Checkpoint}, nil
+	s := &Session{ID: x.ID, Epoch: x.Epoch, ScopeID: x.ScopeID, CompatID: x.CompatID, Instance: x.Instance, InstanceEpoch: x.InstEpoch,
+		Created: x.Created, MaxTokens: x.MaxTokens, Checkpoint: x.Checkpoint}
+	if x.Prompt != "" {
+		if b, err := hex.DecodeString(x.Prompt); err != nil || len(b) != len(s.Prompt) {
+			return nil, errors.New("placement: state: session: malformed prompt_digest")
+		} else {
+			copy(s.Prompt[:], b)
+		}
+	}
+	return s, nil
 }
 
 // storedMap is a shard map as stored.

@@ -45,7 +45,7 @@ func stateSurvivesRestart(t *testing.T, open func() *Controller, stop func(*Cont
 	id := kvsp.NewUUID()
 	c.mu.Lock()
 	s := &Session{ID: id, Epoch: 1, ScopeID: kvsp.ScopeID{1}, CompatID: compatA, Instance: "https://ii1/", MaxTokens: 100}
-	c.sessions[id] = s
+	c.sessions[s.key()] = s
 	c.persist(s)
 	c.mu.Unlock()
 	if _, err := c.PutCheckpoint(checkpoint(id, 1, 32), func(string) bool { return true }); err != nil {
@@ -64,7 +64,7 @@ func stateSurvivesRestart(t *testing.T, open func() *Controller, stop func(*Cont
 	if err := c.cfg.State.PutSession(gone); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.cfg.State.DeleteSession(gone.ID); err != nil { // a forgotten session
+	if err := c.cfg.State.DeleteSession(gone.ScopeID, gone.ID); err != nil { // a forgotten session
 		t.Fatal(err)
 	}
 	stop(c)
@@ -73,7 +73,7 @@ func stateSurvivesRestart(t *testing.T, open func() *Controller, stop func(*Cont
 	if _, err := c.Registry().Put(status("https://ii1/", 11, kvsp.StateActive, compatA)); !errors.Is(err, kvsp.ErrStaleEpoch) {
 		t.Fatalf("a lower instance epoch after the restart: %v", err)
 	}
-	got, ok := c.Session(id)
+	got, ok := c.Session(kvsp.ScopeID{1}, id)
 	if !ok || got.Epoch != 2 || got.Checkpoint == nil || got.Checkpoint.OutputOffset != 32 || got.MaxTokens != 100 {
 		t.Fatalf("session after the restart: %+v", got)
 	}
@@ -83,10 +83,10 @@ func stateSurvivesRestart(t *testing.T, open func() *Controller, stop func(*Cont
 	if g, _ := c.Registry().Get("https://ii1/"); g.State != kvsp.StateFailed {
 		t.Fatalf("an instance known only from saved state: %s", g.State)
 	}
-	if _, ok := c.Session(gone.ID); ok {
+	if _, ok := c.Session(gone.ScopeID, gone.ID); ok {
 		t.Fatal("a deleted session came back after the restart")
 	}
-	if m, ok := c.ShardMap("m1"); !ok || !reflect.DeepEqual(m, sm.Map) {
+	if m, ok := c.ShardMap(kvsp.ScopeID{1}, "m1"); !ok || !reflect.DeepEqual(m, sm.Map) {
 		t.Fatalf("shard map after the restart: %+v", m)
 	}
 }

@@ -104,7 +104,7 @@ func ds1Run(t *testing.T, x *ids, seed uint64) (st ds1Stats) {
 		if !w.pcUp() {
 			return 0, 0, false
 		}
-		s, ok := w.pc.Session(id)
+		s, ok := w.pc.Session(w.scope.ID(), id)
 		if !ok || s.Checkpoint == nil {
 			return s.Epoch, 0, ok
 		}
@@ -194,7 +194,7 @@ func ds1Run(t *testing.T, x *ids, seed uint64) (st ds1Stats) {
 				pcMu.Lock()
 				pc := w.pc
 				pcMu.Unlock()
-				cur, _ := pc.ShardMap(ds1Map)
+				cur, _ := pc.ShardMap(w.scope.ID(), ds1Map)
 				a, b := w.insts[w.rng.IntN(len(w.insts))].base, w.insts[w.rng.IntN(len(w.insts))].base
 				next := kvsp.ShardMap{Map: ds1Map, Version: cur.Version + 1, Shards: []kvsp.Shard{
 					{Tokens: kvsp.TokenRange{0, blockToks}, Instance: a}, {Tokens: kvsp.TokenRange{blockToks, 2 * blockToks}, Instance: b}}}
@@ -299,7 +299,7 @@ const ds1Map = "ds1"
 // of another.
 func checkOneVersion(t *testing.T, w *world) (holding int) {
 	t.Helper()
-	m, _ := w.pc.ShardMap(ds1Map)
+	m, _ := w.pc.ShardMap(w.scope.ID(), ds1Map)
 	want := map[string][]kvsp.TokenRange{}
 	for _, s := range m.Shards {
 		want[s.Instance] = append(want[s.Instance], s.Tokens)
@@ -319,10 +319,10 @@ func checkOneVersion(t *testing.T, w *world) (holding int) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for base, a := range w.agents {
-		if a.ShardPlanOpen(ds1Map) {
+		if a.ShardPlanOpen(w.scope.ID(), ds1Map) {
 			t.Fatalf("F12: %s still has a plan open (its fetched blocks pinned) after the faults stopped; the PC is at version %d", base, m.Version)
 		}
-		v, got := a.ShardRanges(ds1Map)
+		v, got := a.ShardRanges(w.scope.ID(), ds1Map)
 		switch {
 		case v > m.Version:
 		case len(got) == 0 && (v == 0 || want[base] == nil): // a fresh incarnation, or not a member (it may have left at an earlier version)

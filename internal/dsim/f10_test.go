@@ -82,7 +82,7 @@ func f10Run(t *testing.T, x *ids, seed uint64) (migrations, kills int) {
 				}
 				continue
 			}
-			s, ok := w.pc.Session(k.session)
+			s, ok := w.pc.Session(w.scope.ID(), k.session)
 			if !ok {
 				continue
 			}
@@ -112,7 +112,7 @@ func f10Run(t *testing.T, x *ids, seed uint64) (migrations, kills int) {
 					return fmt.Errorf("index %d delivered after %d tokens", idx, len(outs[i]))
 				}
 				if q.Sampler != nil { // R-SES-6: released only once acknowledged
-					sess, _ := w.pc.Session(*q.Session)
+					sess, _ := w.pc.Session(w.scope.ID(), *q.Session)
 					if sess.Checkpoint == nil || sess.Checkpoint.OutputOffset <= idx {
 						return fmt.Errorf("token %d of the top-p session delivered before a checkpoint covered it (%v)", idx, sess.Checkpoint)
 					}
