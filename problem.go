@@ -48,6 +48,7 @@ var (
 	ErrUnsupportedMediaType error = &kindError{"kvsp: unsupported media type"} // 415
 	ErrPreconditionRequired error = &kindError{"kvsp: precondition required"}  // 428
 	ErrTooManyRequests      error = &kindError{"kvsp: too many requests"}      // 429
+	ErrInternal             error = &kindError{"kvsp: internal error"}         // 500 (a handler's bug, logged)
 	ErrUnavailable          error = &kindError{"kvsp: service unavailable"}    // 503
 	ErrSecret               error = &kindError{"kvsp: refusing to encode a secret"}
 )
@@ -92,6 +93,7 @@ var ProblemTypes = []ProblemType{
 	{ErrUnsupportedMediaType, "", 415, "Unsupported Media Type"},
 	{ErrPreconditionRequired, "", 428, "Precondition Required"},
 	{ErrTooManyRequests, "", 429, "Too Many Requests"},
+	{ErrInternal, "", 500, "Internal Server Error"},
 	{ErrUnavailable, "", 503, "Service Unavailable"},
 }
 

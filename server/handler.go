@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"mime"
 	"net/http"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -102,14 +103,21 @@ func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // authenticate returns the identity of the request's verified client
 // certificate. The chain was verified at the handshake (mtls); the
-// identity rules are applied again here, so no request passes without one.
-func authenticate(r *http.Request) (string, error) {
+// identity rules are applied again here, so no request passes without one,
+// and so is the end of the validity period: a connection does not outlive
+// its client's certificate (nor any certificate of its chain).
+func authenticate(r *http.Request, now time.Time) (string, error) {
 	if r.TLS == nil || len(r.TLS.PeerCertificates) == 0 {
 		return "", fmt.Errorf("%w: no client certificate", kvsp.ErrForbidden)
 	}
 	id, err := mtls.Identity(r.TLS.PeerCertificates[0])
 	if err != nil {
 		return "", fmt.Errorf("%w: %v", kvsp.ErrForbidden, err)
+	}
+	for _, c := range r.TLS.PeerCertificates { // NotBefore was checked at the handshake
+		if now.After(c.NotAfter) {
+			return id, fmt.Errorf("%w: the client certificate has expired", kvsp.ErrForbidden)
+		}
 	}
 	return id, nil
 }
@@ -123,15 +131,35 @@ func (s *Server) wrap(pattern string, rt Route, h HandlerFunc) http.Handler {
 		maxBody = DefaultMaxBody
 	}
 	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		start := time.Now()
+		start := s.now()
 		id := newRequestID()
 		log := s.log.With("request_id", id)
 		w := &statusWriter{ResponseWriter: rw}
 		if s.altSvc != "" {
 			w.Header().Set("Alt-Svc", s.altSvc)
 		}
-		err := func() error {
-			ident, err := authenticate(r)
+		var ident string
+		err := func() (err error) {
+			// A panic is a bug, not a reason to reset the client's stream:
+			// it is logged with the peer and answered 500 (a response
+			// already started is cut, as any failure mid-body).
+			defer func() {
+				v := recover()
+				if v == nil || v == http.ErrAbortHandler {
+					if v != nil {
+						panic(v)
+					}
+					return
+				}
+				s.metrics.panics.WithLabelValues(pattern).Inc()
+				s.logs.log(r.Context(), log, slog.LevelWarn, "panic:"+pattern, "handler panicked", "route", pattern, "peer", r.RemoteAddr,
+					"panic", truncate(fmt.Sprint(v), 200), "at", frames(debug.Stack()))
+				err = fmt.Errorf("%w: the request could not be served (logged)", kvsp.ErrInternal)
+			}()
+			ident, err = authenticate(r, start)
+			if ident != "" {
+				log = log.With("principal", ident) // named in the refusals below too
+			}
 			if err != nil {
 				return err
 			}
@@ -142,7 +170,6 @@ func (s *Server) wrap(pattern string, rt Route, h HandlerFunc) http.Handler {
 			if len(rt.Roles) > 0 && !p.HasAny(rt.Roles...) {
 				return fmt.Errorf("%w: role not allowed on this resource", kvsp.ErrForbidden)
 			}
-			log = log.With("principal", ident)
 			ctx := context.WithValue(r.Context(), principalKey, p)
 			ctx = context.WithValue(ctx, requestIDKey, id)
 			ctx = context.WithValue(ctx, loggerKey, log)
@@ -166,20 +193,57 @@ func (s *Server) wrap(pattern string, rt Route, h HandlerFunc) http.Handler {
 				// The response was under way (a block stream): it cannot
 				// become a problem; abort the stream so the client sees a
 				// truncated body rather than a complete-looking one.
-				log.Warn("request failed after the response started", "route", pattern, "err", err)
+				s.metrics.aborted.WithLabelValues(pattern).Inc()
+				s.logs.log(r.Context(), log, slog.LevelInfo, "aborted:"+pattern, "response cut after it started", "route", pattern, "err", err)
 				s.metrics.observe(pattern, r.Method, w.status, time.Since(start), w.bytes)
 				panic(http.ErrAbortHandler)
 			}
 			writeProblem(w, err, id)
 		}
 		s.metrics.observe(pattern, r.Method, w.status, time.Since(start), w.bytes)
-		lvl := slog.LevelInfo
-		if w.status >= 500 {
-			lvl = slog.LevelError
+		args := []any{"method", r.Method, "route", pattern, "status", w.status, "bytes", w.bytes, "duration_ms", time.Since(start).Milliseconds()}
+		switch {
+		case err == nil:
+			log.Debug("request", args...) // routine traffic
+		case w.status >= 500:
+			s.logs.log(r.Context(), log, slog.LevelError, pattern+" "+ident+" "+errText(err), "request", append(args, "err", errText(err))...)
+		default: // refused: worth seeing, but a flood of one refusal from one identity is a few lines
+			s.logs.log(r.Context(), log, slog.LevelInfo, pattern+" "+ident+" "+errText(err), "request", append(args, "err", errText(err))...)
 		}
-		log.Log(r.Context(), lvl, "request", "method", r.Method, "route", pattern, "status", w.status,
-			"bytes", w.bytes, "duration_ms", time.Since(start).Milliseconds(), "err", errText(err))
 	})
+}
+
+// frames is the stack of a recovered panic without the argument words
+// (they could hold a request's data): function and file:line of the
+// frames from where it panicked outwards, at most 12.
+func frames(stack []byte) string {
+	lines := strings.Split(strings.TrimSpace(string(stack)), "\n")
+	var out []string
+	from := 1 // after "goroutine N [running]:"
+	for i := 1; i+1 < len(lines); i += 2 {
+		if strings.HasPrefix(lines[i], "panic(") {
+			from = i + 2 // the frames below the panic are the recovery's
+		}
+	}
+	for i := from; i+1 < len(lines) && len(out) < 12; i += 2 {
+		fn, file := lines[i], strings.TrimSpace(lines[i+1])
+		if k := strings.LastIndexByte(fn, '('); k > 0 {
+			fn = fn[:k]
+		}
+		if k := strings.LastIndex(file, " +0x"); k > 0 {
+			file = file[:k]
+		}
+		out = append(out, fn+" "+file)
+	}
+	return strings.Join(out, "; ")
+}
+
+// truncate bounds a string written to the log.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
 }
 
 func errText(err error) string {

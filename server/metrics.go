@@ -10,9 +10,12 @@ import (
 // metrics are the HTTP metrics of a Server, registered on the Registerer of
 // its Config (never package-level collectors).
 type metrics struct {
-	requests *prometheus.CounterVec
-	duration *prometheus.HistogramVec
-	bytes    *prometheus.CounterVec
+	requests   *prometheus.CounterVec
+	duration   *prometheus.HistogramVec
+	bytes      *prometheus.CounterVec
+	handshakes *prometheus.CounterVec
+	aborted    *prometheus.CounterVec
+	panics     *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -27,9 +30,18 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvsp_http_response_bytes_total", Help: "Response body octets by route.",
 		}, []string{"route"}),
+		handshakes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvsp_tls_handshake_failures_total", Help: "TLS handshakes refused or broken off, by kind (certificate, protocol, aborted, other).",
+		}, []string{"kind"}),
+		aborted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvsp_http_aborted_responses_total", Help: "Responses cut after they started (the client reset the stream, or the handler failed mid-body), by route.",
+		}, []string{"route"}),
+		panics: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvsp_http_handler_panics_total", Help: "Handlers that panicked (answered 500, or cut if the response had started), by route.",
+		}, []string{"route"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.duration, m.bytes)
+		reg.MustRegister(m.requests, m.duration, m.bytes, m.handshakes, m.aborted, m.panics)
 	}
 	return m
 }

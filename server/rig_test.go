@@ -47,6 +47,8 @@ type rig struct {
 type rigOptions struct {
 	Policy            string // default kvsptest.Policy
 	ReadHeaderTimeout time.Duration
+	Now               func() time.Time // the server's clock (certificate validity per request)
+	Level             slog.Leveler     // the log's level; nil: debug
 }
 
 func startRig(t *testing.T, p *kvsptest.PKI, o rigOptions, mount func(*server.Server)) *rig {
@@ -68,9 +70,13 @@ func startRig(t *testing.T, p *kvsptest.PKI, o rigOptions, mount func(*server.Se
 	}
 	logs := &logBuf{}
 	reg := prometheus.NewRegistry()
+	var level slog.Leveler = slog.LevelDebug
+	if o.Level != nil {
+		level = o.Level
+	}
 	srv, err := server.New(server.Config{
-		Credentials: creds, Policy: pol, ReadHeaderTimeout: o.ReadHeaderTimeout, Registerer: reg,
-		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Credentials: creds, Policy: pol, ReadHeaderTimeout: o.ReadHeaderTimeout, Registerer: reg, Now: o.Now,
+		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: level})),
 	})
 	if err != nil {
 		t.Fatal(err)

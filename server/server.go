@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"log"
 	"log/slog"
 	"net"
 	"net/http"
@@ -54,6 +55,10 @@ type Config struct {
 	Logger *slog.Logger
 	// Registerer receives the HTTP metrics; nil: not registered.
 	Registerer prometheus.Registerer
+	// Now is the clock requests are authenticated against (a client
+	// certificate's validity, checked on every request); default
+	// time.Now.
+	Now func() time.Time
 }
 
 // QUICHandler serves the QUIC connections of one application protocol.
@@ -92,6 +97,9 @@ func (c *Config) populate() {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
 }
 
 // Server serves the routes of the roles a process hosts, each under its own
@@ -107,6 +115,8 @@ type Server struct {
 	quicLn  *quic.Listener
 	quicTr  *quic.Transport
 	altSvc  string
+	now     func() time.Time
+	logs    *limiter // floods of one kind of line
 
 	mu      sync.Mutex
 	methods map[string][]string // path pattern -> registered methods
@@ -125,6 +135,8 @@ func New(cfg Config) (*Server, error) {
 		mux:     http.NewServeMux(),
 		metrics: newMetrics(cfg.Registerer),
 		methods: make(map[string][]string),
+		now:     cfg.Now,
+		logs:    newLimiter(time.Now),
 	}
 	// Anything no role serves: 404 problem, after authentication.
 	s.mux.Handle("/", s.wrap("/", Route{MaxBody: -1}, func(w http.ResponseWriter, r *http.Request) error {
@@ -139,7 +151,7 @@ func New(cfg Config) (*Server, error) {
 		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
 		IdleTimeout:       cfg.IdleTimeout,
 		MaxHeaderBytes:    cfg.MaxHeaderBytes,
-		ErrorLog:          slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelDebug),
+		ErrorLog:          log.New(errorLog{s}, "", 0),
 		// No WriteTimeout: block streams take as long as their size needs;
 		// routes set their own deadlines (Route.Timeout).
 		// Bulk-friendly HTTP/2: large frames and flow-control windows, so a

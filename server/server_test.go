@@ -8,8 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"os"
 	"runtime"
 	"slices"
@@ -169,6 +171,9 @@ func TestS1_MTLSHandshakeMatrix(t *testing.T) {
 		{"two URI SANs", p.ClientTLS(issue(pki.LeafOptions{URIs: []string{a, kvsptest.PC}})), "/t/any", "", handshake, "", "2 URI SANs"},
 		{"two DNS SANs, no URI SAN", p.ClientTLS(issue(pki.LeafOptions{DNSNames: []string{"a.kvsp.test", "b.kvsp.test"}})), "/t/any", "", handshake, "", "2 DNS SANs"},
 		{"no SAN at all", p.ClientTLS(issue(pki.LeafOptions{})), "/t/any", "", handshake, "", "no URI or DNS SAN"},
+		// A DNS SAN spelling an identity of the policy's URI SANs is not
+		// that identity: only a URI SAN is.
+		{"DNS SAN that spells a URI identity", p.ClientTLS(issue(pki.LeafOptions{DNSNames: []string{a}})), "/t/lookup", lookup(testScope), handshake, "", "the DNS SAN is not a DNS name"},
 		{"no URI SAN, DNS SAN not in the policy", p.ClientTLS(p.Leaf("other.kvsp.test")), "/t/any", "", 403, "about:blank", "identity not in the policy"},
 		{"URI SAN not in the policy", p.ClientTLS(p.Leaf(kvsptest.Stranger)), "/t/any", "", 403, "about:blank", "identity not in the policy"},
 		{"authorized, other scope", p.ClientTLS(p.Leaf(a)), "/t/lookup", lookup(strings.Repeat("ee", 16)), 403, "https://iana.org/assignments/kvsp#kvsp-scope-denied", "scope denied"},
@@ -210,6 +215,19 @@ func TestS1_MTLSHandshakeMatrix(t *testing.T) {
 			}
 			if c.reason != "" && !r.Log.WaitFor(mark, c.reason, 2*time.Second) {
 				t.Errorf("%s: the server log does not say %q:\n%s", name, c.reason, r.Log.Since(mark))
+			}
+			// A refused handshake is a warning naming the peer (item 8:
+			// it was at debug, under serve's info level).
+			if c.want == handshake {
+				if line := lineWith(r.Log.Since(mark), c.reason); !strings.Contains(line, "level=WARN") || !strings.Contains(line, "peer=127.0.0.1:") {
+					t.Errorf("%s: the refusal is not a warning naming the peer: %s", name, line)
+				}
+			}
+			// A 403 names the identity refused (item 8).
+			if c.want == 403 {
+				if id := mtlsIdentity(c.conf); id != "" && !strings.Contains(lineWith(r.Log.Since(mark), c.reason), "principal="+id) {
+					t.Errorf("%s: the refusal does not name %s:\n%s", name, id, r.Log.Since(mark))
+				}
 			}
 		}
 	}
@@ -961,4 +979,156 @@ func mustCounter(t *testing.T, reg *prometheus.Registry, route, code string) pro
 	}
 	t.Fatalf("no counter for %s %s", route, code)
 	return nil
+}
+
+// lineWith is the first line of log that holds substr.
+func lineWith(log, substr string) string {
+	for _, l := range strings.Split(log, "\n") {
+		if strings.Contains(l, substr) {
+			return l
+		}
+	}
+	return ""
+}
+
+// mtlsIdentity is the identity of a client configuration's certificate.
+func mtlsIdentity(c *tls.Config) string {
+	if len(c.Certificates) == 0 || c.Certificates[0].Leaf == nil {
+		return ""
+	}
+	id, _ := mtls.Identity(c.Certificates[0].Leaf)
+	return id
+}
+
+// TestS1_ConnectionDoesNotOutliveItsCertificate (RELIABILITY S1, issue
+// item 4): a client whose certificate expires while its connection is open
+// is refused on that connection (403, the log says why) from the moment
+// it expired, over HTTP/2 and HTTP/1.1; the server's clock decides.
+func TestS1_ConnectionDoesNotOutliveItsCertificate(t *testing.T) {
+	p := kvsptest.NewPKI(t)
+	var skew atomic.Int64
+	r := startRig(t, p, rigOptions{Now: func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }}, echoRoutes)
+	leaf := p.Issue(pki.LeafOptions{URIs: []string{kvsptest.ClientA}, NotAfter: time.Now().Add(time.Hour)})
+	for _, proto := range []string{"h2", "http/1.1"} {
+		skew.Store(0)
+		conf := p.ClientTLS(leaf)
+		conf.NextProtos = []string{proto}
+		tr := &http.Transport{TLSClientConfig: conf, ForceAttemptHTTP2: proto == "h2"}
+		c := kvsptest.HTTPClient(t, tr)
+		var conns atomic.Int64
+		trace := &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) {
+			if !i.Reused {
+				conns.Add(1)
+			}
+		}}
+		do := func() (*http.Response, []byte) {
+			req, _ := http.NewRequestWithContext(httptrace.WithClientTrace(context.Background(), trace), "GET", r.URL("/t/any"), nil)
+			resp, err := c.Do(req)
+			if err != nil {
+				t.Fatalf("%s: %v", proto, err)
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			return resp, b
+		}
+		if resp, b := do(); resp.StatusCode != 200 {
+			t.Fatalf("%s: before expiry: %d %s", proto, resp.StatusCode, b)
+		}
+		mark := r.Log.Len()
+		skew.Store(int64(2 * time.Hour)) // the certificate expired an hour ago
+		resp, b := do()
+		if resp.StatusCode != 403 || conns.Load() != 1 {
+			t.Fatalf("%s: after expiry on the open connection (%d connections): %d %s", proto, conns.Load(), resp.StatusCode, b)
+		}
+		if !r.Log.WaitFor(mark, "expired", time.Second) {
+			t.Fatalf("%s: the log does not say the certificate expired:\n%s", proto, r.Log.Since(mark))
+		}
+		tr.CloseIdleConnections()
+	}
+}
+
+// TestHandlerPanicIsAProblem (issue item 8; RELIABILITY B10's "never a
+// reset stream"): a handler that panics is answered 500 problem details
+// on HTTP/2 and HTTP/1.1, counted, and logged once at warn with the peer
+// and where it panicked, without the stack's argument words; the server
+// goes on serving.
+func TestHandlerPanicIsAProblem(t *testing.T) {
+	p := kvsptest.NewPKI(t)
+	r := startRig(t, p, rigOptions{}, func(s *server.Server) {
+		echoRoutes(s)
+		s.Mount("/p/").Handle("GET", "boom", server.Route{}, func(w http.ResponseWriter, req *http.Request) error {
+			var s []int
+			_ = s[len(req.URL.Path)] // index out of range
+			return nil
+		})
+	})
+	for _, proto := range []string{"h2", "http/1.1"} {
+		conf := p.ClientTLS(p.Leaf(kvsptest.ClientA))
+		conf.NextProtos = []string{proto}
+		c := kvsptest.HTTPClient(t, &http.Transport{TLSClientConfig: conf, ForceAttemptHTTP2: proto == "h2"})
+		mark := r.Log.Len()
+		resp, b, err := get(c, "GET", r.URL("/p/boom"), "", "")
+		if err != nil {
+			t.Fatalf("%s: %v (a reset stream)", proto, err)
+		}
+		if resp.StatusCode != 500 || resp.Header.Get("Content-Type") != kvsp.MediaTypeProblem {
+			t.Fatalf("%s: %d %q %s", proto, resp.StatusCode, resp.Header.Get("Content-Type"), b)
+		}
+		line := lineWith(r.Log.Since(mark), "handler panicked")
+		if !strings.Contains(line, "level=WARN") || !strings.Contains(line, "peer=127.0.0.1:") || !strings.Contains(line, "index out of range") ||
+			!strings.Contains(line, "server_test.go") || strings.Contains(line, "+0x") {
+			t.Fatalf("%s: the panic's log line: %q", proto, line)
+		}
+		if resp, _, err := get(c, "GET", r.URL("/t/any"), "", ""); err != nil || resp.StatusCode != 200 {
+			t.Fatalf("%s: after the panic: %v", proto, err)
+		}
+	}
+	if n := kvsptest.MetricSum(t, r.Reg, "kvsp_http_handler_panics_total", nil); n != 2 {
+		t.Fatalf("panics counted: %v", n)
+	}
+}
+
+// TestRoutineTrafficIsQuiet (issue item 9): at serve's info level, 200
+// successful requests write nothing; 200 identical refusals from one
+// identity write a few lines (then one saying how many were left out),
+// while the metrics count all 200; refused handshakes likewise.
+func TestRoutineTrafficIsQuiet(t *testing.T) {
+	p := kvsptest.NewPKI(t)
+	r := startRig(t, p, rigOptions{Level: slog.LevelInfo}, echoRoutes)
+	c := kvsptest.HTTPClient(t, &http.Transport{TLSClientConfig: p.ClientTLS(p.Leaf(kvsptest.ClientA)), ForceAttemptHTTP2: true})
+	mark := r.Log.Len()
+	for range 200 {
+		if resp, _, err := get(c, "GET", r.URL("/t/any"), "", ""); err != nil || resp.StatusCode != 200 {
+			t.Fatal(err)
+		}
+	}
+	if l := r.Log.Since(mark); l != "" {
+		t.Fatalf("routine requests logged at info:\n%s", l)
+	}
+	for range 200 {
+		if resp, _, err := get(c, "POST", r.URL("/t/ctl"), "", ""); err != nil || resp.StatusCode != 403 {
+			t.Fatal(err)
+		}
+	}
+	if n := strings.Count(r.Log.Since(mark), "\n"); n == 0 || n > 5 {
+		t.Fatalf("200 identical refusals wrote %d lines:\n%s", n, r.Log.Since(mark))
+	}
+	if n := kvsptest.MetricSum(t, r.Reg, "kvsp_http_requests_total", map[string]string{"code": "403"}); n != 200 {
+		t.Fatalf("refusals counted: %v", n)
+	}
+	mark = r.Log.Len()
+	for range 50 {
+		conn, err := tls.Dial("tcp", r.Addr, p.ClientTLS(nil))
+		if err == nil {
+			conn.Read(make([]byte, 1)) // TLS 1.3: the refusal arrives with the first read
+			conn.Close()
+		}
+	}
+	time.Sleep(200 * time.Millisecond) // the server logs after the client saw the failure
+	if n := strings.Count(r.Log.Since(mark), "TLS handshake refused"); n == 0 || n > 3 {
+		t.Fatalf("50 refused handshakes wrote %d lines:\n%s", n, r.Log.Since(mark))
+	}
+	if n := kvsptest.MetricSum(t, r.Reg, "kvsp_tls_handshake_failures_total", nil); n < 50 {
+		t.Fatalf("refused handshakes counted: %v", n)
+	}
 }
