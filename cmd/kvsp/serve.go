@@ -206,9 +206,10 @@ func mountRoles(srv *server.Server, cfg *config.Config, log *slog.Logger, reg pr
 			}}, closers...)
 		}
 		svc, err := index.New(index.Config{
-			MaxTTL:        time.Duration(x.MaxTTLMs) * time.Millisecond,
-			MaxLookupKeys: x.MaxLookupKeys,
-			Status:        statuses, // fed by a co-located PC
+			MaxTTL:          time.Duration(x.MaxTTLMs) * time.Millisecond,
+			MaxLookupKeys:   x.MaxLookupKeys,
+			ProducerDigests: x.ProducerDigests,
+			Status:          statuses, // fed by a co-located PC
 			BlockTokens: func(c kvsp.CompatID) (int, bool) {
 				b, ok := blockTokens[c]
 				return b, ok

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"io"
 	"net/http"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/client"
 	"github.com/kvsp/kvsp/container"
 	"github.com/kvsp/kvsp/internal/config"
 	"github.com/kvsp/kvsp/quicbulk"
@@ -25,7 +27,7 @@ quicbulk: true
 tls: {cert: server.pem, key: server.key, client_ca: ca.pem, client_cert: self.pem, client_key: self.key}
 policy: policy.yaml
 scopes: [{key_file: scope-a.key}]
-index: {base: https://127.0.0.1:8443/is/, max_ttl_ms: 600000, max_lookup_keys: 4096, backend: memory}
+index: {base: https://127.0.0.1:8443/is/, max_ttl_ms: 600000, max_lookup_keys: 4096, backend: memory, producer_digests: true}
 controller: {base: https://127.0.0.1:8443/pc/, index: https://127.0.0.1:8443/is/, state: memory}
 holders:
   - base: https://127.0.0.1:8443/h1/
@@ -130,6 +132,24 @@ func TestCertsThenServe(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 200 || string(body) != `{"matched":0,"replicas":[]}` {
 		t.Fatalf("lookup through kvsp serve: %d %s", resp.StatusCode, body)
+	}
+	// index.producer_digests reaches the IS: h1 (the process's identity
+	// speaks for it) publishing another digest for a key it published is
+	// refused (R-SEC-8, S8).
+	self, err := tls.LoadX509KeyPair(filepath.Join(dir, "self.pem"), filepath.Join(dir, "self.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc, _ := client.New(client.Config{TLS: &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: roots, Certificates: []tls.Certificate{self}}})
+	defer sc.Close()
+	rec := &kvsp.ReplicaRecord{BlockKey: kvsp.BlockKey{0xcd}, CompatID: kvsp.CompatID{0xab}, ScopeID: sk.ID(), Holder: "https://127.0.0.1:8443/h1/", Codec: 1,
+		Size: 1, Digest: kvsp.Digest{1}, LayerDigests: []kvsp.LayerDigest{{1}}, TTLMs: 60000, Residency: []kvsp.Residency{{Tier: kvsp.TierHost, Layers: kvsp.LayerRange{0, 0}}}}
+	if _, _, err := sc.Index("https://"+addr+"/is/").Publish(context.Background(), rec); err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+	rec.Digest = kvsp.Digest{2}
+	if _, _, err := sc.Index("https://"+addr+"/is/").Publish(context.Background(), rec); !errors.Is(err, kvsp.ErrConflict) {
+		t.Fatalf("another digest for the key with producer_digests: %v, want 409", err)
 	}
 	// The holder stores and serves a block of the configured descriptor.
 	g := container.Geometry{Layers: 32, BlockTokens: 4, KVHeads: 8, HeadDim: 128, Elem: container.BF16}

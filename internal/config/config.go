@@ -106,6 +106,11 @@ type Index struct {
 	// Snapshot, for the memory backend, is a file loaded at start and
 	// written at shutdown.
 	Snapshot string `yaml:"snapshot"`
+	// ProducerDigests pins each key's digest to its first live replica's
+	// (the producer's): a holder publishing another digest for the key is
+	// refused, so consumers only ever see the producer's (R-SEC-8,
+	// RELIABILITY S8).
+	ProducerDigests bool `yaml:"producer_digests"`
 }
 
 // Controller configures the Placement Controller role.
@@ -160,7 +165,10 @@ type Tier struct {
 	Layers int `yaml:"layers"`
 }
 
-// LeaseQuota is a holder's per-client lease quota (R-LS-5, R-LS-6).
+// LeaseQuota is a holder's per-client lease quota (R-LS-5, R-LS-6). Each
+// member left out takes its default: a quarter of the host tier's
+// capacity (so one client cannot pin the whole tier), 60 s and 1024
+// leases.
 type LeaseQuota struct {
 	Octets    Size   `yaml:"octets"`
 	MaxTTLMs  uint64 `yaml:"max_ttl_ms"`
@@ -562,8 +570,28 @@ func (c *Config) validate() error {
 			}
 		}
 		q := &h.LeaseQuota
-		if q.Octets == 0 || q.MaxTTLMs == 0 || q.MaxLeases <= 0 {
-			return fieldErr(f+".lease_quota", "octets, max_ttl_ms and max_leases are required (R-LS-5, R-LS-6)")
+		var host Size
+		for _, t := range h.Tiers {
+			if t.Name == kvsp.TierHost {
+				host = t.Capacity
+			}
+		}
+		switch {
+		case q.MaxLeases < 0:
+			return fieldErr(f+".lease_quota.max_leases", "at least 1 (R-LS-5, R-LS-6)")
+		case q.MaxTTLMs > kvsp.MaxJSONInt:
+			return fieldErr(f+".lease_quota.max_ttl_ms", "1..2^53-1")
+		case host > 0 && q.Octets > host:
+			return fieldErr(f+".lease_quota.octets", "above the host tier's capacity: one client could pin all of it")
+		}
+		if q.Octets == 0 {
+			q.Octets = max(host/4, 1)
+		}
+		if q.MaxTTLMs == 0 {
+			q.MaxTTLMs = 60000
+		}
+		if q.MaxLeases == 0 {
+			q.MaxLeases = 1024
 		}
 	}
 	sockets := map[string]string{}

@@ -68,3 +68,35 @@ index: {base: https://h/is/, max_ttl_ms: 1000, max_lookup_keys: 64}
 		}
 	}
 }
+
+// TestLeaseQuotaDefaults (issue item 10): a holder's lease quota takes a
+// quarter of its host tier by default, so one client cannot pin all of
+// it, and one above the host tier is refused; the IS's producer-digest
+// pinning is configurable.
+func TestLeaseQuotaDefaults(t *testing.T) {
+	dir := t.TempDir()
+	for _, f := range []string{"c.pem", "k.pem", "ca.pem", "policy.yaml"} {
+		os.WriteFile(filepath.Join(dir, f), []byte("x"), 0o644)
+	}
+	os.WriteFile(filepath.Join(dir, "hex.key"), []byte(strings.Repeat("ab", 32)+"\n"), 0o600)
+	base := `listen: 127.0.0.1:8443
+tls: {cert: c.pem, key: k.pem, client_ca: ca.pem}
+policy: policy.yaml
+scopes: [{key_file: hex.key}]
+index: {base: https://h/is/, max_ttl_ms: 1000, max_lookup_keys: 64, producer_digests: true}
+holders: [{base: https://h/h1/, index: https://h/is/, tiers: [{name: host, capacity: 1GiB}]%s}]
+`
+	c, err := Parse([]byte(strings.Replace(base, "%s", "", 1)), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q := c.Holders[0].LeaseQuota; q.Octets != 256<<20 || q.MaxTTLMs != 60000 || q.MaxLeases != 1024 {
+		t.Fatalf("default lease quota %+v", q)
+	}
+	if !c.Index.ProducerDigests {
+		t.Fatal("index.producer_digests not read")
+	}
+	if _, err := Parse([]byte(strings.Replace(base, "%s", ", lease_quota: {octets: 2GiB}", 1)), dir); err == nil || !strings.Contains(err.Error(), "holders[0].lease_quota.octets") {
+		t.Fatalf("a quota above the host tier: %v", err)
+	}
+}
