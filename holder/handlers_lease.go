@@ -45,7 +45,8 @@ func (h *Holder) renewLease(w http.ResponseWriter, r *http.Request) error {
 	if err := server.DecodeJSON(r, &q); err != nil {
 		return err
 	}
-	ls, err := h.leases.renew(server.PrincipalFrom(r.Context()).ID, r.PathValue("id"), time.Duration(q.TTLMs)*time.Millisecond)
+	p := server.PrincipalFrom(r.Context())
+	ls, err := h.leases.renew(p.ID, r.PathValue("id"), time.Duration(q.TTLMs)*time.Millisecond, p.MayUseScope)
 	if err != nil {
 		return err
 	}

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -640,4 +641,45 @@ func TestPutMemoryBounded(t *testing.T) {
 		t.Fatalf("PUT after the bound freed up: %v %v", resp, err)
 	}
 	resp.Body.Close()
+}
+
+// TestS11_LeaseFoundOnlyInItsScope (RELIABILITY S11): a lease is found by
+// its id only for its owner while the owner may still use the lease's
+// scope. Once a policy reload takes the scope from client b, renewing its
+// lease is 404 kvsp-not-found, exactly as for an id nobody holds (it
+// would otherwise keep the blocks pinned, and learn their keys, for as
+// long as it liked); releasing it still works. Paired positive: the
+// renewal succeeds before the reload.
+func TestS11_LeaseFoundOnlyInItsScope(t *testing.T) {
+	f := start(t, 1<<20)
+	body, _ := makeBlock(1, 0, 4)
+	if err := f.hold[kvsptest.ClientA].PutBlock(context.Background(), ref(1), bytes.NewReader(body), int64(len(body)), sha256.Sum256(body)); err != nil {
+		t.Fatal(err)
+	}
+	b := f.hold["spiffe://kvsp.test/client/b"]
+	ls, err := b.Lease(context.Background(), &kvsp.LeaseRequest{ScopeID: scope, CompatID: compat, BlockKeys: []kvsp.BlockKey{ref(1).Key}, TTLMs: 5000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	renew := []byte(`{"ttl_ms":5000}`)
+	hdr := map[string]string{"Content-Type": kvsp.MediaType}
+	if st, _, body := f.raw(t, "spiffe://kvsp.test/client/b", "PUT", "/h1/leases/"+ls.Lease, hdr, renew); st != 200 {
+		t.Fatalf("renewal while authorized: %d %s", st, body)
+	}
+	pol := kvsptest.Policy + `  - {id: "spiffe://kvsp.test/client/b", roles: [client], scopes: [bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb]}
+  - {id: "spiffe://kvsp.test/client/nosc", roles: [client], scopes: [bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb]}
+`
+	os.WriteFile(f.pki.Path("policy.yaml"), []byte(pol), 0o644)
+	if err := f.srv.Policy.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	st, _, got := f.raw(t, "spiffe://kvsp.test/client/b", "PUT", "/h1/leases/"+ls.Lease, hdr, renew)
+	st2, _, none := f.raw(t, "spiffe://kvsp.test/client/b", "PUT", "/h1/leases/"+strings.Repeat("ab", 16), hdr, renew)
+	strip := func(b []byte) string { return regexp.MustCompile(`"instance":"[^"]*"`).ReplaceAllString(string(b), "") }
+	if st != 404 || st2 != 404 || strip(got) != strip(none) {
+		t.Fatalf("renewal after the scope was taken: %d %s; an unknown lease: %d %s", st, got, st2, none)
+	}
+	if st, _, body := f.raw(t, "spiffe://kvsp.test/client/b", "DELETE", "/h1/leases/"+ls.Lease, nil, nil); st != 204 {
+		t.Fatalf("release after the scope was taken: %d %s", st, body)
+	}
 }

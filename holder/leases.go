@@ -119,8 +119,11 @@ func (l *leases) lookupLocked(owner, id string, now time.Time) (*lease, error) {
 	return ls, nil
 }
 
-// renew extends owner's lease id by ttl from now.
-func (l *leases) renew(owner, id string, ttl time.Duration) (*lease, error) {
+// renew extends owner's lease id by ttl from now. The owner must still be
+// authorized for the lease's scope (may): a lease is not a way to keep
+// pinning, and learning the keys of, blocks of a scope taken from its
+// owner since; such a lease is not found, as another client's (S11).
+func (l *leases) renew(owner, id string, ttl time.Duration, may func(kvsp.ScopeID) bool) (*lease, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := time.Now()
@@ -128,6 +131,9 @@ func (l *leases) renew(owner, id string, ttl time.Duration) (*lease, error) {
 	ls, err := l.lookupLocked(owner, id, now)
 	if err != nil {
 		return nil, err
+	}
+	if len(ls.keys) > 0 && !may(ls.keys[0].scope) {
+		return nil, fmt.Errorf("%w: lease", kvsp.ErrNotFound)
 	}
 	if ttl > l.quota.MaxTTL {
 		return nil, l.quotaProblem(fmt.Sprintf("ttl_ms above the limit of %d", l.quota.MaxTTL.Milliseconds()))
