@@ -43,6 +43,7 @@ var (
 	ErrForbidden            error = &kindError{"kvsp: forbidden"}              // 403, a role failure
 	ErrMethodNotAllowed     error = &kindError{"kvsp: method not allowed"}     // 405
 	ErrConflict             error = &kindError{"kvsp: conflict"}               // 409 without a KVSP type
+	ErrRequestTimeout       error = &kindError{"kvsp: request timeout"}        // 408 (a body below the minimum rate, B8)
 	ErrPreconditionFailed   error = &kindError{"kvsp: precondition failed"}    // 412 (R-BLK-14)
 	ErrTooLarge             error = &kindError{"kvsp: content too large"}      // 413
 	ErrUnsupportedMediaType error = &kindError{"kvsp: unsupported media type"} // 415
@@ -88,6 +89,7 @@ var ProblemTypes = []ProblemType{
 	{ErrForbidden, "", 403, "Forbidden"},
 	{ErrMethodNotAllowed, "", 405, "Method Not Allowed"},
 	{ErrConflict, "", 409, "Conflict"},
+	{ErrRequestTimeout, "", 408, "Request Timeout"},
 	{ErrPreconditionFailed, "", 412, "Precondition Failed"},
 	{ErrTooLarge, "", 413, "Content Too Large"},
 	{ErrUnsupportedMediaType, "", 415, "Unsupported Media Type"},

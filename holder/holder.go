@@ -11,7 +11,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -51,7 +50,15 @@ type Config struct {
 	DiskReadMbitPerS uint64
 	// MaxInFlight bounds the octets of block PUTs being received at once
 	// (beyond it, 503); default a quarter of Capacity, at least 64 MiB.
-	MaxInFlight int64
+	// MaxInFlightPerClient is one client's share of it (beyond it, 429);
+	// default a quarter of MaxInFlight, at least the largest block.
+	MaxInFlight, MaxInFlightPerClient int64
+	// MinBodyRate is the average rate, in octets per second, at which a
+	// block body must arrive once BodyGrace has passed (slower: 408, the
+	// reservation released); defaults DefaultMinBodyRate and
+	// DefaultBodyGrace; a negative rate turns the check off.
+	MinBodyRate int64
+	BodyGrace   time.Duration
 	// RDMA, when set, serves one-sided RDMA reads of blocks in host
 	// memory (POST rdma/reads, a kvsp extension).
 	RDMA RDMA
@@ -85,8 +92,8 @@ type Holder struct {
 	leases *leases
 	rdma   *rdmaReads
 	m      *metrics
-	// inFlight counts the octets of PUTs being received (MaxInFlight).
-	inFlight atomic.Int64
+	// res holds the octets of PUTs being received (MaxInFlight).
+	res *reservations
 
 	pubMu   sync.Mutex
 	pubWake chan struct{}
@@ -111,11 +118,24 @@ func New(cfg Config) (*Holder, error) {
 	if cfg.MaxInFlight == 0 {
 		cfg.MaxInFlight = max(cfg.Capacity/4, 64<<20)
 	}
+	if cfg.MaxInFlightPerClient == 0 {
+		largest := int64(0)
+		for _, g := range cfg.Geometries {
+			largest = max(largest, maxBlockLen(g))
+		}
+		cfg.MaxInFlightPerClient = min(cfg.MaxInFlight, max(cfg.MaxInFlight/4, largest))
+	}
+	if cfg.MinBodyRate == 0 {
+		cfg.MinBodyRate = DefaultMinBodyRate
+	}
+	if cfg.BodyGrace == 0 {
+		cfg.BodyGrace = DefaultBodyGrace
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	l := newLeases(cfg.LeaseQuota)
-	h := &Holder{cfg: cfg, log: cfg.Logger, leases: l, rdma: newRDMAReads(), store: newStore(cfg.Capacity, l, cfg.Disk), m: newMetrics(cfg.Registerer),
+	h := &Holder{cfg: cfg, log: cfg.Logger, leases: l, res: &reservations{byClient: map[string]int64{}, max: cfg.MaxInFlight, each: cfg.MaxInFlightPerClient}, rdma: newRDMAReads(), store: newStore(cfg.Capacity, l, cfg.Disk), m: newMetrics(cfg.Registerer),
 		pubWake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	if cfg.Registerer != nil {
 		cfg.Registerer.MustRegister(
@@ -344,6 +364,11 @@ func (h *Holder) getBlock(w http.ResponseWriter, r *http.Request) error {
 	return err
 }
 
+// maxBlockLen is the largest container of geometry g (all layers, raw).
+func maxBlockLen(g container.Geometry) int64 {
+	return int64(container.HeaderLen(int(g.Layers))) + 2*int64(g.Layers)*int64(g.RawSectionLen())
+}
+
 // hostRange is a range of a block in host memory.
 type hostRange struct{ container.View }
 
@@ -412,7 +437,7 @@ func (h *Holder) putBlock(w http.ResponseWriter, r *http.Request) (err error) {
 			want = &d
 		}
 	}
-	max := int64(container.HeaderLen(int(g.Layers))) + 2*int64(g.Layers)*int64(g.RawSectionLen())
+	max := maxBlockLen(g)
 	if r.ContentLength > max {
 		return fmt.Errorf("%w: a block of this geometry is at most %d octets", kvsp.ErrTooLarge, max)
 	}
@@ -425,18 +450,22 @@ func (h *Holder) putBlock(w http.ResponseWriter, r *http.Request) (err error) {
 			h.store.bufs.put(buf)
 		}
 	}()
-	// Memory held by PUTs being received is bounded: a chunked PUT counts
-	// as the largest block of its geometry.
+	// Memory held by PUTs being received is bounded, in all and per
+	// client: a chunked PUT counts as the largest block of its geometry.
 	reserve := r.ContentLength
 	if reserve < 0 {
 		reserve = max
 	}
-	if h.inFlight.Add(reserve) > h.cfg.MaxInFlight {
-		h.inFlight.Add(-reserve)
-		return fmt.Errorf("%w: too many block octets being received; retry later", kvsp.ErrUnavailable)
+	client := server.PrincipalFrom(r.Context()).ID
+	if err := h.res.reserve(client, reserve); err != nil {
+		return err
 	}
 	h.m.inFlight.Add(float64(reserve))
-	defer func() { h.inFlight.Add(-reserve); h.m.inFlight.Sub(float64(reserve)) }()
+	defer func() { h.res.release(client, reserve); h.m.inFlight.Sub(float64(reserve)) }()
+	// The body keeps up the minimum rate, or is cut (B8: a stalled body
+	// holds its reservation for as long as it stays open).
+	body := newMinRateBody(w, r.Body, h.cfg.MinBodyRate, h.cfg.BodyGrace)
+	defer body.done()
 	var pre *preload // the device part, copied layer by layer as it arrives
 	defer func() {
 		if pre != nil {
@@ -456,13 +485,13 @@ func (h *Holder) putBlock(w http.ResponseWriter, r *http.Request) (err error) {
 				}
 			}
 		}
-		blk, err = container.ReadBlockWith(r.Body, n, g, opts)
+		blk, err = container.ReadBlockWith(body, n, g, opts)
 		if pre != nil && !pre.finish() {
 			pre = nil // freed: placed by a copy, if at all
 		}
 	} else {
 		var data []byte
-		data, err = io.ReadAll(io.LimitReader(r.Body, max+1))
+		data, err = io.ReadAll(io.LimitReader(body, max+1))
 		if err == nil && int64(len(data)) > max {
 			err = fmt.Errorf("%w: a block of this geometry is at most %d octets", kvsp.ErrTooLarge, max)
 		}
@@ -473,6 +502,10 @@ func (h *Holder) putBlock(w http.ResponseWriter, r *http.Request) (err error) {
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) || errors.Is(err, kvsp.ErrTooLarge) {
+			return err
+		}
+		if errors.Is(err, errSlowBody) {
+			h.m.slowBodies.Inc()
 			return err
 		}
 		return fmt.Errorf("%w: %v", kvsp.ErrInvalid, err)

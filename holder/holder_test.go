@@ -591,8 +591,9 @@ func TestPutChunked(t *testing.T) {
 
 // TestPutMemoryBounded: the octets of PUTs being received are bounded
 // (MaxInFlight): while one PUT is stalled half-way, a second that would
-// exceed the bound gets 503 at once, and the gauge reports the held
-// memory; once the first completes, PUTs are accepted again.
+// exceed the client's share gets 429 at once, another client's beyond the
+// bound 503, and the gauge reports the held memory; once the first
+// completes, PUTs are accepted again.
 func TestPutMemoryBounded(t *testing.T) {
 	f := start(t, 1<<20, func(c *holder.Config) { c.MaxInFlight = blockSize() + blockSize()/2 })
 	data, _ := makeBlock(7, 0, 4)
@@ -629,8 +630,19 @@ func TestPutMemoryBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
+	if resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("PUT beyond the client's share of the in-flight bound: %d, want 429", resp.StatusCode)
+	}
+	req, _ := http.NewRequest("PUT", f.srv.URL(path(ref(2))), bytes.NewReader(data))
+	req.Header.Set("If-None-Match", "*")
+	req.Header.Set("Content-Type", "application/kvsp-block")
+	resp, err = kvsptest.HTTPClient(t, &http.Transport{TLSClientConfig: f.pki.ClientTLS(f.pki.Leaf("spiffe://kvsp.test/client/b")), ForceAttemptHTTP2: true}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
 	if resp.StatusCode != http.StatusServiceUnavailable {
-		t.Fatalf("PUT beyond the in-flight bound: %d, want 503", resp.StatusCode)
+		t.Fatalf("another client's PUT beyond the in-flight bound: %d, want 503", resp.StatusCode)
 	}
 	pw.Write(data[len(data)/2:])
 	pw.Close()

@@ -6,6 +6,7 @@ import "github.com/prometheus/client_golang/prometheus"
 // them), registered on the Registerer of its Config.
 type metrics struct {
 	gets, getMisses, puts, putRejected prometheus.Counter
+	slowBodies                         prometheus.Counter
 	evictions, demotions, corrupt      prometheus.Counter
 	leaseRejected                      prometheus.Counter
 	bytesServed                        *prometheus.CounterVec
@@ -22,6 +23,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		getMisses:     c("get_misses_total", "Block GETs of blocks not held."),
 		puts:          c("puts_total", "Blocks stored."),
 		putRejected:   c("puts_rejected_total", "Block PUTs refused (invalid, digest mismatch, existing, incompatible)."),
+		slowBodies:    c("slow_bodies_total", "Block PUT bodies cut for arriving below the minimum rate (408)."),
 		evictions:     c("evictions_total", "Blocks evicted."),
 		demotions:     c("demotions_total", "Blocks demoted to a slower tier (device to host, host to local-storage)."),
 		corrupt:       c("digest_failures_total", "Stored blocks that failed verification (dropped and withdrawn)."),
@@ -34,7 +36,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "1 for the device tier's device; stand_in is true for the nogpu host-memory stand-in."}, []string{"device", "stand_in"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.gets, m.getMisses, m.puts, m.putRejected, m.evictions, m.demotions, m.corrupt, m.leaseRejected, m.bytesServed, m.inFlight, m.device)
+		reg.MustRegister(m.gets, m.getMisses, m.puts, m.putRejected, m.slowBodies, m.evictions, m.demotions, m.corrupt, m.leaseRejected, m.bytesServed, m.inFlight, m.device)
 	}
 	return m
 }

@@ -539,6 +539,7 @@ func newHolder(cfg *config.Config, hcfg *config.Holder, c *client.Client, target
 	hc.Base, hc.Geometries, hc.Capacity, hc.ReadMbitPerS, hc.Disk, hc.DiskReadMbitPerS = hcfg.Base, geoms, capacity, rate, disk, diskRate
 	hc.LeaseQuota = holder.LeaseQuota{Octets: int64(hcfg.LeaseQuota.Octets), MaxTTL: time.Duration(hcfg.LeaseQuota.MaxTTLMs) * time.Millisecond, MaxLeases: hcfg.LeaseQuota.MaxLeases}
 	hc.Index, hc.RecordTTL, hc.Logger, hc.Registerer = c.Index(hcfg.Index), time.Duration(hcfg.RecordTTLMs)*time.Millisecond, log, reg
+	hc.MinBodyRate, hc.BodyGrace = int64(hcfg.MinBodyRate), time.Duration(hcfg.BodyGraceMs)*time.Millisecond
 	if target != nil {
 		hc.RDMA = target
 	}

@@ -145,6 +145,12 @@ type Holder struct {
 	// RDMA, when set, serves one-sided RDMA reads of blocks in host memory
 	// (POST rdma/reads) on an RDMA device (a binary built with -tags rdma).
 	RDMA *RDMA `yaml:"rdma"`
+	// MinBodyRate is the average rate (octets per second, "1MiB" allowed)
+	// below which a block PUT's body is cut with 408 once BodyGraceMs has
+	// passed, its memory reservation released (RELIABILITY B8); defaults
+	// 1 MiB/s and 1000 ms.
+	MinBodyRate Size   `yaml:"min_body_rate"`
+	BodyGraceMs uint64 `yaml:"body_grace_ms"`
 }
 
 // RDMA names an RDMA device.
@@ -581,8 +587,6 @@ func (c *Config) validate() error {
 			return fieldErr(f+".lease_quota.max_leases", "at least 1 (R-LS-5, R-LS-6)")
 		case q.MaxTTLMs > kvsp.MaxJSONInt:
 			return fieldErr(f+".lease_quota.max_ttl_ms", "1..2^53-1")
-		case host > 0 && q.Octets > host:
-			return fieldErr(f+".lease_quota.octets", "above the host tier's capacity: one client could pin all of it")
 		}
 		if q.Octets == 0 {
 			q.Octets = max(host/4, 1)
