@@ -177,7 +177,7 @@ func mountRoles(srv *server.Server, cfg *config.Config, log *slog.Logger, reg pr
 			c()
 		}
 	}
-	blockTokens, err := descriptorBlockTokens(cfg)
+	blockTokens, layers, err := descriptorSizes(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -206,13 +206,19 @@ func mountRoles(srv *server.Server, cfg *config.Config, log *slog.Logger, reg pr
 			}}, closers...)
 		}
 		svc, err := index.New(index.Config{
-			MaxTTL:          time.Duration(x.MaxTTLMs) * time.Millisecond,
-			MaxLookupKeys:   x.MaxLookupKeys,
-			ProducerDigests: x.ProducerDigests,
-			Status:          statuses, // fed by a co-located PC
+			MaxTTL:           time.Duration(x.MaxTTLMs) * time.Millisecond,
+			MaxLookupKeys:    x.MaxLookupKeys,
+			ProducerDigests:  x.ProducerDigests,
+			MaxHolderRecords: x.MaxHolderRecords,
+			MaxResponseBytes: int(x.MaxResponseBytes),
+			Status:           statuses, // fed by a co-located PC
 			BlockTokens: func(c kvsp.CompatID) (int, bool) {
 				b, ok := blockTokens[c]
 				return b, ok
+			},
+			Layers: func(c kvsp.CompatID) (int, bool) { // a record lists at most the model's layers (B9)
+				n, ok := layers[c]
+				return n, ok
 			},
 			Logger:     log,
 			Registerer: reg,
@@ -579,10 +585,10 @@ func basePath(base string) string {
 	return u.Path
 }
 
-// descriptorBlockTokens maps the compat_id of every descriptor the
-// configuration names to its block_tokens.
-func descriptorBlockTokens(cfg *config.Config) (map[kvsp.CompatID]int, error) {
-	m := map[kvsp.CompatID]int{}
+// descriptorSizes maps the compat_id of every descriptor the
+// configuration names to its block_tokens and its layers.
+func descriptorSizes(cfg *config.Config) (blockTokens, layers map[kvsp.CompatID]int, err error) {
+	m, ls := map[kvsp.CompatID]int{}, map[kvsp.CompatID]int{}
 	var paths []string
 	if cfg.Controller != nil {
 		paths = append(paths, cfg.Controller.Descriptors...)
@@ -596,13 +602,13 @@ func descriptorBlockTokens(cfg *config.Config) (map[kvsp.CompatID]int, error) {
 	for _, p := range paths {
 		d, err := loadDescriptor(p)
 		if err != nil {
-			return nil, fmt.Errorf("descriptor %s: %w", p, err)
+			return nil, nil, fmt.Errorf("descriptor %s: %w", p, err)
 		}
 		c, err := d.CompatID()
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		m[c] = d.BlockTokens
+		m[c], ls[c] = d.BlockTokens, d.Layers
 	}
-	return m, nil
+	return m, ls, nil
 }

@@ -14,10 +14,13 @@ import (
 type Backend interface {
 	// Put stores rec, or refreshes the record of the same holder and block
 	// key, to expire ttl from now. It reports whether the record is new.
-	// With pinDigest, a record whose digest differs from that of the live
-	// replicas of its key is refused with ErrDigestConflict (the producer's
-	// digest wins: spec "Security Considerations", cache poisoning).
-	Put(ctx context.Context, rec *kvsp.ReplicaRecord, ttl time.Duration, pinDigest bool) (created bool, err error)
+	// With o.PinDigest, a record whose digest differs from that of the
+	// live replicas of its key is refused with ErrDigestConflict (the
+	// producer's digest wins: spec "Security Considerations", cache
+	// poisoning); with o.MaxHolderRecords, a new record of a holder that
+	// has as many live ones is refused with ErrRecordQuota (a refresh is
+	// not a new record).
+	Put(ctx context.Context, rec *kvsp.ReplicaRecord, ttl time.Duration, o PutOptions) (created bool, err error)
 	// Delete removes the record of holder for key after authorize accepts
 	// the stored record; kvsp.ErrNotFound when there is none.
 	Delete(ctx context.Context, holder string, key kvsp.BlockKey, authorize func(*kvsp.ReplicaRecord) error) error
@@ -40,10 +43,11 @@ type Result struct {
 	// Replicas has one non-empty entry per matched key.
 	Replicas [][]kvsp.ReplicaRecord
 	flat     []kvsp.ReplicaRecord
-	arena    arena        // decoded records' memory (shared-store backends)
-	names    []byte       // key names of the lookup, back to back
-	args     []any        // the command's arguments
-	reply    bytes.Buffer // a raw reply, parsed in place
+	arena    arena                 // decoded records' memory (shared-store backends)
+	names    []byte                // key names of the lookup, back to back
+	args     []any                 // the command's arguments
+	reply    bytes.Buffer          // a raw reply, parsed in place
+	seen     map[kvsp.BlockKey]int // the service's check for repeated keys
 }
 
 // Reset empties r, keeping its memory.
@@ -59,6 +63,16 @@ func (r *Result) Reset() {
 func (r *Result) add(start int) {
 	r.Replicas = append(r.Replicas, r.flat[start:len(r.flat):len(r.flat)])
 }
+
+// PutOptions are the checks a Put makes.
+type PutOptions struct {
+	PinDigest        bool
+	MaxHolderRecords int // 0: no quota
+}
+
+// ErrRecordQuota refuses a holder's record beyond its quota (429,
+// RELIABILITY B9: one holder's publishes do not fill the index).
+var ErrRecordQuota = fmt.Errorf("%w: this holder has as many records as the index's per-holder quota", kvsp.ErrTooManyRequests)
 
 // ErrDigestConflict refuses a publish whose digest differs from the
 // producer's (409).

@@ -73,7 +73,7 @@ func TestBackendConformance(t *testing.T) {
 		}
 		// Keys hash by block key over all three nodes.
 		for i := 0; i < 64; i++ {
-			if _, err := r.Put(context.Background(), record("https://h.example/", key(i), scopeB, compatY), time.Minute, false); err != nil {
+			if _, err := r.Put(context.Background(), record("https://h.example/", key(i), scopeB, compatY), time.Minute, PutOptions{}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -111,7 +111,7 @@ func conformance(t *testing.T, b Backend, slackMs uint64) {
 	const h1, h2 = "https://h1.example/kvsp/", "https://h2.example/kvsp/"
 	put := func(rec *kvsp.ReplicaRecord, ttl time.Duration) bool {
 		t.Helper()
-		created, err := b.Put(ctx, rec, ttl, false)
+		created, err := b.Put(ctx, rec, ttl, PutOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -197,26 +197,58 @@ func conformance(t *testing.T, b Backend, slackMs uint64) {
 	}
 	// Producer digests: the first live replica's digest is pinned.
 	first := record(h1, key(9), scopeA, compatX)
-	if _, err := b.Put(ctx, first, time.Second, true); err != nil {
+	if _, err := b.Put(ctx, first, time.Second, PutOptions{PinDigest: true}); err != nil {
 		t.Fatal(err)
 	}
 	other := record(h2, key(9), scopeA, compatX)
 	other.Digest = kvsp.Digest{2}
-	if _, err := b.Put(ctx, other, time.Second, true); !errors.Is(err, ErrDigestConflict) || !errors.Is(err, kvsp.ErrConflict) {
+	if _, err := b.Put(ctx, other, time.Second, PutOptions{PinDigest: true}); !errors.Is(err, ErrDigestConflict) || !errors.Is(err, kvsp.ErrConflict) {
 		t.Fatalf("a second digest for a pinned key: %v", err)
 	}
-	if _, err := b.Put(ctx, record(h2, key(9), scopeA, compatX), time.Second, true); err != nil {
+	if _, err := b.Put(ctx, record(h2, key(9), scopeA, compatX), time.Second, PutOptions{PinDigest: true}); err != nil {
 		t.Fatalf("the same digest from another holder: %v", err)
 	}
-	if _, err := b.Put(ctx, other, time.Second, false); err != nil {
+	if _, err := b.Put(ctx, other, time.Second, PutOptions{}); err != nil {
 		t.Fatalf("without pinning: %v", err)
 	}
 	b.Delete(ctx, h1, key(9), nil)
 	b.Delete(ctx, h2, key(9), nil)
-	if _, err := b.Put(ctx, other, time.Second, true); err != nil {
+	if _, err := b.Put(ctx, other, time.Second, PutOptions{PinDigest: true}); err != nil {
 		t.Fatalf("a new digest once every replica was withdrawn: %v", err)
 	}
 	b.Delete(ctx, h2, key(9), nil)
+	// The per-holder record quota (B9): a holder's new record beyond it
+	// is refused, its refreshes are not; another holder is not counted;
+	// a withdrawal makes room.
+	quota := PutOptions{MaxHolderRecords: 3}
+	const hq, hr = "https://quota.example/", "https://other.example/"
+	for i := range 3 {
+		if _, err := b.Put(ctx, record(hq, key(100+i), scopeA, compatX), time.Minute, quota); err != nil {
+			t.Fatalf("record %d within the quota: %v", i, err)
+		}
+	}
+	if _, err := b.Put(ctx, record(hq, key(103), scopeA, compatX), time.Minute, quota); !errors.Is(err, ErrRecordQuota) || !errors.Is(err, kvsp.ErrTooManyRequests) {
+		t.Fatalf("a fourth record beyond a quota of 3: %v", err)
+	}
+	if got := lookup(t, b, scopeA, compatX, key(103)); len(got) != 0 {
+		t.Fatal("the refused record was stored")
+	}
+	if created, err := b.Put(ctx, record(hq, key(101), scopeA, compatX), time.Minute, quota); err != nil || created {
+		t.Fatalf("a refresh at the quota: %v %v", created, err)
+	}
+	if _, err := b.Put(ctx, record(hr, key(103), scopeA, compatX), time.Minute, quota); err != nil {
+		t.Fatalf("another holder's record: %v", err)
+	}
+	if err := b.Delete(ctx, hq, key(100), nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Put(ctx, record(hq, key(103), scopeA, compatX), time.Minute, quota); err != nil {
+		t.Fatalf("a record after a withdrawal made room: %v", err)
+	}
+	for _, k := range []int{101, 102, 103} {
+		b.Delete(ctx, hq, key(k), nil)
+	}
+	b.Delete(ctx, hr, key(103), nil)
 }
 
 // TestBackendConcurrency: publishes, withdrawals and lookups from many
@@ -238,7 +270,7 @@ func TestBackendConcurrency(t *testing.T) {
 						k := key(rng.IntN(64))
 						switch rng.IntN(3) {
 						case 0:
-							b.Put(ctx, record(holder, k, scopeA, compatX), time.Duration(1+rng.IntN(5))*time.Millisecond, false)
+							b.Put(ctx, record(holder, k, scopeA, compatX), time.Duration(1+rng.IntN(5))*time.Millisecond, PutOptions{})
 						case 1:
 							b.Delete(ctx, holder, k, nil)
 						default:
@@ -270,7 +302,7 @@ func TestRedisRestart(t *testing.T) {
 	defer r.Close()
 	ctx := context.Background()
 	const h = "https://h1.example/kvsp/"
-	if _, err := r.Put(ctx, record(h, key(0), scopeA, compatX), time.Minute, false); err != nil {
+	if _, err := r.Put(ctx, record(h, key(0), scopeA, compatX), time.Minute, PutOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	srv.Kill()
@@ -278,14 +310,14 @@ func TestRedisRestart(t *testing.T) {
 	if err := r.Lookup(ctx, scopeA, compatX, []kvsp.BlockKey{key(0)}, &res); !errors.Is(err, kvsp.ErrUnavailable) {
 		t.Fatalf("lookup with Redis down: %v", err)
 	}
-	if _, err := r.Put(ctx, record(h, key(0), scopeA, compatX), time.Minute, false); !errors.Is(err, kvsp.ErrUnavailable) {
+	if _, err := r.Put(ctx, record(h, key(0), scopeA, compatX), time.Minute, PutOptions{}); !errors.Is(err, kvsp.ErrUnavailable) {
 		t.Fatalf("publish with Redis down: %v", err)
 	}
 	srv.Restart()
 	if err := r.Lookup(ctx, scopeA, compatX, []kvsp.BlockKey{key(0)}, &res); err != nil || len(res.Replicas) != 0 {
 		t.Fatalf("after restart (empty): %v %v", res.Replicas, err)
 	}
-	if created, err := r.Put(ctx, record(h, key(0), scopeA, compatX), time.Minute, false); err != nil || !created {
+	if created, err := r.Put(ctx, record(h, key(0), scopeA, compatX), time.Minute, PutOptions{}); err != nil || !created {
 		t.Fatalf("republish: %v %v", created, err)
 	}
 	if err := r.Lookup(ctx, scopeA, compatX, []kvsp.BlockKey{key(0)}, &res); err != nil || len(res.Replicas) != 1 {
@@ -300,8 +332,8 @@ func TestSnapshotRestart(t *testing.T) {
 		path := filepath.Join(t.TempDir(), "index.snapshot")
 		a := NewMemory(time.Second)
 		ctx := context.Background()
-		a.Put(ctx, record("https://h1.example/", key(0), scopeA, compatX), 10*time.Second, false)
-		a.Put(ctx, record("https://h1.example/", key(1), scopeA, compatX), 2*time.Second, false)
+		a.Put(ctx, record("https://h1.example/", key(0), scopeA, compatX), 10*time.Second, PutOptions{})
+		a.Put(ctx, record("https://h1.example/", key(1), scopeA, compatX), 2*time.Second, PutOptions{})
 		if n, err := a.SaveSnapshotFile(path); err != nil || n != 2 {
 			t.Fatalf("save: %d %v", n, err)
 		}

@@ -54,7 +54,7 @@ func fillMillion(tb testing.TB) *Memory {
 	ctx := context.Background()
 	for c := 0; c < benchChains; c++ {
 		for i := 0; i < benchMatched; i++ {
-			m.Put(ctx, benchRecord(c, i), 10*time.Minute, false)
+			m.Put(ctx, benchRecord(c, i), 10*time.Minute, PutOptions{})
 		}
 	}
 	return m
@@ -119,7 +119,7 @@ func BenchmarkPublish(b *testing.B) {
 	b.ReportAllocs()
 	i := 0
 	for b.Loop() {
-		m.Put(ctx, recs[i%len(recs)], time.Minute, false)
+		m.Put(ctx, recs[i%len(recs)], time.Minute, PutOptions{})
 		i++
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "records/s")
@@ -139,7 +139,7 @@ func BenchmarkRedisLookup(b *testing.B) {
 	const chains = 500
 	for c := 0; c < chains; c++ {
 		for i := 0; i < benchMatched; i++ {
-			if _, err := r.Put(ctx, benchRecord(c, i), 10*time.Minute, false); err != nil {
+			if _, err := r.Put(ctx, benchRecord(c, i), 10*time.Minute, PutOptions{}); err != nil {
 				b.Fatal(err)
 			}
 		}

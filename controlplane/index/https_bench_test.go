@@ -64,7 +64,7 @@ func newLookupFixture(tb testing.TB, layerDigests int) *lookupFixture {
 				Holder: fmt.Sprintf("https://holder%02d.example/kvsp/", c%16), Codec: 1, Size: 2097152, Digest: kvsp.Digest{byte(i)},
 				LayerDigests: make([]kvsp.LayerDigest, layerDigests), TTLMs: 600000,
 				Residency: []kvsp.Residency{{Tier: kvsp.TierHost, Layers: kvsp.LayerRange{0, 31}}}}
-			mem.Put(context.Background(), r, time.Hour, false)
+			mem.Put(context.Background(), r, time.Hour, index.PutOptions{})
 			keys = append(keys, r.BlockKey)
 			pr := plainRecord{BlockKey: r.BlockKey.String(), CompatID: r.CompatID.String(), ScopeID: r.ScopeID.String(), Holder: r.Holder,
 				Codec: 1, Size: 2097152, Digest: r.Digest.String(), TTLMs: 600000}

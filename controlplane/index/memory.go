@@ -25,9 +25,13 @@ type Memory struct {
 	// OnExpire, when set, is called with the number of records each sweep
 	// removed (metrics).
 	onExpire atomic.Pointer[func(n int)]
+	// perHolder counts each holder's records (stored, swept or not), for
+	// the per-holder quota: holder URI -> *atomic.Int64.
+	perHolder sync.Map
 }
 
 type memShard struct {
+	m0      *Memory
 	mu      sync.RWMutex
 	holders map[string]string // interned holder URIs: a few per deployment, millions of records
 	m       map[kvsp.BlockKey][]memReplica
@@ -73,6 +77,7 @@ func NewMemory(interval time.Duration) *Memory {
 	for i := range m.shards {
 		m.shards[i].m = make(map[kvsp.BlockKey][]memReplica)
 		m.shards[i].holders = make(map[string]string)
+		m.shards[i].m0 = m
 	}
 	go m.sweeper(interval)
 	return m
@@ -84,7 +89,7 @@ func (m *Memory) shard(k kvsp.BlockKey) *memShard {
 }
 
 // Put implements Backend.
-func (m *Memory) Put(ctx context.Context, rec *kvsp.ReplicaRecord, ttl time.Duration, pinDigest bool) (bool, error) {
+func (m *Memory) Put(ctx context.Context, rec *kvsp.ReplicaRecord, ttl time.Duration, o PutOptions) (bool, error) {
 	now := time.Now()
 	at := now.Add(ttl)
 	s := m.shard(rec.BlockKey)
@@ -100,7 +105,7 @@ func (m *Memory) Put(ctx context.Context, rec *kvsp.ReplicaRecord, ttl time.Dura
 	}
 	rec = &stored
 	reps := s.m[rec.BlockKey]
-	if pinDigest {
+	if o.PinDigest {
 		for i := range reps {
 			r := &reps[i].rec
 			if reps[i].expires.After(now) && r.ScopeID == rec.ScopeID && r.CompatID == rec.CompatID && r.Digest != rec.Digest {
@@ -117,6 +122,11 @@ func (m *Memory) Put(ctx context.Context, rec *kvsp.ReplicaRecord, ttl time.Dura
 			return created, nil
 		}
 	}
+	count := m.holderCount(rec.Holder)
+	if o.MaxHolderRecords > 0 && count.Load() >= int64(o.MaxHolderRecords) {
+		return false, ErrRecordQuota
+	}
+	count.Add(1)
 	s.m[rec.BlockKey] = append(reps, memReplica{rec: *rec, expires: at, gen: gen})
 	s.n++
 	heap.Push(&s.heap, expiryItem{at, rec.BlockKey, rec.Holder, gen})
@@ -145,9 +155,19 @@ func (m *Memory) Delete(ctx context.Context, holder string, key kvsp.BlockKey, a
 	return kvsp.ErrNotFound
 }
 
+// holderCount is holder's record counter.
+func (m *Memory) holderCount(holder string) *atomic.Int64 {
+	if c, ok := m.perHolder.Load(holder); ok {
+		return c.(*atomic.Int64)
+	}
+	c, _ := m.perHolder.LoadOrStore(holder, new(atomic.Int64))
+	return c.(*atomic.Int64)
+}
+
 // removeLocked drops replica i of key; its heap item goes stale.
 func (s *memShard) removeLocked(key kvsp.BlockKey, i int) {
 	reps := s.m[key]
+	s.m0.holderCount(reps[i].rec.Holder).Add(-1)
 	reps[i] = reps[len(reps)-1]
 	reps = reps[:len(reps)-1]
 	if len(reps) == 0 {

@@ -187,24 +187,69 @@ func unavailable(err error) error {
 }
 
 // Put implements Backend.
-func (r *Redis) Put(ctx context.Context, rec *kvsp.ReplicaRecord, ttl time.Duration, pinDigest bool) (bool, error) {
+func (r *Redis) Put(ctx context.Context, rec *kvsp.ReplicaRecord, ttl time.Duration, o PutOptions) (bool, error) {
 	v, err := appendStored(nil, rec)
 	if err != nil {
 		return false, err
 	}
 	hash, pinKey := r.keys(rec.BlockKey)
+	hid := kvsp.ResourceID(rec.Holder)
+	if o.MaxHolderRecords > 0 {
+		if err := r.holderQuota(ctx, hid, rec.BlockKey, o.MaxHolderRecords); err != nil {
+			return false, err
+		}
+	}
 	pin := ""
-	if pinDigest {
+	if o.PinDigest {
 		pin = rec.ScopeID.String() + rec.CompatID.String() + rec.Digest.String() // per key, scope and compat
 	}
-	n, err := putScript.Run(ctx, r.c, []string{hash, pinKey}, kvsp.ResourceID(rec.Holder), v, max(ttl.Milliseconds(), 1), pin).Int()
+	n, err := putScript.Run(ctx, r.c, []string{hash, pinKey}, hid, v, max(ttl.Milliseconds(), 1), pin).Int()
 	if err != nil {
 		return false, unavailable(err)
 	}
 	if n < 0 {
 		return false, ErrDigestConflict
 	}
+	if o.MaxHolderRecords > 0 {
+		set := r.holderSet(hid)
+		exp := time.Now().Add(ttl).UnixMilli()
+		p := r.c.Pipeline()
+		p.ZAdd(ctx, set, redis.Z{Score: float64(exp), Member: rec.BlockKey.String()})
+		p.PExpire(ctx, set, r.holderSetTTL(ttl))
+		if _, err := p.Exec(ctx); err != nil {
+			return false, unavailable(err)
+		}
+	}
 	return n == 1, nil
+}
+
+// holderSet is the key of a holder's record set (the per-holder quota):
+// members are its block keys, scores their expiry in ms. It is kept beside
+// the records, not with them (another hash slot), so the quota is checked
+// before the record's script, not atomically with it: concurrent publishes
+// of one holder can pass it by the few under way.
+func (r *Redis) holderSet(hid string) string { return r.prefix + ":h:{" + hid + "}" }
+
+// holderSetTTL outlives the set's longest record, so an idle holder's set
+// goes away.
+func (r *Redis) holderSetTTL(ttl time.Duration) time.Duration {
+	return max(ttl, time.Minute) + time.Minute
+}
+
+// holderQuota refuses a new record of a holder with max live ones.
+func (r *Redis) holderQuota(ctx context.Context, hid string, key kvsp.BlockKey, limit int) error {
+	set := r.holderSet(hid)
+	p := r.c.Pipeline()
+	p.ZRemRangeByScore(ctx, set, "-inf", strconv.FormatInt(time.Now().UnixMilli(), 10))
+	card := p.ZCard(ctx, set)
+	score := p.ZScore(ctx, set, key.String())
+	if _, err := p.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return unavailable(err)
+	}
+	if card.Val() >= int64(limit) && errors.Is(score.Err(), redis.Nil) {
+		return ErrRecordQuota
+	}
+	return nil
 }
 
 // Delete implements Backend.
@@ -235,6 +280,9 @@ func (r *Redis) Delete(ctx context.Context, holder string, key kvsp.BlockKey, au
 	}
 	n, err := delScript.Run(ctx, r.c, []string{hash, pinKey}, hid).Int()
 	if err != nil {
+		return unavailable(err)
+	}
+	if err := r.c.ZRem(ctx, r.holderSet(hid), key.String()).Err(); err != nil { // the per-holder quota's count
 		return unavailable(err)
 	}
 	if n == 0 {

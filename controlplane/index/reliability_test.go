@@ -708,7 +708,7 @@ type probeCounter struct {
 	hitCost time.Duration
 }
 
-func (p *probeCounter) Put(ctx context.Context, r *kvsp.ReplicaRecord, ttl time.Duration, pin bool) (bool, error) {
+func (p *probeCounter) Put(ctx context.Context, r *kvsp.ReplicaRecord, ttl time.Duration, pin index.PutOptions) (bool, error) {
 	p.calls.Add(1)
 	return p.Backend.Put(ctx, r, ttl, pin)
 }
@@ -755,7 +755,7 @@ func TestS9_NoAuthorizationOracleInLookups(t *testing.T) {
 	for i := range pairs + warm {
 		r := rec(h1, 0, 3600000)
 		r.BlockKey = exists(i)
-		if _, err := mem.Put(ctx, r, time.Hour, false); err != nil {
+		if _, err := mem.Put(ctx, r, time.Hour, index.PutOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}

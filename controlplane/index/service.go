@@ -29,10 +29,33 @@ type Config struct {
 	// BlockTokens gives B for a compat_id, for recompute_us;
 	// without it targets get no estimates.
 	BlockTokens func(kvsp.CompatID) (int, bool)
+	// Layers gives a compat_id's layer count (its descriptor's): a record
+	// lists at most that many layer digests and residency entries, and
+	// MaxRecordLayers where the IS has no descriptor (RELIABILITY B9: a
+	// record of 15,000 layer digests made every lookup naming it 1 MiB).
+	Layers          func(kvsp.CompatID) (int, bool)
+	MaxRecordLayers int
+	// MaxHolderRecords bounds the live records of one holder (429 beyond
+	// it); default DefaultMaxHolderRecords.
+	MaxHolderRecords int
+	// MaxResponseBytes bounds a lookup's answer (413 beyond it, naming
+	// the bound); default DefaultMaxResponseBytes.
+	MaxResponseBytes int
 	// Logger and Registerer are optional.
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
 }
+
+// Defaults of the IS's record and answer bounds (B9).
+const (
+	DefaultMaxRecordLayers  = 1024    // layers of a model the IS has no descriptor for
+	DefaultMaxHolderRecords = 1 << 22 // about 4 M records of one holder
+	DefaultMaxResponseBytes = 32 << 20
+	// maxPooledBody bounds the answer buffers kept for reuse: a larger one
+	// goes back to the collector, so one huge answer does not stay in the
+	// heap for good.
+	maxPooledBody = 1 << 20
+)
 
 // Validate reports a bad field.
 func (c *Config) Validate() error {
@@ -41,6 +64,8 @@ func (c *Config) Validate() error {
 		return errors.New("index: max_ttl_ms: required")
 	case c.MaxLookupKeys <= 0:
 		return errors.New("index: max_lookup_keys: required")
+	case c.MaxRecordLayers < 0 || c.MaxHolderRecords < 0 || c.MaxResponseBytes < 0:
+		return errors.New("index: negative bound")
 	}
 	return nil
 }
@@ -59,6 +84,15 @@ func New(cfg Config, b Backend) (*Service, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.MaxRecordLayers == 0 {
+		cfg.MaxRecordLayers = DefaultMaxRecordLayers
+	}
+	if cfg.MaxHolderRecords == 0 {
+		cfg.MaxHolderRecords = DefaultMaxHolderRecords
+	}
+	if cfg.MaxResponseBytes == 0 {
+		cfg.MaxResponseBytes = DefaultMaxResponseBytes
 	}
 	s := &Service{cfg: cfg, b: b, m: newMetrics(cfg.Registerer)}
 	if mem, ok := b.(*Memory); ok {
@@ -101,14 +135,21 @@ func (s *Service) publish(w http.ResponseWriter, r *http.Request) error {
 		s.m.rejected.WithLabelValues("scope").Inc()
 		return fmt.Errorf("%w: publish", kvsp.ErrScopeDenied)
 	}
+	if err := s.checkLayers(&rec); err != nil {
+		s.m.rejected.WithLabelValues("layers").Inc()
+		return err
+	}
 	ttl := time.Duration(rec.TTLMs) * time.Millisecond
 	if ttl > s.cfg.MaxTTL {
 		ttl = s.cfg.MaxTTL
 		rec.TTLMs = remainingMs(ttl)
 	}
-	created, err := s.b.Put(r.Context(), &rec, ttl, s.cfg.ProducerDigests)
-	if errors.Is(err, ErrDigestConflict) {
+	created, err := s.b.Put(r.Context(), &rec, ttl, PutOptions{PinDigest: s.cfg.ProducerDigests, MaxHolderRecords: s.cfg.MaxHolderRecords})
+	switch {
+	case errors.Is(err, ErrDigestConflict):
 		s.m.rejected.WithLabelValues("digest").Inc()
+	case errors.Is(err, ErrRecordQuota):
+		s.m.rejected.WithLabelValues("quota").Inc()
 	}
 	if err != nil {
 		return err
@@ -121,6 +162,34 @@ func (s *Service) publish(w http.ResponseWriter, r *http.Request) error {
 		s.m.refreshes.Inc()
 	}
 	return server.WriteJSON(w, status, &rec)
+}
+
+// checkLayers bounds a record by its model's layers (B9): its layer
+// digests and residency entries, and the layers these name.
+func (s *Service) checkLayers(rec *kvsp.ReplicaRecord) error {
+	layers, known := 0, false
+	if s.cfg.Layers != nil {
+		layers, known = s.cfg.Layers(rec.CompatID)
+	}
+	if !known {
+		layers = s.cfg.MaxRecordLayers
+	}
+	what := "the model's"
+	if !known {
+		what = "the index's bound of"
+	}
+	switch {
+	case len(rec.LayerDigests) > layers:
+		return fmt.Errorf("%w: layer_digests: %d, more than %s %d layers", kvsp.ErrInvalid, len(rec.LayerDigests), what, layers)
+	case len(rec.Residency) > layers:
+		return fmt.Errorf("%w: residency: %d entries, more than %s %d layers", kvsp.ErrInvalid, len(rec.Residency), what, layers)
+	}
+	for i, x := range rec.Residency {
+		if int64(x.Layers[1]) >= int64(layers) {
+			return fmt.Errorf("%w: residency[%d].layers: past %s %d layers", kvsp.ErrInvalid, i, what, layers)
+		}
+	}
+	return nil
 }
 
 func (s *Service) withdraw(w http.ResponseWriter, r *http.Request) error {
@@ -166,7 +235,10 @@ func (s *Service) lookup(w http.ResponseWriter, r *http.Request) error {
 			With("max_block_keys", s.cfg.MaxLookupKeys)
 	}
 	res := resultPool.Get().(*Result)
-	defer resultPool.Put(res)
+	defer putResult(res)
+	if i, j, ok := res.repeatedKey(q.BlockKeys); ok { // a chain never repeats a key: B9's amplification did
+		return fmt.Errorf("%w: block_keys[%d] repeats block_keys[%d]", kvsp.ErrInvalid, j, i)
+	}
 	if err := s.b.Lookup(r.Context(), q.ScopeID, q.CompatID, q.BlockKeys, res); err != nil {
 		if errors.Is(err, kvsp.ErrUnavailable) {
 			return err
@@ -192,15 +264,66 @@ func (s *Service) lookup(w http.ResponseWriter, r *http.Request) error {
 	s.m.matched.Observe(float64(resp.Matched))
 	s.m.keysAsked.Add(float64(len(q.BlockKeys)))
 	s.m.keysMatched.Add(float64(resp.Matched))
+	if n := answerSize(&resp); n > s.cfg.MaxResponseBytes { // before it is encoded
+		return kvsp.NewProblem(kvsp.ErrTooLarge, fmt.Sprintf("the answer would be about %d octets, above the bound of %d: ask for fewer keys", n, s.cfg.MaxResponseBytes)).
+			With("max_response_octets", s.cfg.MaxResponseBytes)
+	}
 	bp := bodyPool.Get().(*[]byte)
-	defer bodyPool.Put(bp)
+	defer func() {
+		if cap(*bp) <= maxPooledBody {
+			bodyPool.Put(bp)
+		}
+	}()
 	*bp = resp.AppendJSON((*bp)[:0])
 	return server.WriteJSONBody(w, http.StatusOK, *bp)
+}
+
+// repeatedKey finds a key listed twice (their indexes), in a set kept
+// with the Result for reuse.
+func (r *Result) repeatedKey(keys []kvsp.BlockKey) (int, int, bool) {
+	if len(keys) < 2 {
+		return 0, 0, false
+	}
+	if r.seen == nil {
+		r.seen = make(map[kvsp.BlockKey]int, len(keys))
+	}
+	defer clear(r.seen)
+	for j, k := range keys {
+		if i, dup := r.seen[k]; dup {
+			return i, j, true
+		}
+		r.seen[k] = j
+	}
+	return 0, 0, false
+}
+
+// answerSize bounds the encoded size of a lookup's answer from above,
+// without encoding it: per record its fixed members and hex, plus each
+// layer digest and residency entry at their longest.
+func answerSize(r *kvsp.LookupResponse) int {
+	n := 64
+	for _, reps := range r.Replicas {
+		n += 4
+		for i := range reps {
+			x := &reps[i]
+			n += 512 + len(x.Holder) + 70*len(x.LayerDigests) + 96*len(x.Residency)
+		}
+	}
+	return n + 160*len(r.Targets)
 }
 
 var bodyPool = sync.Pool{New: func() any { b := make([]byte, 0, 64<<10); return &b }}
 
 var resultPool = sync.Pool{New: func() any { return new(Result) }}
+
+// putResult returns a lookup's Result to the pool unless it grew past what
+// ordinary lookups need.
+func putResult(r *Result) {
+	if cap(r.flat) > 1<<14 || r.reply.Cap() > maxPooledBody || cap(r.arena.residency) > 1<<14 || cap(r.args) > 1<<14 || cap(r.names) > maxPooledBody {
+		return
+	}
+	resultPool.Put(r)
+}
 
 type metrics struct {
 	lookups, publishes, refreshes, withdrawals, expirations prometheus.Counter

@@ -82,7 +82,7 @@ func (m *Memory) ReadSnapshot(r io.Reader) (int, error) {
 		if ttl <= 0 {
 			continue
 		}
-		if _, err := m.Put(context.Background(), &e.Record, ttl, false); err != nil {
+		if _, err := m.Put(context.Background(), &e.Record, ttl, PutOptions{}); err != nil {
 			return n, err
 		}
 		n++

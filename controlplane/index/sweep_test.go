@@ -77,7 +77,7 @@ func TestL3_MassExpiryWithoutFreezing(t *testing.T) {
 			defer m.Close()
 			ctx := context.Background()
 			for _, k := range liveKeys {
-				m.Put(ctx, record(live, k, scopeA, compatX), time.Hour, false)
+				m.Put(ctx, record(live, k, scopeA, compatX), time.Hour, PutOptions{})
 			}
 			// The sweeper's batches, and whether a shard was write-locked
 			// between two of them.
@@ -116,7 +116,7 @@ func TestL3_MassExpiryWithoutFreezing(t *testing.T) {
 					}
 					ttl = time.Until(at)
 				}
-				if _, err := m.Put(ctx, record(mass, massKey(i), scopeA, compatX), ttl, false); err != nil {
+				if _, err := m.Put(ctx, record(mass, massKey(i), scopeA, compatX), ttl, PutOptions{}); err != nil {
 					t.Fatal(err)
 				}
 			}

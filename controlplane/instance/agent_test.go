@@ -631,7 +631,7 @@ func (w *rig) claim(t *testing.T, tokens []uint32, keys []kvsp.BlockKey, blocks 
 		for _, l := range d.Layers {
 			r.LayerDigests = append(r.LayerDigests, kvsp.LayerDigest(l))
 		}
-		if _, err := w.mem.Put(context.Background(), r, time.Minute, false); err != nil {
+		if _, err := w.mem.Put(context.Background(), r, time.Minute, index.PutOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -60,7 +60,7 @@ func BenchmarkPlace(b *testing.B) {
 			r := &kvsp.ReplicaRecord{BlockKey: k, CompatID: compatA, ScopeID: key.ID(), Holder: links[(p+i)%holders].Holder, Codec: 1,
 				Size: 2097152, Digest: kvsp.Digest{1}, LayerDigests: make([]kvsp.LayerDigest, 32), TTLMs: 600000,
 				Residency: []kvsp.Residency{{Tier: kvsp.TierHost, Layers: kvsp.LayerRange{0, 31}}}}
-			mem.Put(context.Background(), r, time.Hour, false)
+			mem.Put(context.Background(), r, time.Hour, index.PutOptions{})
 		}
 	}
 	ctx := context.Background()

@@ -180,7 +180,7 @@ func (w *world) publish(t *testing.T, tokens []uint32, n int) {
 		r := &kvsp.ReplicaRecord{BlockKey: k, CompatID: compat, ScopeID: w.scopeKey.ID(), Holder: h1Base, Codec: 1, Size: 2097152,
 			Digest: kvsp.Digest{1}, LayerDigests: []kvsp.LayerDigest{{1}}, TTLMs: 60000,
 			Residency: []kvsp.Residency{{Tier: kvsp.TierHost, Layers: kvsp.LayerRange{0, 0}}}}
-		if _, err := w.mem.Put(context.Background(), r, time.Minute, false); err != nil {
+		if _, err := w.mem.Put(context.Background(), r, time.Minute, index.PutOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/client"
+	"github.com/kvsp/kvsp/controlplane/index"
 	"github.com/kvsp/kvsp/controlplane/placement"
 	"github.com/kvsp/kvsp/internal/kvsptest"
 )
@@ -74,7 +75,7 @@ func TestS12_PlacementRespectsScopes(t *testing.T) {
 		r := &kvsp.ReplicaRecord{BlockKey: k, CompatID: compat, ScopeID: scopeB.ID(), Holder: h1Base, Codec: 1, Size: 2097152,
 			Digest: kvsp.Digest{1}, LayerDigests: []kvsp.LayerDigest{{1}}, TTLMs: 60000,
 			Residency: []kvsp.Residency{{Tier: kvsp.TierHost, Layers: kvsp.LayerRange{0, 0}}}}
-		if _, err := w.mem.Put(ctx, r, time.Minute, false); err != nil {
+		if _, err := w.mem.Put(ctx, r, time.Minute, index.PutOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -111,6 +111,11 @@ type Index struct {
 	// refused, so consumers only ever see the producer's (R-SEC-8,
 	// RELIABILITY S8).
 	ProducerDigests bool `yaml:"producer_digests"`
+	// MaxHolderRecords bounds one holder's live records (429 beyond it)
+	// and MaxResponseBytes a lookup's answer (413), against amplification
+	// (RELIABILITY B9); defaults in controlplane/index.
+	MaxHolderRecords int  `yaml:"max_holder_records"`
+	MaxResponseBytes Size `yaml:"max_response_bytes"`
 }
 
 // Controller configures the Placement Controller role.
