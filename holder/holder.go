@@ -2,6 +2,7 @@ package holder
 
 import (
 	"container/list"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -364,6 +365,31 @@ func (h *Holder) getBlock(w http.ResponseWriter, r *http.Request) error {
 	return err
 }
 
+// oversized answers a PUT that declares more octets than a block of its
+// geometry can have: if its header is valid, the octets after the last
+// section are the defect, 400 naming the mismatch (R-CNT-6); a body no
+// valid header explains is 413 (B5). Only the header is read, with no
+// reservation.
+func (h *Holder) oversized(w http.ResponseWriter, r *http.Request, g container.Geometry, max int64) error {
+	tooLarge := fmt.Errorf("%w: a block of this geometry is at most %d octets", kvsp.ErrTooLarge, max)
+	body := newMinRateBody(w, r.Body, h.cfg.MinBodyRate, h.cfg.BodyGrace)
+	defer body.done()
+	hdr := make([]byte, container.HeaderLen(int(g.Layers)))
+	n, _ := io.ReadFull(body, hdr[:container.FixedHeaderLen])
+	if n < container.FixedHeaderLen {
+		return tooLarge
+	}
+	if count := int(binary.BigEndian.Uint32(hdr[12:])); count >= 1 && count <= int(g.Layers) {
+		m, _ := io.ReadFull(body, hdr[container.FixedHeaderLen:container.HeaderLen(count)])
+		hdr = hdr[:container.FixedHeaderLen+m]
+	}
+	hd, _, err := container.ParseHeader(hdr, g)
+	if err != nil {
+		return tooLarge
+	}
+	return fmt.Errorf("%w: Content-Length is %d octets, the header makes %d: octets after the last section (R-CNT-6)", kvsp.ErrInvalid, r.ContentLength, hd.Size())
+}
+
 // maxBlockLen is the largest container of geometry g (all layers, raw).
 func maxBlockLen(g container.Geometry) int64 {
 	return int64(container.HeaderLen(int(g.Layers))) + 2*int64(g.Layers)*int64(g.RawSectionLen())
@@ -439,7 +465,7 @@ func (h *Holder) putBlock(w http.ResponseWriter, r *http.Request) (err error) {
 	}
 	max := maxBlockLen(g)
 	if r.ContentLength > max {
-		return fmt.Errorf("%w: a block of this geometry is at most %d octets", kvsp.ErrTooLarge, max)
+		return h.oversized(w, r, g, max)
 	}
 	var (
 		blk *container.Block

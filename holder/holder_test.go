@@ -695,3 +695,33 @@ func TestS11_LeaseFoundOnlyInItsScope(t *testing.T) {
 		t.Fatalf("release after the scope was taken: %d %s", st, body)
 	}
 }
+
+// TestTrailingOctetsAre400 (R-CNT-6, issue 19 item 12): a valid block with
+// octets after its last section is 400 naming the mismatch, whether or not
+// the declared length passes the largest block of the geometry (it was
+// 413 when it did); nothing is stored. A body no valid header explains
+// beyond that size stays 413 (B5).
+func TestTrailingOctetsAre400(t *testing.T) {
+	f := start(t, 1<<20)
+	full, _ := makeBlock(4, 0, 4) // all layers: the largest block
+	part, _ := makeBlock(5, 0, 2) // two layers
+	for i, c := range []struct {
+		name string
+		body []byte
+		want int
+		says string
+	}{
+		{"a full block and 100 octets more", append(bytes.Clone(full), make([]byte, 100)...), 400, "octets after the last section"},
+		{"two layers and 100 octets more", append(bytes.Clone(part), make([]byte, 100)...), 400, "the header makes"},
+		{"no header, beyond the largest block", append([]byte("zzzz"), make([]byte, len(full))...), 413, "at most"},
+	} {
+		k := ref(byte(40 + i))
+		st, _, body := f.raw(t, kvsptest.ClientA, "PUT", path(k), map[string]string{"If-None-Match": "*", "Content-Type": "application/kvsp-block"}, c.body)
+		if st != c.want || !bytes.Contains(body, []byte(c.says)) {
+			t.Fatalf("%s: %d %s; want %d saying %q", c.name, st, body, c.want, c.says)
+		}
+		if st, _, _ := f.raw(t, kvsptest.ClientA, "GET", path(k), nil, nil); st != 404 {
+			t.Fatalf("%s: stored (%d)", c.name, st)
+		}
+	}
+}
