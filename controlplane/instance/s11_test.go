@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/internal/kvsptest"
@@ -264,5 +265,35 @@ func TestS11_PlaceNeverCrossesScopes(t *testing.T) {
 	cp.PromptTail = []uint32{1}
 	if _, err := w.as(agentID).Controller(w.url("/pc/")).PutCheckpoint(ctx, cp); !errors.Is(err, kvsp.ErrConflict) {
 		t.Fatalf("a checkpoint of another prompt: %v", err)
+	}
+}
+
+// TestReshardPlanInTheSpecsForm (issue 19 item 13; R-RSH-3..7, A-26): a
+// plan with exactly the spec's members (map, from, to, deadline_ms,
+// retain, fetch, release) is carried out: the model is the instance's, the
+// scope the map's (here the instance's only one); the first plan of a
+// map-less instance, 0 to 1 with nothing to fetch, is acknowledged and
+// commits. A plan whose fetch needs Block Keys the plan does not carry is
+// 400 naming the member, long before its deadline_ms.
+func TestReshardPlanInTheSpecsForm(t *testing.T) {
+	w := newRig(t, rigOptions{})
+	url := w.url("/ii1/") + "reshard"
+	plan := map[string]any{"map": "5pec", "from": 0, "to": 1, "deadline_ms": 5000, "retain": []any{}, "fetch": []any{}, "release": []any{}}
+	st, body := w.rawCall(t, kvsptest.PC, "POST", url, plan)
+	if st != 200 || !bytes.Contains(body, []byte(`"version":0`)) {
+		t.Fatalf("the spec's first plan: %d %s", st, body)
+	}
+	if st, body := w.rawCall(t, kvsptest.PC, "POST", url, map[string]any{"map": "5pec", "commit": 1}); st != 200 || !bytes.Contains(body, []byte(`"version":1`)) {
+		t.Fatalf("its commit: %d %s", st, body)
+	}
+	if v, _ := w.agent.ShardRanges(w.scopeKey.ID(), "5pec"); v != 1 {
+		t.Fatalf("the map is at version %d", v)
+	}
+	fetch := map[string]any{"map": "f37c", "from": 0, "to": 1, "deadline_ms": 60000, "retain": []any{}, "release": []any{},
+		"fetch": []any{map[string]any{"tokens": []int{0, 32}, "from": w.url("/ii2/")}}}
+	start := time.Now()
+	st, body = w.rawCall(t, kvsptest.PC, "POST", url, fetch)
+	if st != 400 || !bytes.Contains(body, []byte("fetch[0].block_keys")) || time.Since(start) > 5*time.Second {
+		t.Fatalf("a fetch without block keys: %d %s after %v", st, body, time.Since(start))
 	}
 }
