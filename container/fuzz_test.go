@@ -22,7 +22,7 @@ func FuzzParseHeader(f *testing.F) {
 	h, _ := NewHeader(CodecFP8Head, 1, 2, small)
 	f.Add(h.Append(nil))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		for _, g := range []Geometry{appendixGeometry, small} {
+		for _, g := range []Geometry{appendixGeometry, small, {}} { // {}: a holder without the descriptor
 			h, n, err := ParseHeader(b, g)
 			if err != nil {
 				if !errors.Is(err, ErrMalformed) && !errors.Is(err, ErrUnsupportedCodec) {
@@ -58,6 +58,16 @@ func FuzzReader(f *testing.F) {
 		}
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
+		// Without a geometry (a cache server) a block is accepted on what
+		// needs none; what it accepts round-trips and is no larger than
+		// the input (no allocation from declared sizes).
+		if ub, err := OpenBlock(data, Geometry{}); err == nil {
+			if !bytes.Equal(ub.Bytes(), data) || ub.Header().Size() != uint64(len(data)) {
+				t.Fatal("a block accepted without a geometry is not its octets")
+			}
+		} else if !errors.Is(err, ErrMalformed) {
+			t.Fatalf("without a geometry: an error outside the package's kinds: %v", err)
+		}
 		b, berr := OpenBlock(data, small)
 		r := NewReader(bytes.NewReader(data), small)
 		var layers []Digest

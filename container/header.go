@@ -103,6 +103,20 @@ func (g Geometry) Elements() uint64 {
 // RawSectionLen returns the octets of one raw section of a full block.
 func (g Geometry) RawSectionLen() uint64 { return g.Elements() * uint64(g.Elem.Size()) }
 
+// Unknown reports the zero Geometry: a receiver without the model's
+// descriptor (a holder serving as a cache server for any compat_id). A
+// header is then checked for what needs no descriptor: Magic,
+// Version 1, Flags 0, a non-zero Codec, Layer Count >= 1, layer indices
+// that do not overflow, and section lengths whose sum the caller compares
+// with the container's size; Token Count, the codec's section lengths and
+// the model's layer count are left to the consumer, who has the
+// descriptor.
+func (g Geometry) Unknown() bool { return g == Geometry{} }
+
+// maxUnknownData bounds the section lengths of a header parsed without a
+// geometry, so that their sum cannot wrap around.
+const maxUnknownData = 1 << 62
+
 // Validate reports a geometry that cannot describe a cache.
 func (g Geometry) Validate() error {
 	if g.Layers == 0 || g.BlockTokens == 0 || g.KVHeads == 0 || g.HeadDim == 0 {
@@ -149,8 +163,10 @@ func ParseHeader(b []byte, g Geometry) (Header, int, error) {
 
 // parseFixed checks the 20 fixed octets and returns the Layer Count.
 func parseFixed(b []byte, g Geometry, h *Header) (int, error) {
-	if err := g.Validate(); err != nil {
-		return 0, err
+	if !g.Unknown() {
+		if err := g.Validate(); err != nil {
+			return 0, err
+		}
 	}
 	if binary.BigEndian.Uint32(b) != Magic {
 		return 0, fmt.Errorf("%w: magic is not KVB1", ErrMalformed)
@@ -170,6 +186,11 @@ func parseFixed(b []byte, g Geometry, h *Header) (int, error) {
 		return 0, fmt.Errorf("%w: codec 0 is reserved", ErrMalformed)
 	case count == 0:
 		return 0, fmt.Errorf("%w: layer count 0", ErrMalformed)
+	case g.Unknown():
+		if uint64(h.FirstLayer)+uint64(count) > 1<<32 {
+			return 0, fmt.Errorf("%w: layers past 2^32", ErrMalformed)
+		}
+		return int(count), nil // the codec and Token Count are the consumer's to check
 	case uint64(h.FirstLayer)+uint64(count) > uint64(g.Layers):
 		return 0, fmt.Errorf("%w: layers %d..%d beyond the model's %d", ErrMalformed, h.FirstLayer, uint64(h.FirstLayer)+uint64(count)-1, g.Layers)
 	case h.TokenCount != g.BlockTokens:
@@ -184,6 +205,19 @@ func parseFixed(b []byte, g Geometry, h *Header) (int, error) {
 // parseLengths reads the length pairs into h.Layers and checks each
 // against the codec's section length for the geometry.
 func parseLengths(b []byte, g Geometry, h *Header) error {
+	if g.Unknown() {
+		var sum uint64
+		for i := range h.Layers {
+			k := binary.BigEndian.Uint64(b[LayerEntryLen*i:])
+			v := binary.BigEndian.Uint64(b[LayerEntryLen*i+8:])
+			if k > maxUnknownData || v > maxUnknownData || sum+k+v > maxUnknownData {
+				return fmt.Errorf("%w: section lengths past 2^62 octets", ErrMalformed)
+			}
+			sum += k + v
+			h.Layers[i] = LayerLen{k, v}
+		}
+		return nil
+	}
 	want := LookupCodec(h.Codec).SectionLen(g)
 	for i := range h.Layers {
 		k := binary.BigEndian.Uint64(b[LayerEntryLen*i:])

@@ -28,9 +28,21 @@ import (
 type Config struct {
 	// Base is the holder's base URI, as published in its records.
 	Base string
-	// Geometries maps each compat_id the holder stores to its geometry
-	// (from the descriptors it knows); others get 409 kvsp-incompatible.
+	// Geometries maps each compat_id whose descriptor the holder knows to
+	// its geometry: its blocks are checked against it (Token Count, section
+	// lengths, the model's layers). Other compat_ids get 409
+	// kvsp-incompatible, unless AnyCompat.
 	Geometries map[kvsp.CompatID]container.Geometry
+	// AnyCompat stores blocks of any compat_id (the spec's "cache server",
+	// shared by models none of its instances run): those without a
+	// geometry are checked for what needs no descriptor (container's
+	// Geometry.Unknown: version, flags, layer count, lengths summing to
+	// the body, MaxBlockSize, the digests); the rest is the consumer's,
+	// whose client checks it against the descriptor.
+	AnyCompat bool
+	// MaxBlockSize bounds a block of a compat_id without a geometry;
+	// default 64 MiB (a 512-token block of an 8B model).
+	MaxBlockSize int64
 	// Capacity of the host tier, in octets.
 	Capacity int64
 	// ReadMbitPerS of the host tier, published in residency.
@@ -119,8 +131,14 @@ func New(cfg Config) (*Holder, error) {
 	if cfg.MaxInFlight == 0 {
 		cfg.MaxInFlight = max(cfg.Capacity/4, 64<<20)
 	}
+	if cfg.MaxBlockSize == 0 {
+		cfg.MaxBlockSize = 64 << 20
+	}
 	if cfg.MaxInFlightPerClient == 0 {
 		largest := int64(0)
+		if cfg.AnyCompat {
+			largest = cfg.MaxBlockSize
+		}
 		for _, g := range cfg.Geometries {
 			largest = max(largest, maxBlockLen(g))
 		}
@@ -192,8 +210,8 @@ func (h *Holder) recover() {
 	}
 	for _, n := range h.cfg.Disk.List() {
 		id := blockID{n.Compat, n.Scope, n.Key}
-		g, ok := h.cfg.Geometries[id.compat]
-		if !ok {
+		g, err := h.geometry(id.compat)
+		if err != nil {
 			continue // kept for a configuration that knows its model
 		}
 		blk, err := h.cfg.Disk.Get(n, g)
@@ -206,6 +224,35 @@ func (h *Holder) recover() {
 		h.store.addDisk(e)
 		h.enqueue(e, false)
 	}
+}
+
+// geometry is what a compat_id's blocks are checked against: its
+// descriptor's geometry; the unknown geometry under AnyCompat; else 409.
+func (h *Holder) geometry(c kvsp.CompatID) (container.Geometry, error) {
+	if g, ok := h.cfg.Geometries[c]; ok {
+		return g, nil
+	}
+	if h.cfg.AnyCompat {
+		return container.Geometry{}, nil
+	}
+	return container.Geometry{}, fmt.Errorf("%w: this holder does not store compat_id %s", kvsp.ErrIncompatible, c)
+}
+
+// maxBlock is the largest block of geometry g this holder takes.
+func (h *Holder) maxBlock(g container.Geometry) int64 {
+	if g.Unknown() {
+		return h.cfg.MaxBlockSize
+	}
+	return maxBlockLen(g)
+}
+
+// allLayers is A-16's default range of a GET without layers: the model's
+// layers, or without its geometry those the block holds.
+func allLayers(g container.Geometry, hdr *container.Header) (uint32, uint32) {
+	if g.Unknown() {
+		return hdr.FirstLayer, hdr.LastLayer()
+	}
+	return 0, g.Layers - 1
 }
 
 // Mount adds the holder routes of the resource table under r.
@@ -274,8 +321,9 @@ func (h *Holder) getBlock(w http.ResponseWriter, r *http.Request) error {
 		}
 		codec = uint16(c)
 	}
-	if _, ok := h.cfg.Geometries[id.compat]; !ok {
-		return fmt.Errorf("%w: this holder does not store compat_id %s", kvsp.ErrIncompatible, id.compat)
+	g, err := h.geometry(id.compat)
+	if err != nil {
+		return err
 	}
 	e := h.store.get(id)
 	if e == nil {
@@ -283,9 +331,8 @@ func (h *Holder) getBlock(w http.ResponseWriter, r *http.Request) error {
 		return fmt.Errorf("%w: block", kvsp.ErrNotFound)
 	}
 	hdr := &e.hdr
-	g := h.cfg.Geometries[id.compat]
 	if !ranged { // all the model's layers
-		first, last = 0, g.Layers-1
+		first, last = allLayers(g, hdr)
 	}
 	if first < hdr.FirstLayer || last > hdr.LastLayer() {
 		return fmt.Errorf("%w: layers %d-%d", kvsp.ErrLayersUnavailable, first, last)
@@ -314,7 +361,7 @@ func (h *Holder) getBlock(w http.ResponseWriter, r *http.Request) error {
 	wh := w.Header()
 	wh.Set("Content-Type", client.MediaTypeBlock)
 	wh.Set("Cache-Control", "private, immutable, max-age="+strconv.Itoa(maxAge))
-	if codec != 0 && codec != hdr.Codec {
+	if codec != 0 && codec != hdr.Codec && !g.Unknown() { // transcoding needs the geometry
 		blk, done, err := h.store.materialize(e, p)
 		if err != nil {
 			return fmt.Errorf("%w: reading the block from device memory: %v", kvsp.ErrUnavailable, err)
@@ -446,9 +493,9 @@ func (h *Holder) putBlock(w http.ResponseWriter, r *http.Request) (err error) {
 	if err := server.RequireMediaType(r, client.MediaTypeBlock); err != nil {
 		return err
 	}
-	g, ok := h.cfg.Geometries[id.compat]
-	if !ok {
-		return fmt.Errorf("%w: this holder does not store compat_id %s", kvsp.ErrIncompatible, id.compat)
+	g, err := h.geometry(id.compat)
+	if err != nil {
+		return err
 	}
 	if h.store.has(id) {
 		return errExists
@@ -463,8 +510,11 @@ func (h *Holder) putBlock(w http.ResponseWriter, r *http.Request) (err error) {
 			want = &d
 		}
 	}
-	max := maxBlockLen(g)
+	max := h.maxBlock(g)
 	if r.ContentLength > max {
+		if g.Unknown() {
+			return fmt.Errorf("%w: a block is at most %d octets here", kvsp.ErrTooLarge, max)
+		}
 		return h.oversized(w, r, g, max)
 	}
 	var (

@@ -725,3 +725,102 @@ func TestTrailingOctetsAre400(t *testing.T) {
 		}
 	}
 }
+
+// TestCacheServerStoresAnyModel (issue 19 item 11; spec "Cache server"
+// holders): a holder given no descriptors stores blocks of any compat_id,
+// checking what needs none (A-9's Version, Flags, a non-zero codec, Layer
+// Count > 0, lengths summing to the body, its size limit, the digests),
+// serves them whole and by layer range, and publishes their records; the
+// geometry checks stay with the consumer. Without AnyCompat the same PUT
+// is 409 kvsp-incompatible.
+func TestCacheServerStoresAnyModel(t *testing.T) {
+	f := start(t, 1<<22, func(c *holder.Config) {
+		c.Geometries = nil
+		c.AnyCompat = true
+		c.MaxBlockSize = 64 << 10
+	})
+	other := kvsp.CompatID{0x77} // a model no descriptor here names: 3 layers, 2 tokens of one 4-wide fp16 head
+	g := container.Geometry{Layers: 3, BlockTokens: 2, KVHeads: 1, HeadDim: 4, Elem: container.FP16}
+	hd := container.Header{Codec: container.CodecRaw, FirstLayer: 0, TokenCount: 2, Layers: []container.LayerLen{{K: 16, V: 16}, {K: 16, V: 16}, {K: 16, V: 16}}}
+	body := hd.Append(nil)
+	for i := range 96 {
+		body = append(body, byte(i))
+	}
+	r := client.BlockRef{Compat: other, Scope: scope, Key: kvsp.BlockKey{0x77}}
+	put := func(b []byte, hdr map[string]string) (int, []byte) {
+		h := map[string]string{"If-None-Match": "*", "Content-Type": "application/kvsp-block"}
+		for k, v := range hdr {
+			h[k] = v
+		}
+		st, _, resp := f.raw(t, kvsptest.ClientA, "PUT", path(r), h, b)
+		return st, resp
+	}
+	mutate := func(at int, v byte) []byte { b := bytes.Clone(body); b[at] = v; return b }
+	for _, c := range []struct {
+		name string
+		body []byte
+		hdr  map[string]string
+		want int
+	}{
+		{"version 2", mutate(4, 2), nil, 400},
+		{"flags set", mutate(5, 1), nil, 400},
+		{"codec 0", mutate(7, 0), nil, 400},
+		{"layer count 0", mutate(15, 0), nil, 400},
+		{"a length past the body", mutate(container.FixedHeaderLen+7, 9), nil, 400},
+		{"octets after the last section", append(bytes.Clone(body), 1), nil, 400},
+		{"a Repr-Digest of other octets", body, map[string]string{"Repr-Digest": container.ReprDigest(container.Digest{1})}, 422},
+		{"beyond the holder's size limit", append(append([]byte{}, body...), make([]byte, 64<<10)...), nil, 413},
+	} {
+		if st, resp := put(c.body, c.hdr); st != c.want {
+			t.Errorf("%s: %d %s, want %d", c.name, st, resp, c.want)
+		}
+	}
+	if st, resp := put(body, map[string]string{"Repr-Digest": container.ReprDigest(sha256.Sum256(body))}); st != 201 {
+		t.Fatalf("a block of a model the holder has no descriptor for: %d %s", st, resp)
+	}
+	// Served whole and by layer range, verified by a consumer that has the
+	// descriptor (its geometry).
+	s, err := f.hold[kvsptest.ClientA].GetBlock(context.Background(), r, g, client.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []byte
+	for {
+		l, err := s.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(append(got, l.K...), l.V...)
+	}
+	s.Close()
+	if !bytes.Equal(got, body[hd.Len():]) {
+		t.Fatal("the layers served are not the layers stored")
+	}
+	if st, _, b := f.raw(t, kvsptest.ClientA, "GET", path(r)+"?layers=1-1", nil, nil); st != 200 || len(b) != container.HeaderLen(1)+32 {
+		t.Fatalf("layers=1-1: %d, %d octets", st, len(b))
+	}
+	if st, _, _ := f.raw(t, kvsptest.ClientA, "GET", path(r)+"?layers=0-3", nil, nil); st != 404 {
+		t.Fatalf("layers past the block: %d, want 404 kvsp-layers-unavailable", st)
+	}
+	// Its record is published, with one layer digest per layer held.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		resp, err := f.is.Lookup(context.Background(), &kvsp.LookupRequest{ScopeID: scope, CompatID: other, BlockKeys: []kvsp.BlockKey{r.Key}})
+		if err == nil && resp.Matched == 1 && len(resp.Replicas[0][0].LayerDigests) == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no record published: %+v %v", resp, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// The same holder with descriptors of other models: 409.
+	strict := start(t, 1<<22)
+	st, _, resp := strict.raw(t, kvsptest.ClientA, "PUT", path(r), map[string]string{"If-None-Match": "*", "Content-Type": "application/kvsp-block"}, body)
+	if st != 409 || !bytes.Contains(resp, []byte("kvsp-incompatible")) {
+		t.Fatalf("a holder with descriptors, another model: %d %s", st, resp)
+	}
+}

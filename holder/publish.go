@@ -12,9 +12,12 @@ import (
 // record could not carry the producer's digests of the layers it lacks.
 func (h *Holder) record(e *entry) (*kvsp.ReplicaRecord, bool) {
 	hdr := &e.hdr
-	g := h.cfg.Geometries[e.id.compat]
-	if hdr.FirstLayer != 0 || uint32(hdr.LayerCount()) != g.Layers {
+	g, err := h.geometry(e.id.compat)
+	if err != nil || hdr.FirstLayer != 0 || (!g.Unknown() && uint32(hdr.LayerCount()) != g.Layers) {
 		return nil, false
+	}
+	if g.Unknown() { // without the descriptor: the layers the block holds, from 0
+		g.Layers = uint32(hdr.LayerCount())
 	}
 	lds := e.layers
 	res := []kvsp.Residency{{Tier: kvsp.TierHost, Layers: kvsp.LayerRange{0, g.Layers - 1}, ReadMbitPerS: h.cfg.ReadMbitPerS}}

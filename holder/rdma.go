@@ -138,16 +138,16 @@ func (h *Holder) createRDMARead(w http.ResponseWriter, r *http.Request) error {
 	if !p.MayUseScope(q.ScopeID) { // before any probe (R-BLK-13, R-BLK-19)
 		return fmt.Errorf("%w: block", kvsp.ErrScopeDenied)
 	}
-	g, ok := h.cfg.Geometries[q.CompatID]
-	if !ok {
-		return fmt.Errorf("%w: this holder does not store compat_id %s", kvsp.ErrIncompatible, q.CompatID)
+	g, err := h.geometry(q.CompatID)
+	if err != nil {
+		return err
 	}
 	e := h.store.get(blockID{q.CompatID, q.ScopeID, q.BlockKey})
 	if e == nil {
 		h.m.getMisses.Inc()
 		return fmt.Errorf("%w: block", kvsp.ErrNotFound)
 	}
-	first, last := uint32(0), g.Layers-1
+	first, last := allLayers(g, &e.hdr)
 	if q.Layers != nil {
 		first, last = q.Layers[0], q.Layers[1]
 	}

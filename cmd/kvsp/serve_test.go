@@ -36,6 +36,9 @@ holders:
     descriptors: [descriptor.json]
     tiers: [{name: host, capacity: 1GiB, read_mbit_per_s: 400000}, {name: local-storage, capacity: 10GiB, path: store}]
     lease_quota: {octets: 1GiB, max_ttl_ms: 60000, max_leases: 1024}
+  - base: https://127.0.0.1:8443/h2/   # no descriptors: a cache server for any model
+    index: https://127.0.0.1:8443/is/
+    tiers: [{name: host, capacity: 64MiB}]
 instances:
   - base: https://127.0.0.1:8443/ii1/
     controller: https://127.0.0.1:8443/pc/
@@ -178,6 +181,20 @@ func TestCertsThenServe(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 200 || len(body) != 52+4*8192 || resp.Header.Get("Repr-Digest") != "sha-256=:+Yrl5A1vrxQNHQQbj8CsCJfygT5Vy3mGgpr26nPIRF8=:" {
 		t.Fatalf("GET layers=0-1: %d %d %q", resp.StatusCode, len(body), resp.Header.Get("Repr-Digest"))
+	}
+	// h2 has no descriptors: it stores a model no descriptor names; h1,
+	// which has them, refuses it (issue 19 item 11).
+	hdr := container.Header{Codec: container.CodecRaw, TokenCount: 2, Layers: []container.LayerLen{{K: 16, V: 16}}}
+	anyBlock := append(hdr.Append(nil), make([]byte, 32)...)
+	for base, want := range map[string]int{"h2": 201, "h1": 409} {
+		req, _ := http.NewRequest("PUT", "https://"+addr+"/"+base+"/blocks/"+strings.Repeat("77", 32)+"/"+sk.ID().String()+"/"+strings.Repeat("ef", 32), bytes.NewReader(anyBlock))
+		req.Header.Set("If-None-Match", "*")
+		req.Header.Set("Content-Type", "application/kvsp-block")
+		resp, err := hc.Do(req)
+		if err != nil || resp.StatusCode != want {
+			t.Fatalf("PUT a block of another model at %s: %v %v, want %d", base, resp, err, want)
+		}
+		resp.Body.Close()
 	}
 	// The same GET over the quicbulk path, on the UDP port.
 	bulk := &quicbulk.Transport{TLS: tr.TLSClientConfig}

@@ -308,6 +308,9 @@ func (d *Disk) Get(n Name, g container.Geometry) (*container.Block, error) {
 	if err != nil {
 		return nil, ErrCorrupt
 	}
+	if h.DataLen() > uint64(len(raw)-hl) { // the sealed sections are longer than the plaintext: a header saying more lies
+		return nil, ErrCorrupt
+	}
 	k, err := d.dataKey(n.Scope, false)
 	if err != nil {
 		return nil, err

@@ -156,6 +156,10 @@ type Holder struct {
 	// 1 MiB/s and 1000 ms.
 	MinBodyRate Size   `yaml:"min_body_rate"`
 	BodyGraceMs uint64 `yaml:"body_grace_ms"`
+	// MaxBlockSize bounds a block of a model the holder has no descriptor
+	// for: without descriptors, a holder stores any compat_id (a cache
+	// server shared by many models); default 64 MiB.
+	MaxBlockSize Size `yaml:"max_block_size"`
 }
 
 // RDMA names an RDMA device.
