@@ -152,6 +152,9 @@ func New(cfg Config) (*Server, error) {
 		IdleTimeout:       cfg.IdleTimeout,
 		MaxHeaderBytes:    cfg.MaxHeaderBytes,
 		ErrorLog:          log.New(errorLog{s}, "", 0),
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			return context.WithValue(ctx, connKey, c)
+		},
 		// No WriteTimeout: block streams take as long as their size needs;
 		// routes set their own deadlines (Route.Timeout).
 		// Bulk-friendly HTTP/2: large frames and flow-control windows, so a
