@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"sync/atomic"
+	"time"
 
 	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/engine"
@@ -209,11 +210,9 @@ func (a *Agent) generate(w http.ResponseWriter, r *http.Request) error {
 	if err := line(kvsp.GeneratedToken{Index: q.MaxTokens, Epoch: q.Epoch, Done: true}); err != nil {
 		return nil // the status is sent
 	}
-	if x != nil { // delivered whole: the resume is spent (a cut stream comes back for it)
+	if x != nil { // delivered whole: kept a while for a front end that missed the done line, then dropped
 		a.mu.Lock()
-		if k := (sessionKey{q.ScopeID, q.Session}); a.resumes[k] == x {
-			delete(a.resumes, k)
-		}
+		x.finished = time.Now()
 		a.mu.Unlock()
 	}
 	return nil

@@ -25,6 +25,24 @@ type resumed struct {
 	epoch uint64
 	cp    kvsp.Checkpoint
 	ready chan struct{} // closed when the blocks are loaded (or could not be)
+	// finished is when a generation of it was delivered whole (zero:
+	// not yet); it is dropped resumeRetention later.
+	finished time.Time
+}
+
+// resumeRetention is how long a resumed session is kept once delivered
+// whole (its front end may come back for a done line it missed); they
+// were kept forever.
+const resumeRetention = time.Minute
+
+// dropFinishedLocked forgets the resumed sessions delivered whole more
+// than resumeRetention ago (with a.mu held).
+func (a *Agent) dropFinishedLocked(now time.Time) {
+	for k, x := range a.resumes {
+		if !x.finished.IsZero() && now.Sub(x.finished) > resumeRetention {
+			delete(a.resumes, k)
+		}
+	}
 }
 
 // Resume accepts a session to continue (spec "Session Checkpoints and
@@ -51,6 +69,7 @@ func (a *Agent) Resume(r *kvsp.ResumeRequest) error {
 	if a.state != kvsp.StateActive {
 		return fmt.Errorf("%w: the instance is %s", kvsp.ErrInvalidState, a.state)
 	}
+	a.dropFinishedLocked(time.Now())
 	k := sessionKey{cp.ScopeID, cp.Session}
 	if old := a.resumes[k]; old != nil && old.epoch >= r.Epoch {
 		if old.epoch == r.Epoch {
