@@ -3,8 +3,8 @@ package server
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
