@@ -66,7 +66,8 @@ func TestB8_StalledAndTrickledBodies(t *testing.T) {
 		return status, func() { pw.Close() }
 	}
 	tlsA := f.pki.ClientTLS(f.pki.Leaf(kvsptest.ClientA))
-	h2 := kvsptest.HTTPClient(t, &http.Transport{TLSClientConfig: tlsA, ForceAttemptHTTP2: true})
+	// Each transport its own copy: one being used writes its NextProtos.
+	h2 := kvsptest.HTTPClient(t, &http.Transport{TLSClientConfig: tlsA.Clone(), ForceAttemptHTTP2: true})
 	type pending struct {
 		st      chan int
 		release func()
