@@ -412,7 +412,7 @@ func (c *Controller) inGrace(uri string) bool {
 // given RestartGrace to report.
 func (c *Controller) lost(s *Session) (from string, epoch uint64, lost, failed bool) {
 	c.mu.Lock()
-	from, epoch = s.Instance, s.InstanceEpoch
+	from, epoch, scope := s.Instance, s.InstanceEpoch, s.ScopeID
 	c.mu.Unlock()
 
 	if c.inGrace(from) {
@@ -424,7 +424,11 @@ func (c *Controller) lost(s *Session) (from string, epoch uint64, lost, failed b
 		return from, epoch, false, false // no fresh evidence yet: the PC's silence, not the instance's
 	}
 	restarted := ok && epoch != 0 && st.Status.Instance != "" && st.Status.Epoch != epoch
-	return from, epoch, failed || restarted, failed
+	// S12: an instance whose identity the policy no longer authorizes for
+	// the session's scope is not sent its resumes or directives: the
+	// session moves, as off a failed instance.
+	unauthorized := ok && st.Status.Instance != "" && !c.authorized(st, scope)
+	return from, epoch, failed || restarted || unauthorized, failed || unauthorized
 }
 
 // migrate moves a session whose instance failed (spec "Session Checkpoints

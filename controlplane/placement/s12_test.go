@@ -118,10 +118,22 @@ func TestS12_PlacementRespectsScopes(t *testing.T) {
 	if _, err := w.pc.Reshard(ctx, &placement.ReshardRequest{Next: m, ScopeID: scopeB.ID(), CompatID: compat, Tokens: tokens}); !errors.Is(err, kvsp.ErrScopeDenied) {
 		t.Fatalf("a map of scope B on ii3: %v", err)
 	}
-	// The policy in force counts: without scope A, ii3 serves nobody.
+	// The policy in force counts: without scope A, ii3 serves nobody, and
+	// the session placed on it moves (its resume goes elsewhere).
 	policy("")
 	ii3()
 	if out, err := w.place(t, tokens); err != nil || out.Instance == w.base["ii3"] {
 		t.Fatalf("scope A's request after ii3 lost the scope: %+v %v", out, err)
+	}
+	q := &kvsp.PlaceRequest{ScopeID: w.scopeKey.ID(), CompatID: compat, Tokens: tokens, MaxTokens: 16, Session: &out.Session}
+	moved, err := w.front.Controller(w.srv.URL("/pc/")).Place(ctx, q)
+	if err != nil || moved.Instance == w.base["ii3"] || moved.Epoch != 2 {
+		t.Fatalf("the session on ii3 after it lost the scope: %+v %v; want it moved at epoch 2", moved, err)
+	}
+	if rs := w.ii[moved.Instance].resumed(); len(rs) != 1 || rs[0].Checkpoint.Session != out.Session {
+		t.Fatalf("resumes at %s: %+v", moved.Instance, rs)
+	}
+	if rs := w.ii[w.base["ii3"]].resumed(); len(rs) != 0 {
+		t.Fatalf("ii3 was sent %d resumes after it lost the scope", len(rs))
 	}
 }
