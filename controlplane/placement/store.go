@@ -69,47 +69,49 @@ func OpenBoltStore(path string) (*BoltStore, error) {
 // rekeyByScope moves sessions and maps stored under their id alone (before
 // ids were scoped) to their scoped keys, so that deleting them works.
 func rekeyByScope(tx *bolt.Tx) error {
-	type move struct{ from, to, v []byte }
-	var moves []move
-	sb, mb := tx.Bucket(bucketSessions), tx.Bucket(bucketMaps)
-	if err := sb.ForEach(func(k, v []byte) error {
-		if len(k) == len(kvsp.UUID{}) {
-			x, err := decodeSession(v)
-			if err != nil {
-				return err
-			}
-			moves = append(moves, move{bytes.Clone(k), sessionDBKey(x.ScopeID, x.ID), bytes.Clone(v)})
+	if err := rekey(tx.Bucket(bucketSessions), func(k, v []byte) ([]byte, error) {
+		if len(k) != len(kvsp.UUID{}) {
+			return k, nil
 		}
-		return nil
+		x, err := decodeSession(v)
+		if err != nil {
+			return nil, err
+		}
+		return sessionDBKey(x.ScopeID, x.ID), nil
 	}); err != nil {
 		return err
 	}
-	for _, m := range moves {
-		if err := sb.Delete(m.from); err != nil {
-			return err
-		}
-		if err := sb.Put(m.to, m.v); err != nil {
-			return err
-		}
-	}
-	moves = moves[:0]
-	if err := mb.ForEach(func(k, v []byte) error {
+	return rekey(tx.Bucket(bucketMaps), func(_, v []byte) ([]byte, error) {
 		x, err := decodeShardContext(v)
+		if err != nil {
+			return nil, err
+		}
+		return mapDBKey(x.ScopeID, x.Map.Map), nil
+	})
+}
+
+// rekey stores each entry of b whose key is not the one keyOf gives under
+// that key instead.
+func rekey(b *bolt.Bucket, keyOf func(k, v []byte) ([]byte, error)) error {
+	type move struct{ from, to, v []byte }
+	var moves []move
+	if err := b.ForEach(func(k, v []byte) error {
+		to, err := keyOf(k, v)
 		if err != nil {
 			return err
 		}
-		if to := mapDBKey(x.ScopeID, x.Map.Map); !bytes.Equal(k, to) {
+		if !bytes.Equal(k, to) {
 			moves = append(moves, move{bytes.Clone(k), to, bytes.Clone(v)})
 		}
 		return nil
 	}); err != nil {
 		return err
 	}
-	for _, m := range moves {
-		if err := mb.Delete(m.from); err != nil {
+	for _, m := range moves { // not while iterating
+		if err := b.Delete(m.from); err != nil {
 			return err
 		}
-		if err := mb.Put(m.to, m.v); err != nil {
+		if err := b.Put(m.to, m.v); err != nil {
 			return err
 		}
 	}

@@ -7,6 +7,8 @@ import (
 	"reflect"
 	"testing"
 
+	bolt "go.etcd.io/bbolt"
+
 	"github.com/kvsp/kvsp"
 )
 
@@ -89,4 +91,35 @@ func stateSurvivesRestart(t *testing.T, open func() *Controller, stop func(*Cont
 	if m, ok := c.ShardMap(kvsp.ScopeID{1}, "m1"); !ok || !reflect.DeepEqual(m, sm.Map) {
 		t.Fatalf("shard map after the restart: %+v", m)
 	}
+}
+
+// TestBoltRekeysLegacySessions: a state file written before session ids
+// were scoped (sessions keyed by id alone) is re-keyed when opened, so its
+// sessions load and can be forgotten (deleted) under their scoped keys.
+func TestBoltRekeysLegacySessions(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "pc.db")
+	s, err := OpenBoltStore(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := &Session{ID: kvsp.NewUUID(), Epoch: 2, ScopeID: kvsp.ScopeID{1}, CompatID: compatA, Instance: "https://ii1/", MaxTokens: 10}
+	b, _ := encodeSession(x)
+	if err := s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketSessions).Put(x.ID[:], b) }); err != nil { // the old key
+		t.Fatal(err)
+	}
+	s.Close()
+	if s, err = OpenBoltStore(path); err != nil {
+		t.Fatal(err)
+	}
+	st, err := s.Load()
+	if err != nil || len(st.Sessions) != 1 || st.Sessions[0].ID != x.ID {
+		t.Fatalf("sessions after re-keying: %+v %v", st, err)
+	}
+	if err := s.DeleteSession(x.ScopeID, x.ID); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := s.Load(); len(st.Sessions) != 0 {
+		t.Fatalf("a legacy session survived its deletion: %+v", st.Sessions)
+	}
+	s.Close()
 }
