@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"sync/atomic"
 	"time"
@@ -203,8 +204,14 @@ func (a *Agent) generate(w http.ResponseWriter, r *http.Request) error {
 		err = cp.finish()
 	}
 	if err != nil {
-		// The status is sent: the stream ends without its done line.
-		a.log.Warn("generation stopped", "session", q.Session.String(), "err", err)
+		// The status is sent: the stream ends without its done line. A
+		// client that went away (a reset stream) is routine: debug, not
+		// one warning per stream (issue 19 item 9).
+		lvl := slog.LevelWarn
+		if r.Context().Err() != nil {
+			lvl = slog.LevelDebug
+		}
+		a.log.Log(r.Context(), lvl, "generation stopped", "session", q.Session.String(), "err", err)
 		return nil
 	}
 	if err := line(kvsp.GeneratedToken{Index: q.MaxTokens, Epoch: q.Epoch, Done: true}); err != nil {
