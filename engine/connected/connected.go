@@ -34,22 +34,19 @@ type Engine struct {
 	row    int64
 	dev    *tier.Device
 
-	mu     sync.Mutex
-	sess   *attach.Session
-	pool   attach.Pool
-	buf    tier.DeviceBuffer
-	free   []int                     // lent pages holding nothing yet
-	blocks map[kvsp.BlockKey]*loaded // being loaded, or loaded and not claimed
+	// mu guards the fields below, and every call of blocks: its callbacks
+	// (which take and give back free pages, and copy through buf) run
+	// with mu held.
+	mu   sync.Mutex
+	sess *attach.Session
+	pool attach.Pool
+	buf  tier.DeviceBuffer
+	free []int // lent pages holding nothing yet
+	// blocks are the blocks being loaded, or loaded and not claimed, each
+	// the pages it takes; one the loader checked whole (Has) the engine
+	// may claim.
+	blocks *engine.Blocks[[]int]
 	stats  engine.Stats
-}
-
-// loaded is a block the agent writes into lent pages.
-type loaded struct {
-	pages   []int
-	written []bool
-	count   int
-	pins    int
-	settled bool // the loader checked it whole (Has): the engine may claim it
 }
 
 // New returns the engine of the model d, whose pools dev imports.
@@ -58,9 +55,26 @@ func New(d kvsp.Descriptor, g container.Geometry, dev *tier.Device) (*Engine, er
 	if err != nil {
 		return nil, err
 	}
-	return &Engine{desc: d, compat: compat, g: g, row: int64(g.RawSectionLen()) / int64(g.BlockTokens), dev: dev,
-		blocks: map[kvsp.BlockKey]*loaded{}}, nil
+	e := &Engine{desc: d, compat: compat, g: g, row: int64(g.RawSectionLen()) / int64(g.BlockTokens), dev: dev}
+	e.blocks = engine.NewBlocks(int(g.Layers), 0, e.allocLocked, e.releaseLocked)
+	return e, nil
 }
+
+// allocLocked takes the pages of a new block from the free ones (lent, not
+// lent to a block yet).
+func (e *Engine) allocLocked(kvsp.BlockKey) ([]int, error) {
+	n := (*kv)(e).pagesPerBlock()
+	if len(e.free) < n {
+		return nil, engine.ErrKVFull // no lent page left: the engine lends more
+	}
+	pages := append([]int(nil), e.free[:n]...)
+	e.free = e.free[n:]
+	return pages, nil
+}
+
+// releaseLocked gives a dropped block's pages back: lent still, empty
+// again.
+func (e *Engine) releaseLocked(pages []int) { e.free = append(e.free, pages...) }
 
 // Descriptor implements engine.Engine.
 func (e *Engine) Descriptor() kvsp.Descriptor { return e.desc }
@@ -141,7 +155,8 @@ func (e *Engine) Detach(s *attach.Session) {
 		return
 	}
 	e.buf.Free()
-	e.sess, e.buf, e.free, e.blocks, e.stats = nil, nil, nil, map[kvsp.BlockKey]*loaded{}, engine.Stats{}
+	e.blocks.Clear()
+	e.sess, e.buf, e.free, e.stats = nil, nil, nil, engine.Stats{}
 }
 
 // Lend implements attach.Loader.
@@ -152,11 +167,11 @@ func (e *Engine) Lend(s *attach.Session, pages []int) error {
 	for _, p := range e.free {
 		inUse[p] = true
 	}
-	for _, b := range e.blocks {
-		for _, p := range b.pages {
+	e.blocks.Each(func(_ kvsp.BlockKey, pages []int) {
+		for _, p := range pages {
 			inUse[p] = true
 		}
-	}
+	})
 	for _, p := range pages {
 		if p < 0 || p >= e.pool.Pages || inUse[p] {
 			return fmt.Errorf("page %d is outside the pool or lent already", p)
@@ -175,12 +190,9 @@ func (e *Engine) Claim(s *attach.Session) ([]attach.Placement, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	out := []attach.Placement{}
-	for k, b := range e.blocks {
-		if b.settled && b.pins == 0 {
-			out = append(out, attach.Placement{BlockKey: k, Page: b.pages[0], Pages: b.pages})
-			delete(e.blocks, k)
-		}
-	}
+	e.blocks.Claim(func(k kvsp.BlockKey, pages []int) {
+		out = append(out, attach.Placement{BlockKey: k, Page: pages[0], Pages: pages})
+	})
 	return out, nil
 }
 
@@ -213,11 +225,11 @@ func (m *kv) pagesPerBlock() int {
 
 // rows calls fn with each run of rows of one section (K or V) of layer in
 // the block's pages: the pool offset, the offset in the section, octets.
-func (m *kv) rows(b *loaded, layer uint32, v bool, fn func(poolOff, secOff, n int64) error) error {
+func (m *kv) rows(pages []int, layer uint32, v bool, fn func(poolOff, secOff, n int64) error) error {
 	pt := m.pool.PageTokens
 	for t := 0; t < int(m.g.BlockTokens); t += pt {
 		n := min(pt, int(m.g.BlockTokens)-t)
-		k, vo := m.pool.Section(int(layer), b.pages[t/pt])
+		k, vo := m.pool.Section(int(layer), pages[t/pt])
 		off := k
 		if v {
 			off = vo
@@ -232,12 +244,7 @@ func (m *kv) rows(b *loaded, layer uint32, v bool, fn func(poolOff, secOff, n in
 func (m *kv) Has(key kvsp.BlockKey) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	b := m.blocks[key]
-	if b == nil || b.count < len(b.written) {
-		return false
-	}
-	b.settled = true // the loader's check after its last layer: the block is done
-	return true
+	return m.blocks.Has(key) // the loader's check after its last layer: the block is done
 }
 
 func (m *kv) WriteLayer(key kvsp.BlockKey, layer uint32, k, v []byte) error {
@@ -250,78 +257,49 @@ func (m *kv) WriteLayer(key kvsp.BlockKey, layer uint32, k, v []byte) error {
 	if m.sess == nil {
 		return ErrNotAttached
 	}
-	b := m.blocks[key]
-	if b == nil {
-		n := m.pagesPerBlock()
-		if len(m.free) < n {
-			return engine.ErrKVFull // no lent page left: the engine lends more
+	return m.blocks.Write(key, layer, func(pages []int) error {
+		for i, sec := range [][]byte{k, v} {
+			err := m.rows(pages, layer, i == 1, func(poolOff, secOff, n int64) error {
+				return m.buf.CopyIn(poolOff, sec[secOff:secOff+n])
+			})
+			if err != nil {
+				return err
+			}
 		}
-		b = &loaded{pages: append([]int(nil), m.free[:n]...), written: make([]bool, m.g.Layers)}
-		m.free = m.free[n:]
-		m.blocks[key] = b
-	}
-	for i, sec := range [][]byte{k, v} {
-		err := m.rows(b, layer, i == 1, func(poolOff, secOff, n int64) error {
-			return m.buf.CopyIn(poolOff, sec[secOff:secOff+n])
-		})
-		if err != nil {
-			return err
-		}
-	}
-	if !b.written[layer] {
-		b.written[layer] = true
-		b.count++
-	}
-	return nil
+		return nil
+	})
 }
 
 func (m *kv) ReadLayer(key kvsp.BlockKey, layer uint32, k, v []byte) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	b := m.blocks[key]
-	if b == nil || b.count < len(b.written) || layer >= m.g.Layers {
-		return engine.ErrNotResident
-	}
-	for i, sec := range [][]byte{k, v} {
-		err := m.rows(b, layer, i == 1, func(poolOff, secOff, n int64) error {
-			return m.buf.CopyOut(sec[secOff:secOff+n], poolOff)
-		})
-		if err != nil {
-			return err
+	return m.blocks.Read(key, layer, func(pages []int) error {
+		for i, sec := range [][]byte{k, v} {
+			err := m.rows(pages, layer, i == 1, func(poolOff, secOff, n int64) error {
+				return m.buf.CopyOut(sec[secOff:secOff+n], poolOff)
+			})
+			if err != nil {
+				return err
+			}
 		}
-	}
-	return nil
+		return nil
+	})
 }
 
 func (m *kv) Drop(key kvsp.BlockKey) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if b := m.blocks[key]; b != nil {
-		m.free = append(m.free, b.pages...) // lent still, empty again
-		delete(m.blocks, key)
-	}
+	m.blocks.Drop(key) // its pages: lent still, empty again
 }
 
 func (m *kv) Pin(key kvsp.BlockKey) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	b := m.blocks[key]
-	if b == nil || b.count < len(b.written) {
-		return false
-	}
-	b.pins++
-	return true
+	return m.blocks.Pin(key)
 }
 
 func (m *kv) Unpin(key kvsp.BlockKey) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	b := m.blocks[key]
-	if b == nil {
-		return false
-	}
-	if b.pins > 0 {
-		b.pins--
-	}
-	return b.pins > 0
+	return m.blocks.Unpin(key)
 }

@@ -30,7 +30,8 @@ var desc = kvsp.Descriptor{Model: "sim/tiny", ModelDigest: kvsp.Digest{1}, Token
 // agent's socket with pages of 8 tokens and lends four pages; the agent
 // writes a block (two pages) layer by layer; it reads back, the engine's
 // pool holds its rows where its layout says, and the engine claims it with
-// its pages; a block with no lent page left is ErrKVFull; the engine's load
+// its pages; a block with no lent page left is ErrKVFull, one dropped
+// gives its pages back; the engine's load
 // reports reach Stats; closing the session forgets everything.
 func TestLentPages(t *testing.T) {
 	dev, err := tier.OpenDevice(0)
@@ -128,6 +129,10 @@ func TestLentPages(t *testing.T) {
 		if (i == 0) != (err == nil) || i == 1 && !errors.Is(err, engine.ErrKVFull) {
 			t.Fatalf("block %d with pages %s: %v", i, map[bool]string{true: "left", false: "used up"}[i == 0], err)
 		}
+	}
+	kv.Drop(kvsp.BlockKey{0xb0}) // partly written: its pages are free again
+	if err := kv.WriteLayer(kvsp.BlockKey{0xb1}, 0, k, v); err != nil {
+		t.Fatalf("a block with the pages of a dropped one: %v", err)
 	}
 	if err := en.Report(attach.Stats{Running: 3, Queued: 1, BatchSize: 8, KVUtilization: 0.5, PrefillTokensPerS: 9000, DecodeTokensPerS: 70}); err != nil {
 		t.Fatal(err)

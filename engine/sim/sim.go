@@ -11,7 +11,6 @@
 package sim
 
 import (
-	"container/list"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
@@ -44,18 +43,13 @@ type Engine struct {
 	g    container.Geometry
 	slot chan struct{}
 
+	// blocks holds each block's layers, K then V of each (nil until
+	// written).
+	blocks *engine.Blocks[[][]byte]
+
 	mu      sync.Mutex
-	blocks  map[kvsp.BlockKey]*block
-	lru     *list.List // resident blocks, front: most recently used
 	running uint64
 	queued  uint64
-}
-
-type block struct {
-	layers  [][]byte // K then V of each layer; nil until written
-	written int
-	pins    int // > 0: never evicted
-	elem    *list.Element
 }
 
 // New returns a simulated engine.
@@ -81,7 +75,8 @@ func New(cfg Config) (*Engine, error) {
 	}
 	d := cfg.Descriptor
 	g := container.Geometry{Layers: uint32(d.Layers), BlockTokens: uint32(d.BlockTokens), KVHeads: uint32(d.KVHeads), HeadDim: uint32(d.HeadDim), Elem: et}
-	return &Engine{cfg: cfg, g: g, slot: make(chan struct{}, cfg.BatchSize), blocks: map[kvsp.BlockKey]*block{}, lru: list.New()}, nil
+	alloc := func(kvsp.BlockKey) ([][]byte, error) { return make([][]byte, g.Layers), nil }
+	return &Engine{cfg: cfg, g: g, slot: make(chan struct{}, cfg.BatchSize), blocks: engine.NewBlocks(int(g.Layers), cfg.KVBlocks, alloc, nil)}, nil
 }
 
 // Descriptor implements engine.Engine.
@@ -98,7 +93,7 @@ func (e *Engine) Stats() engine.Stats {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return engine.Stats{Running: e.running, Queued: e.queued, BatchSize: uint64(e.cfg.BatchSize),
-		KVUtilization: float64(e.lru.Len()) / float64(e.cfg.KVBlocks), PrefillTokensPerS: e.cfg.PrefillTokensPerS, DecodeTokensPerS: e.cfg.DecodeTokensPerS}
+		KVUtilization: float64(e.blocks.Resident()) / float64(e.cfg.KVBlocks), PrefillTokensPerS: e.cfg.PrefillTokensPerS, DecodeTokensPerS: e.cfg.DecodeTokensPerS}
 }
 
 // BlockContent writes the KV of one block's layer, derived from its Block
@@ -309,101 +304,30 @@ func sleep(ctx context.Context, d time.Duration) error {
 // resident block evicted when full.
 type kv Engine
 
-func (m *kv) Has(key kvsp.BlockKey) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	b := m.blocks[key]
-	if b == nil || b.written < len(b.layers) {
-		return false
-	}
-	m.lru.MoveToFront(b.elem)
-	return true
-}
+func (m *kv) Has(key kvsp.BlockKey) bool { return m.blocks.Has(key) }
 
 func (m *kv) WriteLayer(key kvsp.BlockKey, layer uint32, k, v []byte) error {
 	sec := int(m.g.RawSectionLen())
 	if layer >= m.g.Layers || len(k) != sec || len(v) != sec {
 		return fmt.Errorf("sim: layer %d with sections of %d and %d octets (want layer < %d, %d octets)", layer, len(k), len(v), m.g.Layers, sec)
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	b := m.blocks[key]
-	if b == nil {
-		if len(m.blocks) >= m.cfg.KVBlocks && !m.evictLocked() {
-			return engine.ErrKVFull
-		}
-		b = &block{layers: make([][]byte, m.g.Layers)}
-		m.blocks[key] = b
-	}
-	if b.layers[layer] == nil {
-		b.written++
-	}
-	b.layers[layer] = append(append(b.layers[layer][:0], k...), v...)
-	if b.written == len(b.layers) && b.elem == nil {
-		b.elem = m.lru.PushFront(key)
-	}
-	return nil
-}
-
-// evictLocked drops the least recently used resident block that is not
-// pinned.
-func (m *kv) evictLocked() bool {
-	for el := m.lru.Back(); el != nil; el = el.Prev() {
-		key := el.Value.(kvsp.BlockKey)
-		if m.blocks[key].pins > 0 {
-			continue
-		}
-		m.lru.Remove(el)
-		delete(m.blocks, key)
-		return true
-	}
-	return false
-}
-
-func (m *kv) Pin(key kvsp.BlockKey) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	b := m.blocks[key]
-	if b == nil || b.written < len(b.layers) {
-		return false
-	}
-	b.pins++
-	return true
-}
-
-func (m *kv) Unpin(key kvsp.BlockKey) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	b := m.blocks[key]
-	if b == nil {
-		return false
-	}
-	if b.pins > 0 {
-		b.pins--
-	}
-	return b.pins > 0
+	return m.blocks.Write(key, layer, func(layers [][]byte) error {
+		layers[layer] = append(append(layers[layer][:0], k...), v...)
+		return nil
+	})
 }
 
 func (m *kv) ReadLayer(key kvsp.BlockKey, layer uint32, k, v []byte) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	b := m.blocks[key]
-	if b == nil || b.written < len(b.layers) || layer >= m.g.Layers {
-		return engine.ErrNotResident
-	}
-	sec := len(b.layers[layer]) / 2
-	copy(k, b.layers[layer][:sec])
-	copy(v, b.layers[layer][sec:])
-	return nil
+	return m.blocks.Read(key, layer, func(layers [][]byte) error {
+		sec := len(layers[layer]) / 2
+		copy(k, layers[layer][:sec])
+		copy(v, layers[layer][sec:])
+		return nil
+	})
 }
 
-func (m *kv) Drop(key kvsp.BlockKey) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if b := m.blocks[key]; b != nil {
-		if b.elem != nil {
-			m.lru.Remove(b.elem)
-		}
-		delete(m.blocks, key)
-	}
-}
+func (m *kv) Drop(key kvsp.BlockKey) { m.blocks.Drop(key) }
+
+func (m *kv) Pin(key kvsp.BlockKey) bool { return m.blocks.Pin(key) }
+
+func (m *kv) Unpin(key kvsp.BlockKey) bool { return m.blocks.Unpin(key) }
