@@ -28,6 +28,16 @@ type Engine interface {
 	// resident), then up to MaxTokens tokens are decoded and passed to
 	// emit in order. An emit error stops generation and is returned.
 	Generate(ctx context.Context, req Request, emit func(Token) error) error
+	// Check refuses, before anything is streamed, a request the engine
+	// cannot run (a token outside its vocabulary, a prompt or output
+	// beyond its context), with an error naming the member; Generate
+	// refuses it too.
+	Check(req *Request) error
+	// Deterministic reports whether a greedy session's tokens are a
+	// function of its tokens alone: true only of a batch-invariant engine.
+	// Otherwise the agent holds every token, greedy ones included, until a
+	// checkpoint covering it is acknowledged (R-SES-5..9).
+	Deterministic() bool
 }
 
 // External is implemented by engines that run their requests themselves
@@ -59,6 +69,10 @@ type Request struct {
 	// generation continues at index len(Generated), the sampler at that
 	// step.
 	Generated []uint32
+	// GeneratedKeys are the Block Keys of the complete blocks after the
+	// prompt's, over the prompt tail and Generated, in order: an engine
+	// may load those resident instead of recomputing them.
+	GeneratedKeys []kvsp.BlockKey
 	// MaxTokens counts all output tokens, Generated included.
 	MaxTokens int
 	Sampler   Sampler

@@ -95,7 +95,15 @@ type rigOptions struct {
 	// agent and h1 serve too: clientB may use it only, ClientA and pcA
 	// (a controller) scope A only.
 	scopeB bool
+	// nondeterministic: ii1's engine declares itself not batch invariant
+	// (engine.Engine.Deterministic false), as llama.cpp does.
+	nondeterministic bool
 }
+
+// nondeterministic is the rig's engine declaring what llama.cpp declares.
+type nondeterministic struct{ *sim.Engine }
+
+func (nondeterministic) Deterministic() bool { return false }
 
 // Identities of the rig's second scope (rigOptions.scopeB).
 const (
@@ -228,7 +236,11 @@ func newRig(t testing.TB, o rigOptions) *rig {
 	if o.noStore {
 		own = ""
 	}
-	icfg := instance.Config{Base: w.url("/ii1/"), Engine: w.eng, Client: mk(agentID), Index: isURL, Holder: own,
+	var eng engine.Engine = w.eng
+	if o.nondeterministic {
+		eng = nondeterministic{w.eng}
+	}
+	icfg := instance.Config{Base: w.url("/ii1/"), Engine: eng, Client: mk(agentID), Index: isURL, Holder: own,
 		Controller: w.url("/pc/"), StatusTTL: 300 * time.Millisecond, Scopes: keys, Workers: 4, MaxPending: 4,
 		Links: []kvsp.Link{{Holder: w.url("/h1/"), MbitPerS: 100000, RTTUs: 20}}, Registerer: w.reg}
 	if o.rdma != nil {
@@ -825,6 +837,37 @@ func TestGenerateTopPReleasesAfterAck(t *testing.T) {
 		t.Fatalf("%d tokens, %v", n, err)
 	}
 	if s, _ := w.ctl.Session(w.scopeKey.ID(), pl.Session); s.Checkpoint.Sampler.Deterministic || s.Checkpoint.Sampler.Seed != 3 || s.Checkpoint.Sampler.Method != "top-p" {
+		t.Fatalf("sampler in the checkpoint: %+v", s.Checkpoint.Sampler)
+	}
+}
+
+// TestGreedyOnNondeterministicEngineHeldForAck (issue 20): a greedy
+// session is deterministic only on a batch-invariant engine. On one that
+// says it is not (llama.cpp), the agent holds every greedy token until
+// the PC acknowledged a checkpoint covering it, and the checkpoint says
+// deterministic: false.
+func TestGreedyOnNondeterministicEngineHeldForAck(t *testing.T) {
+	w := newRig(t, rigOptions{nondeterministic: true})
+	w.runAgents(t, "/ii1/")
+	tokens := prompt(2)
+	pl, err := w.front.Controller(w.url("/pc/")).Place(context.Background(), &kvsp.PlaceRequest{ScopeID: w.scopeKey.ID(), CompatID: w.compat, Tokens: tokens, MaxTokens: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	err = w.front.Instance(pl.Instance).Generate(context.Background(), &kvsp.GenerateRequest{Session: pl.Session, Epoch: pl.Epoch, ScopeID: w.scopeKey.ID(),
+		CompatID: w.compat, Tokens: tokens, MaxTokens: 100}, func(tok kvsp.GeneratedToken) error {
+		s, _ := w.ctl.Session(w.scopeKey.ID(), pl.Session)
+		if s.Checkpoint == nil || tok.Index >= s.Checkpoint.OutputOffset {
+			t.Errorf("greedy token %d released before a checkpoint covered it", tok.Index)
+		}
+		n++
+		return nil
+	})
+	if err != nil || n != 100 {
+		t.Fatalf("%d tokens, %v", n, err)
+	}
+	if s, _ := w.ctl.Session(w.scopeKey.ID(), pl.Session); s.Checkpoint.Sampler.Deterministic || s.Checkpoint.Sampler.Method != "greedy" {
 		t.Fatalf("sampler in the checkpoint: %+v", s.Checkpoint.Sampler)
 	}
 }

@@ -13,8 +13,8 @@ import (
 // checkpointer sends a session's checkpoints to the PC while it generates
 // (spec "Session Checkpoints and Migration"): whenever a block of
 // generated tokens completes and at least every 64 output tokens (R-SES-1),
-// and at the end. With a deterministic sampler tokens go to the front end
-// at once (a resumed instance regenerates the same ones, R-SES-5); with
+// and at the end. With a deterministic sampler on a deterministic engine
+// (engine.Engine.Deterministic) tokens go to the front end at once (a resumed instance regenerates the same ones, R-SES-5); with
 // any other, a token is released only once the PC has acknowledged a
 // checkpoint that covers it (R-SES-6), a block at a time (R-SES-7). A
 // checkpoint refused for its epoch means the session moved: generation
@@ -35,7 +35,9 @@ type checkpointer struct {
 const maxCheckpointGap = 64
 
 func (a *Agent) newCheckpointer(q *kvsp.GenerateRequest, keys []kvsp.BlockKey, tail []uint32, emit func(kvsp.GeneratedToken) error) *checkpointer {
-	det := q.Sampler == nil || q.Sampler.Method == engine.Greedy
+	// A greedy session is deterministic only on a batch-invariant engine:
+	// elsewhere its tokens are held for checkpoints as a top-p session's.
+	det := (q.Sampler == nil || q.Sampler.Method == engine.Greedy) && a.cfg.Engine.Deterministic()
 	return &checkpointer{a: a, q: q, keys: keys, tail: tail, emit: emit, det: det}
 }
 

@@ -164,8 +164,8 @@ func (a *Agent) generate(w http.ResponseWriter, r *http.Request) error {
 		prev = keys[len(keys)-1]
 	}
 	if chain, err := kvsp.ResumeChain(key, q.CompatID, int(a.g.BlockTokens), prev, len(keys)); err == nil {
-		chain.Append(nil, req.PromptTail(int(a.g.BlockTokens))...)
-		chain.Append(nil, req.Generated...)
+		req.GeneratedKeys = chain.Append(nil, req.PromptTail(int(a.g.BlockTokens))...)
+		req.GeneratedKeys = chain.Append(req.GeneratedKeys, req.Generated...)
 		req.Chain = chain
 		req.OnBlock = func(k kvsp.BlockKey) { a.offload(q.ScopeID, q.CompatID, k) }
 	}
@@ -174,6 +174,9 @@ func (a *Agent) generate(w http.ResponseWriter, r *http.Request) error {
 		if p, ok := s.Params["p"].(float64); ok {
 			req.Sampler.P = p
 		}
+	}
+	if err := a.cfg.Engine.Check(&req); err != nil {
+		return err // before anything is streamed: a problem, not a cut stream
 	}
 	w.Header().Set("Content-Type", kvsp.MediaTypeTokens)
 	w.Header().Set("Cache-Control", "no-store")
