@@ -13,7 +13,10 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 BIN       := $(CURDIR)/bin
 
 
-REQUIRE   := KVSP_REQUIRE_REDIS=1 KVSP_REQUIRE_ETCD=1 KVSP_REQUIRE_CHROMIUM=1
+REQUIRE   := KVSP_REQUIRE_REDIS=1 KVSP_REQUIRE_ETCD=1 KVSP_REQUIRE_CHROMIUM=1 KVSP_REQUIRE_LLAMACPP=1
+# llama.cpp v0.4.0 (npm's @node-llama-cpp/linux-x64@3.21.1), installed by make deps.
+LLAMACPP  := $(CURDIR)/.cache/llama.cpp
+export KVSP_LLAMACPP_LIB ?= $(LLAMACPP)
 
 .PHONY: chaos soak sim help deps bench-holder bench-layers build build-nogpu build-gpu build-rdma ptx test-gpu test vet test-race test-nocgo lint fmt-check staticcheck fuzz bench demo check
 
@@ -62,10 +65,11 @@ test-gpu: ## stripped test and benchmark binaries of the GPU path in bin/gpu-che
 test: deps fmt-check vet test-race ## the README's test command: gofmt, vet, then every test with the race detector
 	@echo "make test: ok"
 
-deps: ## install what the tests need when it is missing (redis-server, redis-cli and etcd, and chromium for the status page's rendering test, from Debian)
-	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null && command -v etcd >/dev/null && command -v chromium >/dev/null || { \
-		echo "installing redis-server, redis-tools, etcd-server and chromium"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server redis-tools etcd-server chromium >/dev/null; }
+deps: ## install what the tests need when it is missing (redis-server, redis-cli and etcd, and chromium for the status page's rendering test, from Debian; the pinned llama.cpp libraries from npm into .cache/llama.cpp)
+	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null && command -v etcd >/dev/null && command -v chromium >/dev/null && command -v npm >/dev/null || { \
+		echo "installing redis-server, redis-tools, etcd-server, chromium and npm"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server redis-tools etcd-server chromium npm >/dev/null; }
+	@./scripts/llama-deps.sh $(LLAMACPP)
 
 vet: ## go vet
 	$(GO) vet -tags nogpu ./...
@@ -113,7 +117,7 @@ bench-holder: ## the holder against nginx (installed from Debian when missing), 
 bench-layers: build ## kvsp bench with its defaults: every transport, 256 KiB to 16 MiB, 1/8/64 streams; report and chart in bin/
 	cd $(BIN) && ./kvsp bench
 
-demo: build ## the README's first command: kvsp demo (the whole system on loopback replaying the Mooncake trace, about 2.5 minutes on 2 cores); report and chart in bin/
+demo: deps build ## the README's first command: kvsp demo (the whole system on loopback replaying the Mooncake trace, about 2.5 minutes on 2 cores); report and chart in bin/
 	cd $(BIN) && ./kvsp demo
 
 check: lint build-nogpu test build-rdma ## everything CI checks, and lint

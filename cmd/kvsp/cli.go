@@ -28,6 +28,8 @@ Usage:
                                       print the Block Keys of a token file (JSON array or whitespace-separated)
   kvsp digest model DIR               print model_digest of a model directory
   kvsp digest file FILE               print the digest of one file (tokenizer, adapter)
+  kvsp model tiny --out FILE [flags]  write a deterministic random-weight llama GGUF (1.3 MB by default;
+                                      flags --layers --embd --heads --kv-heads --ff --vocab --context --seed --name)
   kvsp inspect --descriptor FILE [--repr-digest V] BLOCK
                                       decode and verify a KVB1 file: header, digests, layer table
   kvsp bench [flags]                  the layer-streaming benchmark: verified block GETs per transport,
@@ -57,6 +59,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = cmdInspect(args[1:], stdout)
 	case "digest":
 		err = cmdDigest(args[1:], stdout)
+	case "model":
+		err = cmdModel(args[1:], stdout)
 	case "keys":
 		err = cmdKeys(args[1:], stdout)
 	case "bench":

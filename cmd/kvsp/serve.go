@@ -15,6 +15,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"reflect"
 	"strings"
 	"sync"
 	"syscall"
@@ -33,6 +34,7 @@ import (
 	"github.com/kvsp/kvsp/engine"
 	"github.com/kvsp/kvsp/engine/attach"
 	"github.com/kvsp/kvsp/engine/connected"
+	"github.com/kvsp/kvsp/engine/llamacpp"
 	"github.com/kvsp/kvsp/engine/sim"
 	"github.com/kvsp/kvsp/holder"
 	"github.com/kvsp/kvsp/holder/tier"
@@ -394,15 +396,33 @@ func mountRoles(srv *server.Server, cfg *config.Config, log *slog.Logger, reg pr
 // engine, or a real one that attaches at the engine's socket (package
 // connected); stop ends what it started.
 func newInstance(x *config.Instance, c *client.Client, keys []kvsp.ScopeKey, log *slog.Logger, reg prometheus.Registerer) (*instance.Agent, func(), error) {
-	d, err := loadDescriptor(x.Engine.Descriptor)
-	if err != nil {
-		return nil, nil, fmt.Errorf("descriptor %s: %w", x.Engine.Descriptor, err)
+	var (
+		d   kvsp.Descriptor
+		err error
+	)
+	if x.Engine.Descriptor != "" {
+		if d, err = loadDescriptor(x.Engine.Descriptor); err != nil {
+			return nil, nil, fmt.Errorf("descriptor %s: %w", x.Engine.Descriptor, err)
+		}
 	}
 	var (
 		eng  engine.Engine
 		stop = func() {}
 	)
 	switch x.Engine.Kind {
+	case "llamacpp":
+		le, err := llamacpp.New(llamacpp.Config{Model: x.Engine.Model, Name: x.Engine.Name, Library: x.Engine.Library,
+			ContextTokens: x.Engine.ContextTokens, BatchSize: x.Engine.BatchSize, PrefillChunk: x.Engine.PrefillChunk,
+			Threads: x.Engine.Threads, KVCapacity: x.Engine.KVCapacity, FlashAttention: x.Engine.FlashAttention, BlockTokens: x.Engine.BlockTokens})
+		if err != nil {
+			return nil, nil, fmt.Errorf("engine: %w", err)
+		}
+		if x.Engine.Descriptor != "" && !reflect.DeepEqual(d, le.Descriptor()) {
+			le.Close()
+			return nil, nil, fmt.Errorf("engine.descriptor %s is not the model's descriptor (kvsp model descriptor %s prints it)", x.Engine.Descriptor, x.Engine.Model)
+		}
+		log.Info("llama.cpp engine", "model", le.Descriptor().Model, "release", llamacpp.Release, "layers", le.Descriptor().Layers, "vocab", le.Vocab())
+		eng, stop = le, func() { le.Close() }
 	case "connected":
 		g, err := geometryOf(d)
 		if err != nil {

@@ -233,15 +233,33 @@ type Link struct {
 
 // Engine configures an instance's engine.
 type Engine struct {
-	// Kind is sim (the simulated engine) or connected (a real engine on
+	// Kind is sim (the simulated engine), connected (a real engine on
 	// the node attaches its KV pool at AttachSocket, docs/engine-attach.md,
-	// and lends the agent pages; its memory is on Device).
-	Kind              string  `yaml:"kind"`
+	// and lends the agent pages; its memory is on Device) or llamacpp
+	// (llama.cpp runs Model in this process, engine/llamacpp).
+	Kind string `yaml:"kind"`
+	// Descriptor is the model's descriptor file: required for sim and
+	// connected; for llamacpp it is derived from the model, and a file
+	// given here must be the same descriptor.
 	Descriptor        string  `yaml:"descriptor"`
 	PrefillTokensPerS float64 `yaml:"prefill_tokens_per_s"`
 	DecodeTokensPerS  float64 `yaml:"decode_tokens_per_s"`
 	AttachSocket      string  `yaml:"attach_socket"`
 	Device            int     `yaml:"device"`
+
+	// llamacpp: the GGUF file, its name when its metadata has none, the
+	// library's directory (default .cache/llama.cpp, where make deps puts
+	// it), and the engine's sizes (zero: engine/llamacpp's defaults).
+	Model          string `yaml:"model"`
+	Name           string `yaml:"name"`
+	Library        string `yaml:"library"`
+	ContextTokens  int    `yaml:"context_tokens"`
+	BatchSize      int    `yaml:"batch_size"`
+	PrefillChunk   int    `yaml:"prefill_chunk"`
+	Threads        int    `yaml:"threads"`
+	KVCapacity     int    `yaml:"kv_capacity"`
+	FlashAttention bool   `yaml:"flash_attention"`
+	BlockTokens    int    `yaml:"block_tokens"`
 }
 
 // Size is a byte count written as an integer or with a KiB, MiB, GiB or
@@ -358,6 +376,8 @@ func (c *Config) resolve() {
 	for i := range c.Instances {
 		c.Instances[i].Engine.Descriptor = c.Path(c.Instances[i].Engine.Descriptor)
 		c.Instances[i].Engine.AttachSocket = c.Path(c.Instances[i].Engine.AttachSocket)
+		c.Instances[i].Engine.Model = c.Path(c.Instances[i].Engine.Model)
+		c.Instances[i].Engine.Library = c.Path(c.Instances[i].Engine.Library)
 		c.Instances[i].EpochFile = c.Path(c.Instances[i].EpochFile)
 	}
 	if c.Controller != nil {
@@ -647,11 +667,26 @@ func (c *Config) validate() error {
 			if x.Engine.AttachSocket == "" {
 				return fieldErr(f+".engine.attach_socket", "required with kind: connected")
 			}
+		case "llamacpp":
+			if x.Engine.Model == "" {
+				return fieldErr(f+".engine.model", "required with kind: llamacpp (a GGUF file)")
+			}
+			for _, n := range []struct {
+				name string
+				v    int
+			}{{"context_tokens", x.Engine.ContextTokens}, {"batch_size", x.Engine.BatchSize}, {"prefill_chunk", x.Engine.PrefillChunk},
+				{"threads", x.Engine.Threads}, {"kv_capacity", x.Engine.KVCapacity}, {"block_tokens", x.Engine.BlockTokens}} {
+				if n.v < 0 {
+					return fieldErr(f+".engine."+n.name, "must not be negative")
+				}
+			}
 		default:
-			return fieldErr(f+".engine.kind", "%q: want sim or connected", x.Engine.Kind)
+			return fieldErr(f+".engine.kind", "%q: want sim, connected or llamacpp", x.Engine.Kind)
 		}
-		if err := checkDescriptor(f+".engine.descriptor", x.Engine.Descriptor); err != nil {
-			return err
+		if x.Engine.Kind != "llamacpp" || x.Engine.Descriptor != "" {
+			if err := checkDescriptor(f+".engine.descriptor", x.Engine.Descriptor); err != nil {
+				return err
+			}
 		}
 		for j, l := range x.Links {
 			lf := fmt.Sprintf("%s.links[%d]", f, j)

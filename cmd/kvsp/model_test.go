@@ -1,0 +1,91 @@
+package main
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kvsp/kvsp/internal/gguf"
+)
+
+// TestModelTiny: the command writes exactly gguf.WriteTinyLlama's octets
+// for its flags, atomically, and prints their size and digest.
+func TestModelTiny(t *testing.T) {
+	dir := t.TempDir()
+	out := filepath.Join(dir, "tiny.gguf")
+	code, stdout, stderr := runCLI(t, "model", "tiny", "--out", out, "--layers", "1", "--embd", "32", "--heads", "2",
+		"--kv-heads", "1", "--ff", "64", "--vocab", "64", "--context", "128", "--seed", "5", "--name", "t1")
+	if code != 0 {
+		t.Fatalf("code %d: %s", code, stderr)
+	}
+	got, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want bytes.Buffer
+	p := gguf.TinyParams{Name: "t1", Layers: 1, Embd: 32, Heads: 2, KVHeads: 1, FF: 64, Vocab: 64, Context: 128, Seed: 5}
+	if err := gguf.WriteTinyLlama(&want, p); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want.Bytes()) {
+		t.Fatal("the file differs from WriteTinyLlama's output")
+	}
+	if line := fmt.Sprintf("%s: %d octets, sha256 %x\n", out, len(got), sha256.Sum256(got)); stdout != line {
+		t.Errorf("stdout %q, want %q", stdout, line)
+	}
+	if fi, _ := os.Stat(out); fi.Mode().Perm() != 0o644 {
+		t.Errorf("mode %v", fi.Mode())
+	}
+	f, err := gguf.Open(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if name, _ := f.String("general.name"); name != "t1" {
+		t.Errorf("general.name %q", name)
+	}
+
+	// Defaults: DefaultTiny; an existing file is replaced, no temporary left.
+	if code, _, stderr := runCLI(t, "model", "tiny", "--out", out); code != 0 {
+		t.Fatalf("defaults: code %d: %s", code, stderr)
+	}
+	f, err = gguf.Open(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := f.Uint("llama.block_count"); n != uint64(gguf.DefaultTiny().Layers) {
+		t.Errorf("default layers %d", n)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+		t.Errorf("directory holds %d entries", len(ents))
+	}
+}
+
+func TestModelUsage(t *testing.T) {
+	dir := t.TempDir()
+	out := filepath.Join(dir, "m.gguf")
+	for _, tc := range []struct {
+		args []string
+		code int
+		msg  string
+	}{
+		{[]string{"model"}, 2, "model takes tiny"},
+		{[]string{"model", "nope"}, 2, `not "nope"`},
+		{[]string{"model", "tiny"}, 2, "--out FILE"},
+		{[]string{"model", "tiny", "--out", out, "extra"}, 2, "--out FILE"},
+		{[]string{"model", "tiny", "--out", out, "--layers", "x"}, 2, "--out FILE"},
+		{[]string{"model", "tiny", "--out", out, "--heads", "3"}, 1, "not a multiple of heads"},
+		{[]string{"model", "tiny", "--out", filepath.Join(dir, "missing", "m.gguf")}, 1, "missing"},
+	} {
+		code, _, stderr := runCLI(t, tc.args...)
+		if code != tc.code || !strings.Contains(stderr, tc.msg) {
+			t.Errorf("%q: code %d stderr %q, want %d and %q", tc.args, code, stderr, tc.code, tc.msg)
+		}
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Errorf("failed runs left %d entries", len(ents))
+	}
+}

@@ -1,0 +1,204 @@
+package llamacpp
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/client"
+	"github.com/kvsp/kvsp/container"
+	"github.com/kvsp/kvsp/holder"
+	"github.com/kvsp/kvsp/internal/kvsptest"
+	"github.com/kvsp/kvsp/server"
+)
+
+// tokensOf returns n token ids of the vocabulary, a function of seed.
+func tokensOf(seed, n, vocab int) []uint32 {
+	out := make([]uint32, n)
+	x := uint32(seed*2654435761 + 1)
+	for i := range out {
+		x = x*1664525 + 1013904223
+		out[i] = (x >> 8) % uint32(vocab)
+	}
+	return out
+}
+
+// holderOf starts a real holder on loopback TLS for the engine's model.
+func holderOf(t *testing.T, e *Engine) *client.Holder {
+	t.Helper()
+	compat, _ := e.Descriptor().CompatID()
+	h, err := holder.New(holder.Config{Base: "https://127.0.0.1/h1/", Geometries: map[kvsp.CompatID]container.Geometry{compat: e.Geometry()},
+		Capacity: 256 << 20, RecordTTL: time.Minute, LeaseQuota: holder.LeaseQuota{Octets: 64 << 20, MaxTTL: time.Minute, MaxLeases: 16}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close(context.Background()) })
+	p := kvsptest.NewPKI(t)
+	srv := kvsptest.StartServer(t, p, kvsptest.Options{}, func(s *server.Server) {
+		if err := h.Mount(s.Mount("/h1/")); err != nil {
+			t.Fatal(err)
+		}
+	})
+	c, err := client.New(client.Config{TLS: p.ClientTLS(p.Leaf(kvsptest.ClientA)), Attempts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c.Holder(srv.URL("/h1/"))
+}
+
+// blockOf encodes a resident block of e's KV as a KVB1 container.
+func blockOf(t *testing.T, e *Engine, key kvsp.BlockKey) ([]byte, container.Digest) {
+	t.Helper()
+	g := e.Geometry()
+	h, _ := container.NewHeader(container.CodecRaw, 0, g.Layers, g)
+	var buf bytes.Buffer
+	w := container.NewWriter(&buf, h)
+	k, v := make([]byte, g.RawSectionLen()), make([]byte, g.RawSectionLen())
+	for l := uint32(0); l < g.Layers; l++ {
+		if err := e.KV().ReadLayer(key, l, k, v); err != nil {
+			t.Fatalf("block %s layer %d: %v", key, l, err)
+		}
+		if err := w.WriteLayer(k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d, err := w.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes(), d.Container
+}
+
+// moveBlocks sends the blocks from a's KV through a holder into b's:
+// KVB1 PUT, verified GET, layers written into b. It checks every section
+// arrives octet for octet.
+func moveBlocks(t *testing.T, a, b *Engine, hold *client.Holder, keys []kvsp.BlockKey) {
+	t.Helper()
+	ctx := context.Background()
+	compat, _ := a.Descriptor().CompatID()
+	g := a.Geometry()
+	for _, key := range keys {
+		data, digest := blockOf(t, a, key)
+		ref := client.BlockRef{Compat: compat, Scope: testScope.ID(), Key: key}
+		if err := hold.PutBlock(ctx, ref, bytes.NewReader(data), int64(len(data)), digest); err != nil {
+			t.Fatalf("PUT %s: %v", key, err)
+		}
+		s, err := hold.GetBlock(ctx, ref, g, client.GetOptions{})
+		if err != nil {
+			t.Fatalf("GET %s: %v", key, err)
+		}
+		k, v := make([]byte, g.RawSectionLen()), make([]byte, g.RawSectionLen())
+		for {
+			l, err := s.Next()
+			if err != nil {
+				if err.Error() != "EOF" {
+					t.Fatalf("GET %s: %v", key, err)
+				}
+				break
+			}
+			a.KV().ReadLayer(key, l.Index, k, v)
+			if !bytes.Equal(l.K, k) || !bytes.Equal(l.V, v) {
+				t.Fatalf("block %s layer %d: the sections differ after the holder", key, l.Index)
+			}
+			if err := b.KV().WriteLayer(key, l.Index, l.K, l.V); err != nil {
+				t.Fatal(err)
+			}
+		}
+		s.Close()
+		if !b.KV().Has(key) {
+			t.Fatalf("block %s not resident at the consumer", key)
+		}
+	}
+}
+
+// TestExactRoundTrip (issue 20, test 2): sequence state → blocks → KVB1 →
+// holder → KVB1 → blocks → state: the K and V sections arrive octet for
+// octet, and a fresh engine of the same configuration that injects them
+// and decodes the next token alone has the same logits, bit for bit, as
+// the producer decoding it from its own state. Both V layouts.
+func TestExactRoundTrip(t *testing.T) {
+	for _, fa := range []bool{false, true} {
+		t.Run(fmt.Sprintf("flash_attention=%v", fa), func(t *testing.T) {
+			cfg := Config{FlashAttention: fa, BatchSize: 1}
+			a, b := newEngine(t, cfg), newEngine(t, cfg)
+			bt := int(a.Geometry().BlockTokens)
+			prompt := tokensOf(1, 4*bt, a.Vocab())
+			var want []float32
+			a.onLogits = func(step int, l []float32) {
+				if step == 1 { // decoded alone, after the prompt and y0
+					want = slices.Clone(l)
+				}
+			}
+			req := request(t, a, prompt, 2)
+			out := collect(t, a, req)
+			moveBlocks(t, a, b, holderOf(t, a), req.Keys)
+			var got []float32
+			b.onLogits = func(step int, l []float32) { got = slices.Clone(l) }
+			before := b.Evaluated()
+			next := request(t, b, append(slices.Clone(prompt), out[0]), 1)
+			collect(t, b, next)
+			if n := b.Evaluated() - before; n != 1 {
+				t.Fatalf("the consumer evaluated %d tokens, want 1 (the rest injected)", n)
+			}
+			if len(got) != len(want) || len(got) == 0 {
+				t.Fatalf("logits: %d and %d", len(got), len(want))
+			}
+			for i := range got {
+				if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+					t.Fatalf("logit %d: %v after injection, %v at the producer", i, got[i], want[i])
+				}
+			}
+		})
+	}
+}
+
+// TestStateConversionExact: the blocks read back from llama.cpp's state
+// and written into it again give llama.cpp's state octet for octet (the
+// conversion loses nothing, in both V layouts).
+func TestStateConversionExact(t *testing.T) {
+	for _, fa := range []bool{false, true} {
+		t.Run(fmt.Sprintf("flash_attention=%v", fa), func(t *testing.T) {
+			e := newEngine(t, Config{FlashAttention: fa, BatchSize: 1})
+			bt := int(e.Geometry().BlockTokens)
+			req := request(t, e, tokensOf(2, 3*bt, e.Vocab()), 1)
+			collect(t, e, req)
+			// The engine's own state of the same blocks, injected and read again.
+			w := newStateWriter(&e.lay, 3*bt, bt, nil)
+			sec := e.sec
+			for i, key := range req.Keys {
+				for l := 0; l < int(e.Geometry().Layers); l++ {
+					e.blocks.Read(key, uint32(l), func(p []byte) error {
+						w.put(i, l, p[2*sec*l:2*sec*l+sec], p[2*sec*l+sec:2*sec*(l+1)])
+						return nil
+					})
+				}
+			}
+			st, _, err := parseState(w.b, &e.lay)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, key := range req.Keys {
+				idx, err := st.cellsByPos(i*bt, bt)
+				if err != nil {
+					t.Fatal(err)
+				}
+				k, v := make([]byte, sec), make([]byte, sec)
+				k2, v2 := make([]byte, sec), make([]byte, sec)
+				for l := 0; l < int(e.Geometry().Layers); l++ {
+					e.lay.kSection(k, st, l, idx)
+					e.lay.vSection(v, st, l, idx)
+					e.KV().ReadLayer(key, uint32(l), k2, v2)
+					if !bytes.Equal(k, k2) || !bytes.Equal(v, v2) {
+						t.Fatalf("block %d layer %d: blocks → state → blocks differs", i, l)
+					}
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,380 @@
+package llamacpp
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/hybridgroup/yzma/pkg/llama"
+
+	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/engine"
+)
+
+// loop owns the llama.cpp context: one goroutine admits sessions into
+// free sequences (injecting their resident blocks), and then, step by
+// step, puts every running session's next token and a chunk of one
+// session's prefill into one batch, decodes it, samples, and reads back
+// the blocks that completed. A session's events go out on its own
+// buffered channel, so a slow client never stalls the batch.
+func (e *Engine) loop() {
+	defer close(e.done)
+	l := &loopState{e: e, free: make([]llama.SeqId, 0, e.cfg.BatchSize)}
+	for i := e.cfg.BatchSize - 1; i >= 0; i-- {
+		l.free = append(l.free, llama.SeqId(i))
+	}
+	l.batch = llama.BatchInit(int32(llama.NBatch(e.lctx)), 0, 1)
+	defer llama.BatchFree(l.batch)
+	defer func() {
+		for _, s := range append(l.running, l.waiting...) {
+			s.out <- event{err: fmt.Errorf("%w: the engine is closed", kvsp.ErrUnavailable)}
+		}
+	}()
+	for {
+		l.reap()
+		l.admit()
+		if len(l.running) == 0 {
+			select {
+			case s := <-e.submit:
+				l.enqueue(s)
+				continue
+			case <-e.stop:
+				return
+			}
+		}
+		select {
+		case s := <-e.submit:
+			l.enqueue(s)
+			continue
+		case <-e.stop:
+			return
+		default:
+		}
+		l.step()
+	}
+}
+
+type loopState struct {
+	e       *Engine
+	free    []llama.SeqId
+	cells   int
+	running []*seq
+	waiting []*seq
+	batch   llama.Batch
+	top     topP
+	state   []byte
+}
+
+func (l *loopState) enqueue(s *seq) { l.waiting = append(l.waiting, s) }
+
+// reap ends sessions whose Generate returned (cancelled, or its emit
+// failed) and those that are done.
+func (l *loopState) reap() {
+	keep := l.running[:0]
+	for _, s := range l.running {
+		if s.ended || s.cancel.Load() {
+			l.release(s)
+			continue
+		}
+		keep = append(keep, s)
+	}
+	clear(l.running[len(keep):])
+	l.running = keep
+	w := l.waiting[:0]
+	for _, s := range l.waiting {
+		if s.cancel.Load() {
+			l.e.mu.Lock()
+			l.e.queued--
+			l.e.mu.Unlock()
+			continue
+		}
+		w = append(w, s)
+	}
+	clear(l.waiting[len(w):])
+	l.waiting = w
+}
+
+func (l *loopState) release(s *seq) {
+	llama.MemorySeqRm(l.e.mem, s.id, -1, -1)
+	l.free = append(l.free, s.id)
+	l.cells -= s.cells
+	l.e.mu.Lock()
+	l.e.running--
+	l.e.mu.Unlock()
+}
+
+// admit starts waiting sessions in order while a sequence is free and
+// their context fits in the cells not reserved.
+func (l *loopState) admit() {
+	for len(l.waiting) > 0 && len(l.free) > 0 && l.cells+l.waiting[0].cells <= l.e.nCtx {
+		s := l.waiting[0]
+		l.waiting = l.waiting[1:]
+		s.id = l.free[len(l.free)-1]
+		l.free = l.free[:len(l.free)-1]
+		l.cells += s.cells
+		l.e.mu.Lock()
+		l.e.queued--
+		l.e.running++
+		l.e.mu.Unlock()
+		l.running = append(l.running, s)
+		if err := l.start(s); err != nil {
+			s.out <- event{err: err}
+			s.ended = true
+		}
+	}
+}
+
+// start injects the session's leading resident blocks into its sequence.
+// A resumed prompt whose tokens are not known must be resident whole.
+func (l *loopState) start(s *seq) error {
+	e, bt := l.e, int(l.e.g.BlockTokens)
+	n := 0
+	for n < len(s.keys) && (n+1)*bt <= len(s.toks) && e.blocks.Pin(s.keys[n]) {
+		n++
+	}
+	defer func() {
+		for _, k := range s.keys[:n] {
+			e.blocks.Unpin(k)
+		}
+	}()
+	if n*bt < s.known {
+		return fmt.Errorf("%w: block %d of a resumed prompt (its tokens are not known)", engine.ErrNotResident, n)
+	}
+	s.prompt = true
+	if n == 0 {
+		return nil
+	}
+	defer func() { s.start = s.pos }()
+	w := newStateWriter(&e.lay, n*bt, bt, l.state)
+	l.state = w.b
+	sec := e.sec
+	for b := 0; b < n; b++ {
+		for layer := 0; layer < int(e.g.Layers); layer++ {
+			err := e.blocks.Read(s.keys[b], uint32(layer), func(p []byte) error {
+				o := 2 * sec * layer
+				w.put(b, layer, p[o:o+sec], p[o+sec:o+2*sec])
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+		}
+	}
+	if got := llama.StateSeqSetData(e.lctx, w.b, s.id); int(got) != len(w.b) {
+		llama.MemorySeqRm(e.mem, s.id, -1, -1)
+		return fmt.Errorf("llamacpp: llama.cpp took %d of %d octets of the injected state", got, len(w.b))
+	}
+	s.cached, s.pos = n, n*bt
+	if s.pos == len(s.toks) { // the last token's logits are needed: evaluate it again
+		s.pos--
+		llama.MemorySeqRm(e.mem, s.id, llama.Pos(s.pos), -1)
+	}
+	return nil
+}
+
+// step builds one batch, decodes it and handles what came out.
+func (l *loopState) step() {
+	e := l.e
+	b := &l.batch
+	b.Clear()
+	type part struct {
+		s      *seq
+		n      int   // tokens of s in the batch
+		logits int32 // batch index of its logits, -1 for none
+	}
+	var parts []part
+	decodeTokens, prefillTokens := 0, 0
+	ids := []llama.SeqId{0}
+	// Every decoding session's one token first.
+	for _, s := range l.running {
+		if s.prompt || s.pos >= len(s.toks) {
+			continue
+		}
+		ids[0] = s.id
+		wantLogits := s.step < s.req.MaxTokens
+		b.Add(llama.Token(s.toks[s.pos]), llama.Pos(s.pos), ids, wantLogits)
+		p := part{s: s, n: 1, logits: -1}
+		if wantLogits {
+			p.logits = b.NTokens - 1
+		}
+		parts = append(parts, p)
+		decodeTokens++
+	}
+	// Then a chunk of one session's prefill, the first in line.
+	budget := e.cfg.PrefillChunk
+	for _, s := range l.running {
+		if !s.prompt || budget == 0 {
+			continue
+		}
+		n := min(budget, len(s.toks)-s.pos)
+		ids[0] = s.id
+		for i := 0; i < n; i++ {
+			last := s.pos+i == len(s.toks)-1
+			b.Add(llama.Token(s.toks[s.pos+i]), llama.Pos(s.pos+i), ids, last)
+		}
+		p := part{s: s, n: n, logits: -1}
+		if s.pos+n == len(s.toks) {
+			p.logits = b.NTokens - 1
+		}
+		parts = append(parts, p)
+		budget -= n
+		prefillTokens += n
+		break
+	}
+	if len(parts) == 0 {
+		for _, s := range l.running { // nothing left to evaluate
+			l.finish(s)
+		}
+		return
+	}
+	t0 := time.Now()
+	rc, err := llama.Decode(e.lctx, *b)
+	d := time.Since(t0)
+	if err == nil && rc != 0 {
+		err = fmt.Errorf("llamacpp: llama_decode returned %d", rc)
+	}
+	if err != nil {
+		for _, p := range parts {
+			p.s.out <- event{err: err}
+			p.s.ended = true
+		}
+		return
+	}
+	e.evaluated.Add(int64(b.NTokens))
+	e.decodes.Add(1)
+	e.mu.Lock()
+	if prefillTokens > 0 {
+		e.prefill.add(prefillTokens, d)
+	} else {
+		e.decode.add(decodeTokens, d)
+	}
+	e.mu.Unlock()
+	for _, p := range parts {
+		s := p.s
+		s.pos += p.n
+		if s.prompt && s.pos == len(s.toks) {
+			l.prefilled(s)
+		}
+		l.flushBlocks(s)
+		if p.logits >= 0 && !s.ended {
+			logits, err := llama.GetLogitsIth(e.lctx, p.logits, e.vocab)
+			if err != nil {
+				s.out <- event{err: err}
+				s.ended = true
+				continue
+			}
+			if e.onLogits != nil {
+				e.onLogits(s.step, logits)
+			}
+			id := sample(logits, s.req.Sampler, s.step, &l.top)
+			tok := engine.Token{Index: s.step, ID: id}
+			s.step++
+			s.toks = append(s.toks, id)
+			if c := s.req.Chain; c != nil && c.Push(id) {
+				key, _ := c.Last()
+				s.pending = append(s.pending, pendingBlock{key: key, end: len(s.toks)})
+			}
+			s.out <- event{tok: &tok}
+		}
+		l.finish(s)
+	}
+}
+
+// prefilled reads back the blocks the prompt's prefill computed (and
+// those of a resumed session's generated tokens), keeps them, and tells
+// the session.
+func (l *loopState) prefilled(s *seq) {
+	bt := int(l.e.g.BlockTokens)
+	s.prompt = false
+	complete := min(len(s.toks)/bt, len(s.keys))
+	if complete > s.cached {
+		if err := l.readBack(s, s.cached, complete); err != nil {
+			s.out <- event{err: err}
+			s.ended = true
+			return
+		}
+	}
+	st := engine.PrefillStats{CachedTokens: s.start, ComputedTokens: len(s.toks) - s.start}
+	s.out <- event{prefill: &st}
+}
+
+// flushBlocks reads back the generated blocks whose tokens are all
+// evaluated now.
+func (l *loopState) flushBlocks(s *seq) {
+	for len(s.pending) > 0 && s.pending[0].end <= s.pos && !s.ended {
+		pb := s.pending[0]
+		s.pending = s.pending[1:]
+		bt := int(l.e.g.BlockTokens)
+		if err := l.readBackKeys(s, pb.end-bt, []kvsp.BlockKey{pb.key}); err != nil {
+			s.out <- event{err: err}
+			s.ended = true
+			return
+		}
+		key := pb.key
+		s.out <- event{block: &key}
+	}
+}
+
+// finish ends a session that has all its output and whose last block is
+// read back.
+func (l *loopState) finish(s *seq) {
+	if s.ended || s.prompt || s.step < s.req.MaxTokens || len(s.pending) > 0 {
+		return
+	}
+	s.out <- event{done: true}
+	s.ended = true
+}
+
+func (l *loopState) readBack(s *seq, b0, b1 int) error {
+	bt := int(l.e.g.BlockTokens)
+	return l.readBackKeys(s, b0*bt, s.keys[b0:b1])
+}
+
+// readBackKeys reads the cells of blocks starting at position p0 out of
+// the session's sequence (through the scratch sequence, which shares the
+// cells), converts them to kvsp-layout-1 sections and keeps them under
+// keys. A full KV memory (every block pinned) is not the session's
+// failure: the blocks are not kept.
+func (l *loopState) readBackKeys(s *seq, p0 int, keys []kvsp.BlockKey) error {
+	e, bt := l.e, int(l.e.g.BlockTokens)
+	p1 := p0 + len(keys)*bt
+	sc := e.scratch()
+	if err := llama.MemorySeqCp(e.mem, s.id, sc, llama.Pos(p0), llama.Pos(p1)); err != nil {
+		return err
+	}
+	defer llama.MemorySeqRm(e.mem, sc, -1, -1)
+	n := int(llama.StateSeqGetSize(e.lctx, sc))
+	if cap(l.state) < n {
+		l.state = make([]byte, n)
+	}
+	buf := l.state[:n]
+	if got := int(llama.StateSeqGetData(e.lctx, buf, sc)); got != n {
+		return fmt.Errorf("llamacpp: read back %d of %d octets of state", got, n)
+	}
+	st, _, err := parseState(buf, &e.lay)
+	if err != nil {
+		return err
+	}
+	sec := e.sec
+	for i, key := range keys {
+		idx, err := st.cellsByPos(p0+i*bt, bt)
+		if err != nil {
+			return err
+		}
+		for layer := 0; layer < int(e.g.Layers); layer++ {
+			err := e.blocks.Write(key, uint32(layer), func(p []byte) error {
+				o := 2 * sec * layer
+				e.lay.kSection(p[o:o+sec], st, layer, idx)
+				e.lay.vSection(p[o+sec:o+2*sec], st, layer, idx)
+				return nil
+			})
+			if errors.Is(err, engine.ErrKVFull) {
+				break
+			}
+			if err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
