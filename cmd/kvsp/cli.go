@@ -30,6 +30,8 @@ Usage:
   kvsp digest file FILE               print the digest of one file (tokenizer, adapter)
   kvsp model tiny --out FILE [flags]  write a deterministic random-weight llama GGUF (1.3 MB by default;
                                       flags --layers --embd --heads --kv-heads --ff --vocab --context --seed --name)
+  kvsp model descriptor FILE.gguf [--block-tokens N] [--name S] [--kv-type f16|bf16|f32]
+                                      print the Compatibility Descriptor the llamacpp engine derives from a GGUF
   kvsp inspect --descriptor FILE [--repr-digest V] BLOCK
                                       decode and verify a KVB1 file: header, digests, layer table
   kvsp bench [flags]                  the layer-streaming benchmark: verified block GETs per transport,

@@ -422,6 +422,11 @@ func newInstance(x *config.Instance, c *client.Client, keys []kvsp.ScopeKey, log
 			return nil, nil, fmt.Errorf("engine.descriptor %s is not the model's descriptor (kvsp model descriptor %s prints it)", x.Engine.Descriptor, x.Engine.Model)
 		}
 		log.Info("llama.cpp engine", "model", le.Descriptor().Model, "release", llamacpp.Release, "layers", le.Descriptor().Layers, "vocab", le.Vocab())
+		if reg != nil {
+			reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvsp_llamacpp_evaluated_tokens_total",
+				Help:        "Tokens llama.cpp evaluated, by its own count (llama_perf_context): prompt tokens prefilled, and tokens decoded.",
+				ConstLabels: prometheus.Labels{"instance": x.Base}}, func() float64 { return float64(le.Evaluated()) }))
+		}
 		eng, stop = le, func() { le.Close() }
 	case "connected":
 		g, err := geometryOf(d)

@@ -115,8 +115,10 @@ type Engine struct {
 	decode  rate
 	closed  bool
 
-	evaluated atomic.Int64 // tokens llama_decode evaluated
+	evaluated atomic.Int64 // tokens the loop gave llama_decode
 	decodes   atomic.Int64 // llama_decode calls
+	perf      atomic.Int64 // tokens evaluated, by llama.cpp's own count
+	perfBase  int64        // the probe's
 
 	// onLogits, set by tests before the first Generate, sees the logits
 	// each output token is sampled from.
@@ -198,13 +200,24 @@ func New(cfg Config) (*Engine, error) {
 // implies: the layers, and K and V rows of kv_heads × head_dim elements
 // of kv_dtype.
 func (e *Engine) probe() error {
-	b := llama.BatchInit(1, 0, 1)
+	// Two tokens in one batch, then one alone: llama.cpp's own counts of
+	// evaluated tokens (prompt and single-token evaluations, each shown
+	// as at least 1) are past their floor from here on.
+	b := llama.BatchInit(2, 0, 1)
 	defer llama.BatchFree(b)
-	b.Add(0, 0, []llama.SeqId{e.scratch()}, false)
-	if rc, err := llama.Decode(e.lctx, b); err != nil || rc != 0 {
-		return fmt.Errorf("llamacpp: the probe decode failed (%d, %v)", rc, err)
-	}
 	defer llama.MemorySeqRm(e.mem, e.scratch(), -1, -1)
+	for i, n := range []int{2, 1} {
+		b.Clear()
+		for j := 0; j < n; j++ {
+			b.Add(0, llama.Pos(i*2+j), []llama.SeqId{e.scratch()}, false)
+		}
+		if rc, err := llama.Decode(e.lctx, b); err != nil || rc != 0 {
+			return fmt.Errorf("llamacpp: the probe decode failed (%d, %v)", rc, err)
+		}
+		llama.Synchronize(e.lctx)
+	}
+	pd := llama.PerfContext(e.lctx)
+	e.perfBase = int64(pd.NPEval) + int64(pd.NEval)
 	buf := make([]byte, llama.StateSeqGetSize(e.lctx, e.scratch()))
 	if n := llama.StateSeqGetData(e.lctx, buf, e.scratch()); int(n) != len(buf) {
 		return fmt.Errorf("llamacpp: the probe's state: %d of %d octets", n, len(buf))
@@ -273,8 +286,13 @@ func (e *Engine) Deterministic() bool { return false }
 // Vocab is the model's vocabulary size.
 func (e *Engine) Vocab() int { return e.vocab }
 
-// Evaluated is the number of tokens llama_decode has evaluated.
-func (e *Engine) Evaluated() int64 { return e.evaluated.Load() }
+// Evaluated is the number of tokens llama_decode has evaluated, by
+// llama.cpp's own count (llama_perf_context: prompt and single-token
+// evaluations), the probe's not counted.
+func (e *Engine) Evaluated() int64 { return e.perf.Load() }
+
+// Decodes is the number of llama_decode calls since the start.
+func (e *Engine) Decodes() int64 { return e.decodes.Load() }
 
 // Stats implements engine.Engine: the rates are moving averages of the
 // engine's own steps.

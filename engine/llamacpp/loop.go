@@ -240,6 +240,9 @@ func (l *loopState) step() {
 		}
 		return
 	}
+	llama.Synchronize(e.lctx)
+	pd := llama.PerfContext(e.lctx)
+	e.perf.Store(int64(pd.NPEval) + int64(pd.NEval) - e.perfBase)
 	e.evaluated.Add(int64(b.NTokens))
 	e.decodes.Add(1)
 	e.mu.Lock()
