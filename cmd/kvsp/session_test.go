@@ -20,6 +20,7 @@ import (
 	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/client"
 	"github.com/kvsp/kvsp/engine"
+	"github.com/kvsp/kvsp/engine/llamacpp"
 	"github.com/kvsp/kvsp/engine/sim"
 	"github.com/kvsp/kvsp/internal/kvsptest"
 )
@@ -159,6 +160,8 @@ type sessionCluster struct {
 	inst          []*proc  // the instance processes, b1 first
 	instCfg       []string // their configurations, to restart them
 	instAddr      []string
+	instMetrics   []string // llamacpp: the instances' metrics listeners
+	dir           string
 	q             *kvsp.PlaceRequest
 	session       kvsp.UUID
 	d             kvsp.Descriptor
@@ -234,14 +237,28 @@ type clusterOptions struct {
 	// path and moves blocks over it.
 	transport string
 	pcEnv     []string // "bolt": the PC process's extra environment (failpoints)
+	// llamacpp: the instances run llama.cpp on this GGUF (its descriptor
+	// derived from it) instead of the simulator; prompts are then token
+	// ids of its vocabulary.
+	llamacpp string
+	// prompt is the probe placement's prompt (default promptTokens(0)).
+	prompt []uint32
+	aEnv   []string // the IS and holder process's extra environment (failpoints)
 }
 
 func startSessionClusterWith(t *testing.T, o clusterOptions) *sessionCluster {
 	dir := t.TempDir()
-	free := func() string {
-		ln, _ := net.Listen("tcp", "127.0.0.1:0")
-		defer ln.Close()
-		return ln.Addr().String()
+	taken := map[string]bool{}
+	free := func() string { // a port not handed out before in this cluster
+		for {
+			ln, _ := net.Listen("tcp", "127.0.0.1:0")
+			a := ln.Addr().String()
+			ln.Close()
+			if !taken[a] {
+				taken[a] = true
+				return a
+			}
+		}
 	}
 	if o.instances == 0 {
 		o.instances = 2
@@ -284,19 +301,36 @@ holders:
     lease_quota: {octets: 256MiB, max_ttl_ms: 60000, max_leases: 1024}
 `
 	inst := func(addr string) string {
+		eng := `{kind: sim, descriptor: descriptor.json, prefill_tokens_per_s: 42000, decode_tokens_per_s: ` + fmt.Sprint(o.decode) + `}`
+		if o.llamacpp != "" {
+			eng = `{kind: llamacpp, model: ` + o.llamacpp + `, descriptor: descriptor.json, context_tokens: 2048, batch_size: 8, threads: 1, kv_capacity: 1024}`
+		}
 		s := `  - base: ` + base(addr, "/ii/") + `
     controller: ` + base(pcAddrs[0], "/pc/") + `
     index: ` + base(a, "/is/") + `
     holder: ` + base(a, "/h1/") + `
-    engine: {kind: sim, descriptor: descriptor.json, prefill_tokens_per_s: 42000, decode_tokens_per_s: ` + fmt.Sprint(o.decode) + `}
+    engine: ` + eng + `
 `
+		if o.llamacpp != "" { // the PC's cost model weighs fetching from h1 against recomputing
+			s += `    links: [{holder: ` + base(a, "/h1/") + `, mbit_per_s: 10000, rtt_us: 50}]
+`
+		}
 		if len(pcAddrs) > 1 {
 			s += `    controllers: [` + base(pcAddrs[1], "/pc/") + `]
 `
 		}
 		return s
 	}
-	writeFile(t, dir, "descriptor.json", tinyDescriptor)
+	descriptor := tinyDescriptor
+	if o.llamacpp != "" {
+		info, err := llamacpp.Describe(o.llamacpp, llamacpp.DescribeOptions{BlockTokens: 16})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := info.Descriptor.JCS()
+		descriptor = string(b)
+	}
+	writeFile(t, dir, "descriptor.json", descriptor)
 	// One identity for all the processes (they share 127.0.0.1): the
 	// union configuration makes its certificate and policy.
 	union := "listen: " + a + "\n" + common + roles + pcRole(pcAddrs[0], "state: memory") + "instances:\n"
@@ -311,10 +345,10 @@ holders:
 	ca, _ := os.ReadFile(filepath.Join(dir, "ca.pem"))
 	roots := x509.NewCertPool()
 	roots.AppendCertsFromPEM(ca)
-	c := &sessionCluster{instAddr: instAddr, d: kvsp.Descriptor{}}
+	c := &sessionCluster{instAddr: instAddr, d: kvsp.Descriptor{}, dir: dir}
 	switch o.pc {
 	case "":
-		startServe(t, writeFile(t, dir, "a.yaml", "listen: "+a+"\n"+common+roles+pcRole(a, "state: memory")), a)
+		startServe(t, writeFile(t, dir, "a.yaml", "listen: "+a+"\n"+common+roles+pcRole(a, "state: memory")), a, o.aEnv...)
 	case "bolt":
 		startServe(t, writeFile(t, dir, "a.yaml", "listen: "+a+"\n"+common+roles), a)
 		c.pcAddr = pcAddrs[0]
@@ -335,7 +369,12 @@ holders:
 		}()
 	}
 	for i, x := range instAddr {
-		c.instCfg = append(c.instCfg, writeFile(t, dir, fmt.Sprintf("b%d.yaml", i+1), "listen: "+x+"\n"+common+"instances:\n"+inst(x)))
+		metrics := ""
+		if o.llamacpp != "" { // llama.cpp's own counts are read there
+			c.instMetrics = append(c.instMetrics, free())
+			metrics = "metrics_listen: " + c.instMetrics[i] + "\n"
+		}
+		c.instCfg = append(c.instCfg, writeFile(t, dir, fmt.Sprintf("b%d.yaml", i+1), "listen: "+x+"\n"+metrics+common+"instances:\n"+inst(x)))
 		c.inst = append(c.inst, startServe(t, c.instCfg[i], x))
 	}
 	c.p1 = c.inst[0]
@@ -348,9 +387,12 @@ holders:
 	t.Cleanup(front.Close)
 	keyFile, _ := os.ReadFile(filepath.Join(dir, "scope-a.key"))
 	c.sk, _ = kvsp.ScopeKeyFromFile(keyFile)
-	c.d, _ = kvsp.ParseDescriptor([]byte(tinyDescriptor))
+	if o.prompt == nil {
+		o.prompt = promptTokens(0)
+	}
+	c.d, _ = kvsp.ParseDescriptor([]byte(descriptor))
 	compat, _ := c.d.CompatID()
-	c.q = &kvsp.PlaceRequest{ScopeID: c.sk.ID(), CompatID: compat, Tokens: promptTokens(0), MaxTokens: 1200, Sampler: o.sampler}
+	c.q = &kvsp.PlaceRequest{ScopeID: c.sk.ID(), CompatID: compat, Tokens: o.prompt, MaxTokens: 1200, Sampler: o.sampler}
 	c.front, c.session = front, kvsp.NewUUID()
 	for _, x := range pcAddrs {
 		c.pcs = append(c.pcs, base(x, "/pc/"))

@@ -200,21 +200,30 @@ func New(cfg Config) (*Engine, error) {
 // implies: the layers, and K and V rows of kv_heads × head_dim elements
 // of kv_dtype.
 func (e *Engine) probe() error {
-	// Two tokens in one batch, then one alone: llama.cpp's own counts of
-	// evaluated tokens (prompt and single-token evaluations, each shown
-	// as at least 1) are past their floor from here on.
-	b := llama.BatchInit(2, 0, 1)
+	// A prefill chunk, then one token alone: the first measurements of
+	// the rates the status record reports (before any request, the PC's
+	// cost model needs them), and llama.cpp's own counts of evaluated
+	// tokens (prompt and single-token evaluations, each shown as at least
+	// 1) are past their floor from here on.
+	n0 := min(64, e.cfg.PrefillChunk, e.cfg.ContextTokens-1)
+	b := llama.BatchInit(int32(n0), 0, 1)
 	defer llama.BatchFree(b)
 	defer llama.MemorySeqRm(e.mem, e.scratch(), -1, -1)
-	for i, n := range []int{2, 1} {
+	for i, n := range []int{n0, 1} {
 		b.Clear()
 		for j := 0; j < n; j++ {
-			b.Add(0, llama.Pos(i*2+j), []llama.SeqId{e.scratch()}, false)
+			b.Add(llama.Token(j%e.vocab), llama.Pos(i*n0+j), []llama.SeqId{e.scratch()}, false)
 		}
+		t0 := time.Now()
 		if rc, err := llama.Decode(e.lctx, b); err != nil || rc != 0 {
 			return fmt.Errorf("llamacpp: the probe decode failed (%d, %v)", rc, err)
 		}
 		llama.Synchronize(e.lctx)
+		if i == 0 {
+			e.prefill.add(n, time.Since(t0))
+		} else {
+			e.decode.add(n, time.Since(t0))
+		}
 	}
 	pd := llama.PerfContext(e.lctx)
 	e.perfBase = int64(pd.NPEval) + int64(pd.NEval)

@@ -3,15 +3,18 @@ package llamacpp
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/client"
 	"github.com/kvsp/kvsp/container"
+	"github.com/kvsp/kvsp/engine"
 	"github.com/kvsp/kvsp/holder"
 	"github.com/kvsp/kvsp/internal/kvsptest"
 	"github.com/kvsp/kvsp/server"
@@ -117,6 +120,21 @@ func moveBlocks(t *testing.T, a, b *Engine, hold *client.Holder, keys []kvsp.Blo
 	}
 }
 
+// moveBlock copies a resident block from a's KV into b's, layer by layer.
+func moveBlock(t *testing.T, a, b *Engine, key kvsp.BlockKey) {
+	t.Helper()
+	g := a.Geometry()
+	k, v := make([]byte, g.RawSectionLen()), make([]byte, g.RawSectionLen())
+	for l := uint32(0); l < g.Layers; l++ {
+		if err := a.KV().ReadLayer(key, l, k, v); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.KV().WriteLayer(key, l, k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // TestExactRoundTrip (issue 20, test 2): sequence state → blocks → KVB1 →
 // holder → KVB1 → blocks → state: the K and V sections arrive octet for
 // octet, and a fresh engine of the same configuration that injects them
@@ -200,5 +218,78 @@ func TestStateConversionExact(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestContinuousBatching (issue 20): up to batch_size sessions decode
+// together, one token each per llama_decode, and the others wait in the
+// queue, as the status record's running and queued say; a session's
+// prefill goes in chunks between decode steps.
+func TestContinuousBatching(t *testing.T) {
+	e := newEngine(t, Config{BatchSize: 3, PrefillChunk: 32})
+	const sessions, out = 6, 40
+	var mu sync.Mutex
+	var maxRunning, maxQueued uint64
+	var wg sync.WaitGroup
+	before := e.Decodes()
+	errs := make(chan error, sessions)
+	for i := 0; i < sessions; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req := request(t, e, tokensOf(50+i, 70, e.Vocab()), out)
+			n := 0
+			errs <- e.Generate(context.Background(), req, func(engine.Token) error {
+				st := e.Stats()
+				mu.Lock()
+				maxRunning, maxQueued = max(maxRunning, st.Running), max(maxQueued, st.Queued)
+				mu.Unlock()
+				n++
+				return nil
+			})
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	steps := e.Decodes() - before
+	// Alone, each session would take 3 prefill chunks and out-1 decodes.
+	alone := int64(sessions * (3 + out - 1))
+	t.Logf("%d sessions of %d tokens: %d llama_decode calls (%d one at a time); running up to %d, queued up to %d", sessions, out, steps, alone, maxRunning, maxQueued)
+	if maxRunning != 3 || maxQueued == 0 {
+		t.Fatalf("running up to %d (batch_size 3), queued up to %d", maxRunning, maxQueued)
+	}
+	if steps > alone*2/3 {
+		t.Fatalf("%d llama_decode calls for %d one at a time: the sessions did not decode together", steps, alone)
+	}
+	if st := e.Stats(); st.Running != 0 || st.Queued != 0 || st.PrefillTokensPerS <= 0 || st.DecodeTokensPerS <= 0 || st.KVUtilization <= 0 {
+		t.Fatalf("after: %+v", st)
+	}
+}
+
+// TestCancelFreesSequence: a session whose client goes away mid-decode
+// leaves the batch, and its sequence and cells serve the next one.
+func TestCancelFreesSequence(t *testing.T) {
+	e := newEngine(t, Config{BatchSize: 1})
+	ctx, cancel := context.WithCancel(context.Background())
+	n := 0
+	err := e.Generate(ctx, request(t, e, tokensOf(60, 30, e.Vocab()), 500), func(engine.Token) error {
+		if n++; n == 3 {
+			cancel()
+		}
+		return nil
+	})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("Generate: %v", err)
+	}
+	if out := collect(t, e, request(t, e, tokensOf(61, 30, e.Vocab()), 4)); len(out) != 4 {
+		t.Fatalf("the next session: %d tokens", len(out))
+	}
+	if st := e.Stats(); st.Running != 0 || st.Queued != 0 {
+		t.Fatalf("after: %+v", st)
 	}
 }

@@ -27,7 +27,9 @@ func (e *Engine) loop() {
 	defer llama.BatchFree(l.batch)
 	defer func() {
 		for _, s := range append(l.running, l.waiting...) {
-			s.out <- event{err: fmt.Errorf("%w: the engine is closed", kvsp.ErrUnavailable)}
+			if !s.ended {
+				s.out <- event{err: fmt.Errorf("%w: the engine is closed", kvsp.ErrUnavailable)}
+			}
 		}
 	}()
 	for {
@@ -72,7 +74,10 @@ func (l *loopState) enqueue(s *seq) { l.waiting = append(l.waiting, s) }
 func (l *loopState) reap() {
 	keep := l.running[:0]
 	for _, s := range l.running {
-		if s.ended || s.cancel.Load() {
+		if s.ended {
+			continue // released when it ended
+		}
+		if s.cancel.Load() {
 			l.release(s)
 			continue
 		}
@@ -118,8 +123,7 @@ func (l *loopState) admit() {
 		l.e.mu.Unlock()
 		l.running = append(l.running, s)
 		if err := l.start(s); err != nil {
-			s.out <- event{err: err}
-			s.ended = true
+			l.end(s, event{err: err})
 		}
 	}
 }
@@ -187,7 +191,7 @@ func (l *loopState) step() {
 	ids := []llama.SeqId{0}
 	// Every decoding session's one token first.
 	for _, s := range l.running {
-		if s.prompt || s.pos >= len(s.toks) {
+		if s.ended || s.prompt || s.pos >= len(s.toks) {
 			continue
 		}
 		ids[0] = s.id
@@ -203,7 +207,7 @@ func (l *loopState) step() {
 	// Then a chunk of one session's prefill, the first in line.
 	budget := e.cfg.PrefillChunk
 	for _, s := range l.running {
-		if !s.prompt || budget == 0 {
+		if s.ended || !s.prompt || budget == 0 {
 			continue
 		}
 		n := min(budget, len(s.toks)-s.pos)
@@ -235,8 +239,7 @@ func (l *loopState) step() {
 	}
 	if err != nil {
 		for _, p := range parts {
-			p.s.out <- event{err: err}
-			p.s.ended = true
+			l.end(p.s, event{err: err})
 		}
 		return
 	}
@@ -262,8 +265,7 @@ func (l *loopState) step() {
 		if p.logits >= 0 && !s.ended {
 			logits, err := llama.GetLogitsIth(e.lctx, p.logits, e.vocab)
 			if err != nil {
-				s.out <- event{err: err}
-				s.ended = true
+				l.end(s, event{err: err})
 				continue
 			}
 			if e.onLogits != nil {
@@ -292,8 +294,7 @@ func (l *loopState) prefilled(s *seq) {
 	complete := min(len(s.toks)/bt, len(s.keys))
 	if complete > s.cached {
 		if err := l.readBack(s, s.cached, complete); err != nil {
-			s.out <- event{err: err}
-			s.ended = true
+			l.end(s, event{err: err})
 			return
 		}
 	}
@@ -309,8 +310,7 @@ func (l *loopState) flushBlocks(s *seq) {
 		s.pending = s.pending[1:]
 		bt := int(l.e.g.BlockTokens)
 		if err := l.readBackKeys(s, pb.end-bt, []kvsp.BlockKey{pb.key}); err != nil {
-			s.out <- event{err: err}
-			s.ended = true
+			l.end(s, event{err: err})
 			return
 		}
 		key := pb.key
@@ -324,8 +324,17 @@ func (l *loopState) finish(s *seq) {
 	if s.ended || s.prompt || s.step < s.req.MaxTokens || len(s.pending) > 0 {
 		return
 	}
-	s.out <- event{done: true}
-	s.ended = true
+	l.end(s, event{done: true})
+}
+
+// end releases a session's sequence, then tells its Generate: the status
+// record no longer counts it by the time Generate returns.
+func (l *loopState) end(s *seq, ev event) {
+	if !s.ended {
+		l.release(s)
+		s.ended = true
+	}
+	s.out <- ev
 }
 
 func (l *loopState) readBack(s *seq, b0, b1 int) error {
