@@ -18,7 +18,7 @@ REQUIRE   := KVSP_REQUIRE_REDIS=1 KVSP_REQUIRE_ETCD=1 KVSP_REQUIRE_CHROMIUM=1 KV
 LLAMACPP  := $(CURDIR)/.cache/llama.cpp
 export KVSP_LLAMACPP_LIB ?= $(LLAMACPP)
 
-.PHONY: chaos soak sim help deps bench-holder bench-layers build build-nogpu build-gpu build-rdma ptx test-gpu test vet test-race test-nocgo lint fmt-check staticcheck fuzz bench demo check
+.PHONY: chaos soak sim help deps bench-llamacpp bench-holder bench-layers build build-nogpu build-gpu build-rdma ptx test-gpu test vet test-race test-nocgo lint fmt-check staticcheck fuzz bench demo check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -109,6 +109,10 @@ fuzz: ## run every fuzz target for FUZZTIME each (default 10s)
 
 bench: ## run the benchmarks (BENCHTIME, COUNT); compare runs with benchstat
 	$(GO) test -run='^$$' -bench=. -benchmem -benchtime=$(BENCHTIME) -count=$(COUNT) -tags nogpu ./...
+
+bench-llamacpp: deps ## the llama.cpp engine (issue 20): TTFT with the prefix at another instance's holder against recompute (512, 2048, 8192 tokens; tiny and 8x1024 models), the load path against a verified GET, conversion against copy, decode against the bare binding
+	$(GO) test ./engine/llamacpp/ -run '^$$' -bench 'TTFT' -benchtime 1x -count $(COUNT) -timeout 60m
+	$(GO) test ./engine/llamacpp/ -run '^$$' -bench 'LoadPath|Convert|Decode' -benchtime 10x -count $(COUNT) -timeout 30m
 
 bench-holder: ## the holder against nginx (installed from Debian when missing), same certificate, same verifying client
 	@command -v nginx >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx-light >/dev/null; }

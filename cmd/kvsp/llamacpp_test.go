@@ -46,35 +46,41 @@ func requireLlama(t *testing.T) string {
 	return dir
 }
 
-var tinyOnce struct {
+// llamaParams is the process tests' model: 4 layers, 512 wide, so that
+// recomputing a prefix costs more than fetching it (the PC waits for a
+// prefetch only as long as recomputing the matched prefix would take,
+// and the default tiny model recomputes 4 blocks in about 3 ms).
+var llamaParams = gguf.TinyParams{Name: "kvsp-test-4x512", Layers: 4, Embd: 512, Heads: 8, KVHeads: 4, FF: 1024, Vocab: 2048, Context: 4096, Seed: 7}
+
+var modelOnce struct {
 	sync.Once
 	path string
 	err  error
 }
 
-// tinyGGUF is the default tiny model, written once per test process.
-func tinyGGUF(t *testing.T) string {
+// llamaGGUF is the process tests' model, written once per test process.
+func llamaGGUF(t *testing.T) string {
 	t.Helper()
-	tinyOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "kvsp-tiny-")
+	modelOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "kvsp-llama-")
 		if err != nil {
-			tinyOnce.err = err
+			modelOnce.err = err
 			return
 		}
-		tinyOnce.path = filepath.Join(dir, "tiny.gguf")
-		f, err := os.Create(tinyOnce.path)
+		modelOnce.path = filepath.Join(dir, "model.gguf")
+		f, err := os.Create(modelOnce.path)
 		if err == nil {
-			err = gguf.WriteTinyLlama(f, gguf.DefaultTiny())
+			err = gguf.WriteTinyLlama(f, llamaParams)
 			if cerr := f.Close(); err == nil {
 				err = cerr
 			}
 		}
-		tinyOnce.err = err
+		modelOnce.err = err
 	})
-	if tinyOnce.err != nil {
-		t.Fatal(tinyOnce.err)
+	if modelOnce.err != nil {
+		t.Fatal(modelOnce.err)
 	}
-	return tinyOnce.path
+	return modelOnce.path
 }
 
 // llamaTokens are n token ids of the tiny model's vocabulary, a function
@@ -84,17 +90,17 @@ func llamaTokens(seed, n int) []uint32 {
 	x := uint32(seed*2654435761 + 12345)
 	for i := range out {
 		x = x*1664525 + 1013904223
-		out[i] = (x >> 8) % uint32(gguf.DefaultTiny().Vocab)
+		out[i] = (x >> 8) % uint32(llamaParams.Vocab)
 	}
 	return out
 }
 
 // startLlamaCluster is the session cluster (the IS, the PC and holder h1
 // in one kvsp serve process, two instances in two more) with llama.cpp
-// engines on the tiny model.
+// engines on llamaParams' model.
 func startLlamaCluster(t *testing.T, o clusterOptions) *sessionCluster {
 	requireLlama(t)
-	o.llamacpp = tinyGGUF(t)
+	o.llamacpp = llamaGGUF(t)
 	o.prompt = llamaTokens(0, 3*16+5)
 	return startSessionClusterWith(t, o)
 }
@@ -209,7 +215,7 @@ func (c *sessionCluster) place(t *testing.T, tokens []uint32, maxTokens int, wan
 // engine of the instances' configuration: the full recomputation.
 func reference(t *testing.T, prompts [][]uint32, maxTokens int) [][]uint32 {
 	t.Helper()
-	e, err := llamacpp.New(llamacpp.Config{Model: tinyGGUF(t), Library: requireLlama(t), ContextTokens: 2048, BatchSize: 8, Threads: 1})
+	e, err := llamacpp.New(llamacpp.Config{Model: llamaGGUF(t), Library: requireLlama(t), ContextTokens: 2048, BatchSize: 8, Threads: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -404,12 +410,19 @@ func TestLlamaMigrationSIGKILL(t *testing.T) {
 			got = append(got, tok.Token)
 			if len(got) == 120 && !killed {
 				killed = true
-				c.serve(t).kill()
+				for i, x := range c.instAddr { // SIGKILL the instance serving this stream
+					if at.Instance == "https://"+x+"/ii/" {
+						c.inst[i].kill()
+					}
+				}
 			}
 			return nil
 		})
 		if err == nil {
 			break
+		}
+		if !killed {
+			t.Fatalf("the stream ended before the kill, after %d tokens: %v", len(got), err)
 		}
 		if ctx.Err() != nil || epochs > 5 {
 			t.Fatalf("session: %d tokens after %d epochs: %v", len(got), epochs, err)
@@ -422,7 +435,7 @@ func TestLlamaMigrationSIGKILL(t *testing.T) {
 				break
 			}
 			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-				t.Fatal("the session was not moved")
+				t.Fatalf("the session was not moved: %+v %v", moved, err)
 			}
 		}
 	}

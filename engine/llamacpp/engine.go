@@ -105,6 +105,7 @@ type Engine struct {
 	blocks *engine.Blocks[[]byte]
 
 	submit chan *seq
+	calls  chan func(*loopState) // run on the loop (benchmarks)
 	stop   chan struct{}
 	done   chan struct{}
 
@@ -146,7 +147,7 @@ func New(cfg Config) (*Engine, error) {
 	d := info.Descriptor
 	e := &Engine{cfg: cfg, desc: d, vocab: info.Vocab,
 		g:      container.Geometry{Layers: uint32(d.Layers), BlockTokens: uint32(d.BlockTokens), KVHeads: uint32(d.KVHeads), HeadDim: uint32(d.HeadDim), Elem: et},
-		submit: make(chan *seq), stop: make(chan struct{}), done: make(chan struct{})}
+		submit: make(chan *seq), calls: make(chan func(*loopState)), stop: make(chan struct{}), done: make(chan struct{})}
 	e.sec = int(e.g.RawSectionLen())
 	if cfg.ContextTokens > info.ContextLength {
 		return nil, fmt.Errorf("llamacpp: context_tokens %d exceeds the model's context length %d", cfg.ContextTokens, info.ContextLength)

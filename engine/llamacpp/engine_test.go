@@ -32,7 +32,7 @@ func tokensOf(seed, n, vocab int) []uint32 {
 }
 
 // holderOf starts a real holder on loopback TLS for the engine's model.
-func holderOf(t *testing.T, e *Engine) *client.Holder {
+func holderOf(t testing.TB, e *Engine) *client.Holder {
 	t.Helper()
 	compat, _ := e.Descriptor().CompatID()
 	h, err := holder.New(holder.Config{Base: "https://127.0.0.1/h1/", Geometries: map[kvsp.CompatID]container.Geometry{compat: e.Geometry()},
@@ -56,7 +56,7 @@ func holderOf(t *testing.T, e *Engine) *client.Holder {
 }
 
 // blockOf encodes a resident block of e's KV as a KVB1 container.
-func blockOf(t *testing.T, e *Engine, key kvsp.BlockKey) ([]byte, container.Digest) {
+func blockOf(t testing.TB, e *Engine, key kvsp.BlockKey) ([]byte, container.Digest) {
 	t.Helper()
 	g := e.Geometry()
 	h, _ := container.NewHeader(container.CodecRaw, 0, g.Layers, g)

@@ -40,6 +40,9 @@ func (e *Engine) loop() {
 			case s := <-e.submit:
 				l.enqueue(s)
 				continue
+			case f := <-e.calls:
+				f(l)
+				continue
 			case <-e.stop:
 				return
 			}
@@ -47,6 +50,9 @@ func (e *Engine) loop() {
 		select {
 		case s := <-e.submit:
 			l.enqueue(s)
+			continue
+		case f := <-e.calls:
+			f(l)
 			continue
 		case <-e.stop:
 			return
@@ -128,6 +134,18 @@ func (l *loopState) admit() {
 	}
 }
 
+// onLoop runs f on the loop, between steps, and waits for it.
+func (e *Engine) onLoop(f func(*loopState)) error {
+	done := make(chan struct{})
+	select {
+	case e.calls <- func(l *loopState) { f(l); close(done) }:
+		<-done
+		return nil
+	case <-e.done:
+		return fmt.Errorf("%w: the engine is closed", kvsp.ErrUnavailable)
+	}
+}
+
 // start injects the session's leading resident blocks into its sequence.
 // A resumed prompt whose tokens are not known must be resident whole.
 func (l *loopState) start(s *seq) error {
@@ -149,12 +167,27 @@ func (l *loopState) start(s *seq) error {
 		return nil
 	}
 	defer func() { s.start = s.pos }()
-	w := newStateWriter(&e.lay, n*bt, bt, l.state)
+	if err := l.inject(s.id, s.keys[:n]); err != nil {
+		return err
+	}
+	s.cached, s.pos = n, n*bt
+	if s.pos == len(s.toks) { // the last token's logits are needed: evaluate it again
+		s.pos--
+		llama.MemorySeqRm(e.mem, s.id, llama.Pos(s.pos), -1)
+	}
+	return nil
+}
+
+// inject writes the resident blocks keys (pinned by the caller) into
+// sequence id as its cells at positions 0.., converted to llama.cpp's
+// state in one buffer, and has llama.cpp take it.
+func (l *loopState) inject(id llama.SeqId, keys []kvsp.BlockKey) error {
+	e, bt, sec := l.e, int(l.e.g.BlockTokens), l.e.sec
+	w := newStateWriter(&e.lay, len(keys)*bt, bt, l.state)
 	l.state = w.b
-	sec := e.sec
-	for b := 0; b < n; b++ {
+	for b, key := range keys {
 		for layer := 0; layer < int(e.g.Layers); layer++ {
-			err := e.blocks.Read(s.keys[b], uint32(layer), func(p []byte) error {
+			err := e.blocks.Read(key, uint32(layer), func(p []byte) error {
 				o := 2 * sec * layer
 				w.put(b, layer, p[o:o+sec], p[o+sec:o+2*sec])
 				return nil
@@ -164,14 +197,9 @@ func (l *loopState) start(s *seq) error {
 			}
 		}
 	}
-	if got := llama.StateSeqSetData(e.lctx, w.b, s.id); int(got) != len(w.b) {
-		llama.MemorySeqRm(e.mem, s.id, -1, -1)
+	if got := llama.StateSeqSetData(e.lctx, w.b, id); int(got) != len(w.b) {
+		llama.MemorySeqRm(e.mem, id, -1, -1)
 		return fmt.Errorf("llamacpp: llama.cpp took %d of %d octets of the injected state", got, len(w.b))
-	}
-	s.cached, s.pos = n, n*bt
-	if s.pos == len(s.toks) { // the last token's logits are needed: evaluate it again
-		s.pos--
-		llama.MemorySeqRm(e.mem, s.id, llama.Pos(s.pos), -1)
 	}
 	return nil
 }

@@ -249,13 +249,15 @@ func (l *layout) vSection(dst []byte, st *seqState, layer int, idx []int32) {
 	embd := l.vRow / el
 	src := st.v[layer]
 	if el == 2 {
-		for t, c := range idx {
-			d := dst[t*l.vRow : (t+1)*l.vRow]
-			o := int(c) * 2
-			for j := 0; j < embd; j++ {
-				d[2*j], d[2*j+1] = src[o], src[o+1]
-				o += cells * 2
+		// Runs of consecutive cells are one transposed tile: dst[t][j] =
+		// src[j][c0+t].
+		for t := 0; t < len(idx); {
+			n := 1
+			for t+n < len(idx) && idx[t+n] == idx[t]+int32(n) {
+				n++
 			}
+			transpose16(dst[t*l.vRow:], embd, src[2*int(idx[t]):], cells, embd, n)
+			t += n
 		}
 		return
 	}
@@ -353,15 +355,8 @@ func (w *stateWriter) put(blk, layer int, k, v []byte) {
 	el := l.vElem
 	embd := l.vRow / el
 	dst := w.b[w.vOff[layer]:]
-	if el == 2 {
-		for t := 0; t < w.blockT; t++ {
-			s := v[t*l.vRow:]
-			o := (t0 + t) * 2
-			for j := 0; j < embd; j++ {
-				dst[o], dst[o+1] = s[2*j], s[2*j+1]
-				o += w.cells * 2
-			}
-		}
+	if el == 2 { // dst[j][t0+t] = v[t][j]
+		transpose16(dst[2*t0:], w.cells, v, embd, w.blockT, embd)
 		return
 	}
 	for t := 0; t < w.blockT; t++ {
