@@ -77,6 +77,7 @@ vet: ## go vet
 test-race: ## go test -race over every package (shuffled); Redis tests are required, not skipped
 	$(REQUIRE) $(GO) test -race -shuffle=on -tags nogpu ./...
 	$(GO) test -tags nogpu,purego -run 'Hex' . # the portable paths of code that has assembly
+	$(REQUIRE) $(GO) test -tags nogpu,purego -run 'Transpose|Exact|StateConversion' ./engine/llamacpp/
 	$(GO) test -race ./gpu/ # the CUDA build of gpu: without a driver it must say so
 
 chaos: deps ## the reliability plan's fault, security and load rows at full size (../shared/RELIABILITY.md; about an hour), then the process chaos test ten times, all under -race

@@ -30,12 +30,23 @@ func transpose16(dst []byte, dstStride int, src []byte, srcStride int, rows, col
 		r4, c4 = 0, 0
 	}
 	s, d := unsafe.Pointer(unsafe.SliceData(src)), unsafe.Pointer(unsafe.SliceData(dst))
-	// In tiles of 16 × 16 elements: a tile's rows of src and of dst
-	// stay in the first-level cache, whatever the strides.
-	const tile = 16
-	for r0 := 0; r0 < r4; r0 += tile {
-		for c0 := 0; c0 < c4; c0 += tile {
-			tile4x4(d, s, dstStride, srcStride, r0, min(r0+tile, r4), c0, min(c0+tile, c4))
+	r8, c8 := rows&^7, cols&^7
+	if r8 > 0 && c8 > 0 && tiles8(d, s, dstStride, srcStride, 0, r8, 0, c8) {
+		// 8 × 8 tiles in vector registers; the rest in 4 × 4 ones
+		if r4 > r8 {
+			tile4x4(d, s, dstStride, srcStride, r8, r4, 0, c4)
+		}
+		if c4 > c8 {
+			tile4x4(d, s, dstStride, srcStride, 0, r8, c8, c4)
+		}
+	} else {
+		// In tiles of 16 × 16 elements: a tile's rows of src and of dst
+		// stay in the first-level cache, whatever the strides.
+		const tile = 16
+		for r0 := 0; r0 < r4; r0 += tile {
+			for c0 := 0; c0 < c4; c0 += tile {
+				tile4x4(d, s, dstStride, srcStride, r0, min(r0+tile, r4), c0, min(c0+tile, c4))
+			}
 		}
 	}
 	for r := 0; r < rows; r++ { // the edges
