@@ -424,8 +424,8 @@ func newInstance(x *config.Instance, c *client.Client, keys []kvsp.ScopeKey, log
 		log.Info("llama.cpp engine", "model", le.Descriptor().Model, "release", llamacpp.Release, "layers", le.Descriptor().Layers, "vocab", le.Vocab())
 		if reg != nil {
 			reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvsp_llamacpp_evaluated_tokens_total",
-				Help:        "Tokens llama.cpp evaluated, by its own count (llama_perf_context): prompt tokens prefilled, and tokens decoded.",
-				ConstLabels: prometheus.Labels{"instance": x.Base}}, func() float64 { return float64(le.Evaluated()) }))
+				Help: "Tokens llama.cpp evaluated, by its own count (llama_perf_context): prompt tokens prefilled, and tokens decoded."},
+				func() float64 { return float64(le.Evaluated()) })) // labelled with the instance (ii) by reg
 		}
 		eng, stop = le, func() { le.Close() }
 	case "connected":
