@@ -89,3 +89,33 @@ func TestModelUsage(t *testing.T) {
 		t.Errorf("failed runs left %d entries", len(ents))
 	}
 }
+
+// TestModelDescriptor: `kvsp model descriptor` prints the descriptor the
+// llamacpp engine derives (JCS), the one examples/llamacpp/descriptor.json
+// holds for the default tiny model, and refuses a file that is no model.
+func TestModelDescriptor(t *testing.T) {
+	dir := t.TempDir()
+	out := filepath.Join(dir, "tiny.gguf")
+	if code, _, stderr := runCLI(t, "model", "tiny", "--out", out); code != 0 {
+		t.Fatal(stderr)
+	}
+	code, stdout, stderr := runCLI(t, "model", "descriptor", out)
+	if code != 0 {
+		t.Fatalf("code %d: %s", code, stderr)
+	}
+	want, err := os.ReadFile("../../examples/llamacpp/descriptor.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stdout != string(want) {
+		t.Fatalf("descriptor %s, examples/llamacpp/descriptor.json has %s", stdout, want)
+	}
+	if _, stdout, _ := runCLI(t, "model", "descriptor", out, "--block-tokens", "32"); !strings.Contains(stdout, `"block_tokens":32`) {
+		t.Fatalf("--block-tokens 32: %s", stdout)
+	}
+	bad := filepath.Join(dir, "bad.gguf")
+	os.WriteFile(bad, []byte("GGUF but not really"), 0o644)
+	if code, _, stderr := runCLI(t, "model", "descriptor", bad); code != 1 || !strings.Contains(stderr, "gguf:") {
+		t.Fatalf("a broken file: code %d, %s", code, stderr)
+	}
+}

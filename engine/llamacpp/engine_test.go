@@ -293,3 +293,80 @@ func TestCancelFreesSequence(t *testing.T) {
 		t.Fatalf("after: %+v", st)
 	}
 }
+
+// TestTopPResumesItsStream (issue 20): top-p's random stream is a
+// function of (seed, step), so a session resumed at step 27 with its
+// blocks loaded (the prompt's and those of its output, kept as they
+// completed) continues with exactly the tokens of the uninterrupted run.
+// (Recomputing the output instead would not do: llama.cpp evaluates a
+// token alone and in a batch to different last bits, and a top-p draw
+// near a boundary follows them.)
+func TestTopPResumesItsStream(t *testing.T) {
+	e := newEngine(t, Config{BatchSize: 1})
+	bt := int(e.Geometry().BlockTokens)
+	prompt := tokensOf(70, 2*bt+5, e.Vocab())
+	compat, _ := e.Descriptor().CompatID()
+	run := func(seed uint64, generated []uint32) (out []uint32, cached int) {
+		req := request(t, e, prompt, 40)
+		req.Sampler = engine.Sampler{Method: engine.TopP, P: 0.9, Seed: seed}
+		chain, _ := kvsp.ResumeChain(testScope, compat, bt, req.Keys[len(req.Keys)-1], len(req.Keys))
+		req.GeneratedKeys = chain.Append(nil, prompt[2*bt:]...)
+		req.GeneratedKeys = chain.Append(req.GeneratedKeys, generated...)
+		req.Chain, req.Generated = chain, generated
+		req.OnPrefill = func(st engine.PrefillStats) { cached = st.CachedTokens }
+		return collect(t, e, req), cached
+	}
+	whole, _ := run(42, nil)
+	rest, cached := run(42, whole[:27])
+	if cached != 4*bt-1 { // all four blocks, the last token evaluated again for its logits
+		t.Fatalf("resumed with %d tokens injected, want %d", cached, 4*bt-1)
+	}
+	if !slices.Equal(rest, whole[27:]) {
+		t.Fatalf("resumed at 27: %v, uninterrupted %v", rest, whole[27:])
+	}
+	if other, _ := run(43, nil); slices.Equal(other, whole) {
+		t.Fatal("another seed, the same 40 tokens: the seed is not used")
+	}
+	if variate(42, 3) != variate(42, 3) || variate(42, 3) == variate(42, 4) || variate(42, 3) == variate(43, 3) {
+		t.Fatal("the variate is not a function of (seed, step)")
+	}
+}
+
+// TestGeneratedBlocksKept (R-SES-2): when a block of output tokens
+// completes, its KV is read back and kept under the chain's key before
+// OnBlock tells the agent, and a session resumed with those tokens
+// injects them instead of recomputing them.
+func TestGeneratedBlocksKept(t *testing.T) {
+	e := newEngine(t, Config{BatchSize: 1})
+	bt := int(e.Geometry().BlockTokens)
+	prompt := tokensOf(71, 2*bt+5, e.Vocab())
+	req := request(t, e, prompt, 3*bt)
+	compat, _ := e.Descriptor().CompatID()
+	chain, err := kvsp.ResumeChain(testScope, compat, bt, req.Keys[len(req.Keys)-1], len(req.Keys))
+	if err != nil {
+		t.Fatal(err)
+	}
+	chain.Append(nil, prompt[2*bt:]...)
+	req.Chain = chain
+	var blocks []kvsp.BlockKey
+	req.OnBlock = func(k kvsp.BlockKey) {
+		if !e.KV().Has(k) {
+			t.Errorf("OnBlock(%s) before the block is resident", k)
+		}
+		blocks = append(blocks, k)
+	}
+	out := collect(t, e, req)
+	all, _ := kvsp.BlockKeys(testScope, compat, bt, append(slices.Clone(prompt), out...))
+	if !slices.Equal(blocks, all[2:]) {
+		t.Fatalf("OnBlock got %d blocks, want the %d of the output", len(blocks), len(all)-2)
+	}
+	res := request(t, e, prompt, 3*bt)
+	res.Generated = out[:2*bt]
+	res.GeneratedKeys = all[2:4]
+	var st engine.PrefillStats
+	res.OnPrefill = func(s engine.PrefillStats) { st = s }
+	collect(t, e, res)
+	if st.CachedTokens != 4*bt {
+		t.Fatalf("resumed: %+v, want the prompt's and the output's blocks (%d tokens) injected", st, 4*bt)
+	}
+}
