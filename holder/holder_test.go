@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"math"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -822,5 +823,54 @@ func TestCacheServerStoresAnyModel(t *testing.T) {
 	st, _, resp := strict.raw(t, kvsptest.ClientA, "PUT", path(r), map[string]string{"If-None-Match": "*", "Content-Type": "application/kvsp-block"}, body)
 	if st != 409 || !bytes.Contains(resp, []byte("kvsp-incompatible")) {
 		t.Fatalf("a holder with descriptors, another model: %d %s", st, resp)
+	}
+}
+
+// TestCloseWithTheIndexGone (issue 21: a demo at 24x never printed its
+// report): with the IS unreachable and a backlog of records to publish,
+// the publisher ends each pass at the first update nobody answered,
+// instead of spending a timeout and the client's retries on each of
+// thousands; Close returns at once; the failures and the backlog are on
+// /metrics.
+func TestCloseWithTheIndexGone(t *testing.T) {
+	p := kvsptest.NewPKI(t)
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	gone := "https://" + ln.Addr().String() + "/is/" // nothing answers there
+	ln.Close()
+	hc, _ := client.New(client.Config{TLS: p.ClientTLS(p.Leaf(kvsptest.Holder1)), Attempts: 3})
+	defer hc.Close()
+	reg := prometheus.NewRegistry()
+	h, err := holder.New(holder.Config{Base: holderURI, Geometries: map[kvsp.CompatID]container.Geometry{compat: geom},
+		Capacity: 8 << 20, Index: hc.Index(gone), RecordTTL: 30 * time.Second, Registerer: reg,
+		LeaseQuota: holder.LeaseQuota{Octets: 1 << 20, MaxTTL: time.Second, MaxLeases: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := kvsptest.StartServer(t, p, kvsptest.Options{}, func(s *server.Server) { h.Mount(s.Mount("/h1/")) })
+	cc, _ := client.New(client.Config{TLS: p.ClientTLS(p.Leaf(kvsptest.ClientA)), Attempts: 1})
+	defer cc.Close()
+	const n = 60
+	for k := 0; k < n; k++ {
+		data, blk := makeBlock(uint64(k), 0, 4)
+		if err := cc.Holder(srv.URL("/h1/")).PutBlock(context.Background(), ref(byte(k)), bytes.NewReader(data), int64(len(data)), blk.ContainerDigest()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for kvsptest.MetricSum(t, reg, "kvsp_holder_publish_failures_total", map[string]string{"why": "unreachable"}) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no failed publish counted")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t0 := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	h.Close(ctx)
+	if d := time.Since(t0); d > 3*time.Second {
+		t.Fatalf("Close took %v with the IS gone", d)
+	}
+	if pending := kvsptest.MetricSum(t, reg, "kvsp_holder_publish_pending", nil); pending == 0 {
+		t.Fatalf("publish backlog %v, want the blocks waiting", pending)
 	}
 }

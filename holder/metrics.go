@@ -12,6 +12,11 @@ type metrics struct {
 	bytesServed                        *prometheus.CounterVec
 	inFlight                           prometheus.Gauge
 	device                             *prometheus.GaugeVec
+	// publish: index updates that failed, by why (unreachable: no
+	// answer; unavailable: 429 or 5xx, both retried; refused: another
+	// 4xx, dropped), and those waiting.
+	publishFailures *prometheus.CounterVec
+	publishPending  prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -34,9 +39,16 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Octets of block PUTs being received (memory held by requests in flight)."}),
 		device: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kvsp_holder_device_tier",
 			Help: "1 for the device tier's device; stand_in is true for the nogpu host-memory stand-in."}, []string{"device", "stand_in"}),
+		publishFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_holder_publish_failures_total",
+			Help: "Index updates (publish, refresh, withdraw) that failed, by why: unreachable (no answer) and unavailable (429, 5xx) are retried with backoff; refused (another 4xx) are dropped."}, []string{"why"}),
+		publishPending: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvsp_holder_publish_pending",
+			Help: "Index updates waiting to be sent (a backlog that grows while the IS is unreachable)."}),
+	}
+	for _, why := range []string{"unreachable", "unavailable", "refused"} {
+		m.publishFailures.WithLabelValues(why) // each series exists from the start, at 0
 	}
 	if reg != nil {
-		reg.MustRegister(m.gets, m.getMisses, m.puts, m.putRejected, m.slowBodies, m.evictions, m.demotions, m.corrupt, m.leaseRejected, m.bytesServed, m.inFlight, m.device)
+		reg.MustRegister(m.gets, m.getMisses, m.puts, m.putRejected, m.slowBodies, m.evictions, m.demotions, m.corrupt, m.leaseRejected, m.bytesServed, m.inFlight, m.device, m.publishFailures, m.publishPending)
 	}
 	return m
 }

@@ -2,6 +2,7 @@ package holder
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/kvsp/kvsp"
@@ -64,7 +65,11 @@ func (h *Holder) enqueue(e *entry, withdraw bool) {
 
 // publisher publishes and withdraws as blocks come and go, and refreshes
 // every record at a third of its effective TTL; failed operations are
-// retried with backoff, so an IS outage is survived.
+// retried with backoff, so an IS outage is survived. An update the IS
+// did not answer ends the pass (the rest waits for the next one, not one
+// timeout each), one it refused for good (a 4xx other than 408 and 429)
+// is dropped and counted, and a stop is seen between any two updates:
+// Close never waits for a backlog to drain against an IS that is gone.
 func (h *Holder) publisher() {
 	defer close(h.done)
 	refresh := time.NewTicker(h.cfg.RecordTTL / 3)
@@ -88,22 +93,55 @@ func (h *Holder) publisher() {
 		h.pending = nil
 		h.pubMu.Unlock()
 		var failed []pubOp
-		for _, op := range ops {
-			if err := h.apply(op); err != nil {
-				failed = append(failed, op)
-				h.log.Warn("index update failed; will retry", "withdraw", op.withdraw, "err", err)
+		for i, op := range ops {
+			select {
+			case <-h.stop:
+				return
+			default:
+			}
+			err := h.apply(op)
+			if err == nil {
+				continue
+			}
+			why := publishFailure(err)
+			h.m.publishFailures.WithLabelValues(why).Inc()
+			h.log.Warn("index update failed", "withdraw", op.withdraw, "why", why, "err", err)
+			if why == "refused" {
+				continue // it would be refused again
+			}
+			failed = append(failed, op)
+			if why == "unreachable" { // the rest waits for the IS to answer again
+				failed = append(failed, ops[i+1:]...)
+				break
 			}
 		}
+		h.pubMu.Lock()
 		if len(failed) > 0 {
-			h.pubMu.Lock()
 			h.pending = append(failed, h.pending...)
-			h.pubMu.Unlock()
+		}
+		h.m.publishPending.Set(float64(len(h.pending)))
+		h.pubMu.Unlock()
+		if len(failed) > 0 {
 			retry.Reset(backoff)
 			backoff = min(2*backoff, 10*time.Second)
 		} else {
 			backoff = 100 * time.Millisecond
 		}
 	}
+}
+
+// publishFailure classifies a failed index update: refused (a 4xx other
+// than 408 and 429: the same update would be refused again), unavailable
+// (429, 408, 5xx) or unreachable (no answer).
+func publishFailure(err error) string {
+	var p *kvsp.Problem
+	switch {
+	case !errors.As(err, &p):
+		return "unreachable"
+	case p.Status >= 400 && p.Status < 500 && p.Status != 408 && p.Status != 429:
+		return "refused"
+	}
+	return "unavailable"
 }
 
 func (h *Holder) apply(op pubOp) error {
@@ -132,8 +170,10 @@ func (h *Holder) apply(op pubOp) error {
 	return nil
 }
 
-// Close withdraws every published record (best effort, bounded by ctx)
-// and stops the publisher.
+// Close stops the publisher and withdraws every record it published
+// (best effort, bounded by ctx): a record never published is not
+// withdrawn, and an IS that does not answer ends the withdrawals (the
+// records expire by their TTL).
 func (h *Holder) Close(ctx context.Context) error {
 	close(h.stop)
 	<-h.done
@@ -146,8 +186,15 @@ func (h *Holder) Close(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if _, ok := h.record(e); ok {
-			h.cfg.Index.Withdraw(ctx, h.cfg.Base, e.id.key)
+		e.mu.Lock()
+		published := !e.published.IsZero()
+		e.mu.Unlock()
+		if _, ok := h.record(e); !ok || !published {
+			continue
+		}
+		if err := h.cfg.Index.Withdraw(ctx, h.cfg.Base, e.id.key); err != nil && publishFailure(err) == "unreachable" {
+			h.m.publishFailures.WithLabelValues("unreachable").Inc()
+			return nil
 		}
 	}
 	return nil
