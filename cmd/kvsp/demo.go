@@ -267,7 +267,46 @@ type demoReport struct {
 	// blocks available the moment they are computed.
 	LRURatio float64 `json:"lru_ratio"`
 	replaySummary
-	Counters map[string]float64 `json:"counters"`
+	// Drops is what each stage of the pipeline dropped or skipped, by
+	// stage and why, from the processes' own counters: where sharing was
+	// lost names itself.
+	Drops    map[string]map[string]float64 `json:"drops"`
+	Counters map[string]float64            `json:"counters"`
+}
+
+// pipelineDrops are the counters of what each stage of the pipeline
+// dropped or skipped: stage, why, metric and the labels that select it.
+var pipelineDrops = []struct {
+	stage, why, metric string
+	labels             []string
+}{
+	{"place", "no_capacity (refused, retried by the front end)", "kvsp_pc_placements_total", []string{`outcome="no_capacity"`}},
+	{"place", "incompatible", "kvsp_pc_placements_total", []string{`outcome="incompatible"`}},
+	{"lookup", "failed (placed without the cache)", "kvsp_pc_lookups_total", []string{`outcome="failed"`}},
+	{"directive", "not sent: pending quota", "kvsp_pc_directives_total", []string{`outcome="quota"`}},
+	{"directive", "not accepted by the instance", "kvsp_pc_directives_total", []string{`outcome="failed"`}},
+	{"directive", "deadline passed (the rest recomputed)", "kvsp_instance_directives_total", []string{`state="partial"`}},
+	{"directive", "failed", "kvsp_instance_directives_total", []string{`state="failed"`}},
+	{"lease", "refused by quota", "kvsp_holder_lease_rejections_total", nil},
+	{"GET", "block not loaded", "kvsp_instance_prefetch_blocks_total", []string{`outcome="failed"`}},
+	{"GET", "digest mismatch", "kvsp_instance_digest_failures_total", nil},
+	{"offload PUT", "skipped: queue full", "kvsp_instance_offloads_total", []string{`outcome="skipped"`}},
+	{"offload PUT", "failed", "kvsp_instance_offloads_total", []string{`outcome="failed"`}},
+	{"publish", "IS unreachable (retried)", "kvsp_holder_publish_failures_total", []string{`why="unreachable"`}},
+	{"publish", "IS unavailable (retried)", "kvsp_holder_publish_failures_total", []string{`why="unavailable"`}},
+	{"publish", "refused (dropped)", "kvsp_holder_publish_failures_total", []string{`why="refused"`}},
+}
+
+// drops reads pipelineDrops off the metrics.
+func drops(m map[string]float64) map[string]map[string]float64 {
+	out := map[string]map[string]float64{}
+	for _, d := range pipelineDrops {
+		if out[d.stage] == nil {
+			out[d.stage] = map[string]float64{}
+		}
+		out[d.stage][d.why] += metricSum(m, d.metric, d.labels...)
+	}
+	return out
 }
 
 func cmdDemo(args []string, stdout, stderr io.Writer) error {
@@ -526,7 +565,7 @@ func summarizeDemo(dc *demoConfig, reqs []traceRequest, results []replayResult, 
 	sum, local := summarize(reqs, results, progress, wall, dc.speed, dc.prefillRate)
 	rep := demoReport{Date: time.Now().UTC().Format(time.RFC3339), Model: "kvsp-demo/tiny-2l", BlockOctets: demoBlockOctets,
 		Instances: dc.instances, Holders: dc.holders, Transport: dc.transport, HostOctets: int64(dc.hostCap), DiskOctets: int64(dc.diskCap),
-		replaySummary: sum, Counters: map[string]float64{}}
+		replaySummary: sum, Counters: map[string]float64{}, Drops: drops(m)}
 	rep.Fetched = int64(metricSum(m, "kvsp_instance_prefetch_blocks_total", `outcome="loaded"`)) * demoBlockTokens
 	capBlocks := int(int64(dc.holders) * int64(dc.hostCap+dc.diskCap) / demoBlockOctets)
 	if c, t := sharedLRU(reqs, capBlocks); t > 0 {
@@ -543,6 +582,21 @@ func summarizeDemo(dc *demoConfig, reqs []traceRequest, results []replayResult, 
 		}
 	}
 	return rep, local
+}
+
+// dropsLine lists the stages' non-zero drops: "directive: not sent:
+// pending quota 513; ...", or "nothing".
+func dropsLine(d map[string]map[string]float64) string {
+	var parts []string
+	for _, p := range pipelineDrops {
+		if v := d[p.stage][p.why]; v > 0 && !slices.Contains(parts, fmt.Sprintf("%s: %s %.0f", p.stage, p.why, v)) {
+			parts = append(parts, fmt.Sprintf("%s: %s %.0f", p.stage, p.why, v))
+		}
+	}
+	if len(parts) == 0 {
+		return "nothing"
+	}
+	return strings.Join(parts, "; ")
 }
 
 // servedByTier sums kvsp_holder_bytes_served_total by its tier and proto
@@ -589,5 +643,6 @@ func writeDemoTable(w io.Writer, dc *demoConfig, r *demoReport) {
 	row("lease rejections", fmt.Sprintf("%.0f", r.Counters["kvsp_holder_lease_rejections_total"]))
 	row("digest failures (holders, instances)", fmt.Sprintf("%.0f, %.0f", r.Counters["kvsp_holder_digest_failures_total"], r.Counters["kvsp_instance_digest_failures_total"]))
 	row("migrations", fmt.Sprintf("%.0f", r.Counters["kvsp_pc_migrations_total"]))
+	row("dropped or skipped, by stage", dropsLine(r.Drops))
 	fmt.Fprintf(w, "\n  TTFT (prefill): the engine's %g tokens/s applied to the prompt tokens each case computes (KVSP: what\n  the instances report; local caches only: per-instance LRU caches of %d blocks on the same placement).\n  Wall clock: from POST place to the first token, queueing and transfers included.\n\n", dc.prefillRate, demoEngineBlocks)
 }

@@ -54,12 +54,33 @@ func TestDemo(t *testing.T) {
 	if rep.CachedTokens+rep.Computed != int64(n*2460) {
 		t.Fatalf("the instances report %d prompt tokens, the trace has %d", rep.CachedTokens+rep.Computed, n*2460)
 	}
-	for _, want := range []string{"prefix hit ratio", "TTFT p50 / p90", "lease rejections", "digest failures", "migrations", "host over HTTP/2.0"} {
+	// Every stage's drops are in the report, from the processes' counters
+	// (a stage whose counter were not registered would read 0 here and
+	// hide its drops: each must be one the processes export).
+	for _, d := range pipelineDrops {
+		if _, ok := rep.Drops[d.stage][d.why]; !ok {
+			t.Errorf("the report has no %s drops %q", d.stage, d.why)
+		}
+		if _, ok := rep.Counters[d.metric]; !ok && !hasSeries(rep.Counters, d.metric) {
+			t.Errorf("no process exports %s (the %s stage's drops)", d.metric, d.stage)
+		}
+	}
+	for _, want := range []string{"prefix hit ratio", "TTFT p50 / p90", "lease rejections", "digest failures", "migrations", "host over HTTP/2.0", "dropped or skipped, by stage"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("the table lacks %q:\n%s", want, out)
 		}
 	}
 	decodePNG(t, pngPath)
+}
+
+// hasSeries reports whether counters holds a series of metric.
+func hasSeries(counters map[string]float64, metric string) bool {
+	for k := range counters {
+		if strings.HasPrefix(k, metric+"{") {
+			return true
+		}
+	}
+	return false
 }
 
 // TestDemoBadTrace: a trace line that is not a Mooncake request is an

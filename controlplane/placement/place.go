@@ -629,8 +629,10 @@ func (c *Controller) placeOn(ctx context.Context, q *kvsp.PlaceRequest, mig *mig
 	if len(keys) > 0 {
 		resp, err := c.cfg.Index.Lookup(ctx, &kvsp.LookupRequest{ScopeID: q.ScopeID, CompatID: q.CompatID, BlockKeys: keys})
 		if err != nil {
+			c.m.lookups.WithLabelValues("failed").Inc()
 			c.log.Warn("lookup failed; placing without the cache", "err", err)
 		} else {
+			c.m.lookups.WithLabelValues("ok").Inc()
 			replicas = resp.Replicas
 		}
 	}
@@ -859,6 +861,7 @@ type metrics struct {
 	placements   *prometheus.CounterVec
 	directives   *prometheus.CounterVec
 	wakeups      prometheus.Counter
+	lookups      *prometheus.CounterVec
 	matched      prometheus.Histogram
 	unauthorized prometheus.Counter
 }
@@ -875,6 +878,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		directives: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_pc_directives_total",
 			Help: "Prefetch directives by outcome (sent, failed, quota)."}, []string{"outcome"}),
 		wakeups: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvsp_pc_wakeups_total", Help: "Sleeping instances woken for a request."}),
+		lookups: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_pc_lookups_total",
+			Help: "IS lookups of placements, by outcome (ok; failed: placed without the cache)."}, []string{"outcome"}),
 		unauthorized: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvsp_pc_unauthorized_candidates_total",
 			Help: "Instances passed over for a request because the identity reporting them is not authorized for its scope."}),
 		matched: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvsp_pc_matched_blocks",
@@ -885,7 +890,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "1 while this controller serves (the leader of its group, or alone), 0 while a standby."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.migrations, m.stalls, m.forgotten, m.checkpoints, m.placements, m.directives, m.wakeups, m.matched, m.reshards, m.leader, m.unauthorized)
+		reg.MustRegister(m.migrations, m.stalls, m.forgotten, m.checkpoints, m.placements, m.directives, m.wakeups, m.lookups, m.matched, m.reshards, m.leader, m.unauthorized)
 	}
 	return m
 }
