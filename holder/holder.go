@@ -110,7 +110,8 @@ type Holder struct {
 
 	pubMu   sync.Mutex
 	pubWake chan struct{}
-	pending []pubOp
+	pending []pubOp // new records and withdrawals, first
+	renew   []pubOp // refreshes of records already published, after them
 	stop    chan struct{}
 	done    chan struct{}
 }

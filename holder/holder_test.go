@@ -874,3 +874,71 @@ func TestCloseWithTheIndexGone(t *testing.T) {
 		t.Fatalf("publish backlog %v, want the blocks waiting", pending)
 	}
 }
+
+// TestPublishKeepsUpWithStores (issue 21: at 24x a holder ended the demo
+// with 10,220 records never published, so lookups missed blocks it
+// held): with an IS that takes 5 ms an update, 400 blocks stored at once
+// are all published within a second. One update at a time takes 2 s;
+// the publisher sends 16 at a time, a block's updates in order.
+func TestPublishKeepsUpWithStores(t *testing.T) {
+	mem := index.NewMemory(time.Second)
+	defer mem.Close()
+	svc, _ := index.New(index.Config{MaxTTL: time.Minute, MaxLookupKeys: 1024}, mem)
+	p := kvsptest.NewPKI(t)
+	slow := func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodPut && strings.Contains(r.URL.Path, "/is/replicas/") {
+				time.Sleep(5 * time.Millisecond)
+			}
+			h.ServeHTTP(w, r)
+		})
+	}
+	srv := kvsptest.StartServer(t, p, kvsptest.Options{Wrap: slow}, func(s *server.Server) { svc.Mount(s.Mount("/is/")) })
+	hc, _ := client.New(client.Config{TLS: p.ClientTLS(p.Leaf(kvsptest.Holder1)), Attempts: 1})
+	defer hc.Close()
+	reg := prometheus.NewRegistry()
+	h, err := holder.New(holder.Config{Base: holderURI, Geometries: map[kvsp.CompatID]container.Geometry{compat: geom},
+		Capacity: 64 << 20, Index: hc.Index(srv.URL("/is/")), RecordTTL: time.Minute, Registerer: reg,
+		LeaseQuota: holder.LeaseQuota{Octets: 1 << 20, MaxTTL: time.Second, MaxLeases: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close(context.Background())
+	if err := h.Mount(srv.Server.Mount("/h1/")); err != nil {
+		t.Fatal(err)
+	}
+	cc, _ := client.New(client.Config{TLS: p.ClientTLS(p.Leaf(kvsptest.ClientA)), Attempts: 1})
+	defer cc.Close()
+	const n = 400
+	keys := make([]kvsp.BlockKey, n)
+	for i := range n {
+		keys[i] = kvsp.BlockKey{byte(i), byte(i >> 8), 7}
+		data, blk := makeBlock(uint64(i), 0, 4)
+		ref := client.BlockRef{Compat: compat, Scope: scope, Key: keys[i]}
+		if err := cc.Holder(srv.URL("/h1/")).PutBlock(context.Background(), ref, bytes.NewReader(data), int64(len(data)), blk.ContainerDigest()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t0 := time.Now()
+	for {
+		got := 0
+		for i := 0; i < n; i += 100 {
+			resp, err := cc.Index(srv.URL("/is/")).Lookup(context.Background(), &kvsp.LookupRequest{ScopeID: scope, CompatID: compat, BlockKeys: keys[i : i+100]})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range resp.Replicas {
+				if len(r) > 0 {
+					got++
+				}
+			}
+		}
+		if got == n {
+			break
+		}
+		if time.Since(t0) > time.Second {
+			t.Fatalf("%d of %d records published a second after the last store", got, n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

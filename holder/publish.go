@@ -2,7 +2,10 @@ package holder
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvsp/kvsp"
@@ -63,6 +66,17 @@ func (h *Holder) enqueue(e *entry, withdraw bool) {
 	}
 }
 
+// Publishing: a pass sends up to publishConcurrency index updates at a
+// time (one HTTPS request each: the IS has no batch form), new records
+// and withdrawals before refreshes, and at most refreshPerPass refreshes,
+// so a block stored now is published now, not after a refresh of every
+// record the holder has (tens of thousands under load: sharing
+// collapsed behind that backlog).
+const (
+	publishConcurrency = 16
+	refreshPerPass     = 1024
+)
+
 // publisher publishes and withdraws as blocks come and go, and refreshes
 // every record at a third of its effective TTL; failed operations are
 // retried with backoff, so an IS outage is survived. An update the IS
@@ -77,49 +91,40 @@ func (h *Holder) publisher() {
 	backoff := 100 * time.Millisecond
 	retry := time.NewTimer(time.Hour)
 	defer retry.Stop()
+	more := false // refreshes left over from the last pass
 	for {
-		select {
-		case <-h.stop:
-			return
-		case <-h.pubWake:
-		case <-retry.C:
-		case <-refresh.C:
-			for _, e := range h.store.all() {
-				h.enqueue(e, false)
+		if !more {
+			select {
+			case <-h.stop:
+				return
+			case <-h.pubWake:
+			case <-retry.C:
+			case <-refresh.C:
+				all := h.store.all()
+				h.pubMu.Lock()
+				for _, e := range all {
+					h.renew = append(h.renew, pubOp{e: e})
+				}
+				h.pubMu.Unlock()
 			}
 		}
 		h.pubMu.Lock()
 		ops := h.pending
 		h.pending = nil
+		n := min(len(h.renew), refreshPerPass)
+		ops = append(ops, h.renew[:n]...)
+		h.renew = h.renew[n:]
 		h.pubMu.Unlock()
-		var failed []pubOp
-		for i, op := range ops {
-			select {
-			case <-h.stop:
-				return
-			default:
-			}
-			err := h.apply(op)
-			if err == nil {
-				continue
-			}
-			why := publishFailure(err)
-			h.m.publishFailures.WithLabelValues(why).Inc()
-			h.log.Warn("index update failed", "withdraw", op.withdraw, "why", why, "err", err)
-			if why == "refused" {
-				continue // it would be refused again
-			}
-			failed = append(failed, op)
-			if why == "unreachable" { // the rest waits for the IS to answer again
-				failed = append(failed, ops[i+1:]...)
-				break
-			}
+		failed, stopped := h.pass(ops)
+		if stopped {
+			return
 		}
 		h.pubMu.Lock()
 		if len(failed) > 0 {
 			h.pending = append(failed, h.pending...)
 		}
-		h.m.publishPending.Set(float64(len(h.pending)))
+		more = len(h.renew) > 0 && len(failed) == 0
+		h.m.publishPending.Set(float64(len(h.pending) + len(h.renew)))
 		h.pubMu.Unlock()
 		if len(failed) > 0 {
 			retry.Reset(backoff)
@@ -128,6 +133,71 @@ func (h *Holder) publisher() {
 			backoff = 100 * time.Millisecond
 		}
 	}
+}
+
+// pass sends ops in publishConcurrency lanes, a block's updates in one
+// lane in their order (a withdrawal never overtakes the publish before
+// it), and returns those to retry: the failed ones and, after an update
+// the IS did not answer or a stop, the rest of their lanes (stopped when
+// Close came).
+func (h *Holder) pass(ops []pubOp) (retry []pubOp, stopped bool) {
+	lanes := make([][]pubOp, publishConcurrency)
+	for _, op := range ops {
+		k := op.e.id.key
+		i := int(binary.LittleEndian.Uint32(k[:4]) % publishConcurrency)
+		lanes[i] = append(lanes[i], op)
+	}
+	var (
+		mu   sync.Mutex
+		wg   sync.WaitGroup
+		halt atomic.Bool // the IS did not answer: the rest waits
+	)
+	for _, lane := range lanes {
+		if len(lane) == 0 {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j, op := range lane {
+				select {
+				case <-h.stop:
+					halt.Store(true)
+				default:
+				}
+				if halt.Load() {
+					mu.Lock()
+					retry = append(retry, lane[j:]...)
+					mu.Unlock()
+					return
+				}
+				err := h.apply(op)
+				if err == nil {
+					continue
+				}
+				why := publishFailure(err)
+				h.m.publishFailures.WithLabelValues(why).Inc()
+				h.log.Warn("index update failed", "withdraw", op.withdraw, "why", why, "err", err)
+				if why == "refused" {
+					continue // it would be refused again
+				}
+				mu.Lock()
+				retry = append(retry, lane[j:]...) // the block's later updates stay behind it
+				mu.Unlock()
+				if why == "unreachable" {
+					halt.Store(true)
+				}
+				return
+			}
+		}()
+	}
+	wg.Wait()
+	select {
+	case <-h.stop:
+		stopped = true
+	default:
+	}
+	return retry, stopped
 }
 
 // publishFailure classifies a failed index update: refused (a 4xx other
