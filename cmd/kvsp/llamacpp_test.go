@@ -211,6 +211,23 @@ func (c *sessionCluster) place(t *testing.T, tokens []uint32, maxTokens int, wan
 	return g, *pl
 }
 
+// placeMatched places tokens on instance i until the PC matches blocks
+// of them (another instance's blocks reach the IS through its holder
+// asynchronously), within 20 s, and returns the last run, its placement
+// and what llama.cpp evaluated for it in i's process.
+func (c *sessionCluster) placeMatched(t *testing.T, tokens []uint32, out, i, blocks int) (generated, kvsp.PlaceResponse, int64) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		before := c.evaluated(t, i)
+		g, pl := c.place(t, tokens, out, i)
+		n := c.evaluated(t, i) - before
+		if pl.Matched == blocks || time.Now().After(deadline) {
+			return g, pl, n
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 // reference computes prompts' greedy outputs in this process, on a cold
 // engine of the instances' configuration: the full recomputation.
 func reference(t *testing.T, prompts [][]uint32, maxTokens int) [][]uint32 {
@@ -286,19 +303,7 @@ func TestLlamaSharedPrefixAcrossInstances(t *testing.T) {
 	want := reference(t, fulls, out)
 	agree, total := 0, 0
 	for i, full := range fulls {
-		// A's blocks reach the IS through its holder asynchronously.
-		var g generated
-		var pl kvsp.PlaceResponse
-		var n int64
-		for deadline := time.Now().Add(20 * time.Second); ; {
-			before := c.evaluated(t, 1)
-			g, pl = c.place(t, full, out, 1)
-			n = c.evaluated(t, 1) - before
-			if pl.Matched == 4 || time.Now().After(deadline) {
-				break
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+		g, pl, n := c.placeMatched(t, full, out, 1, 4)
 		if pl.Matched != 4 || pl.Directive == nil {
 			t.Fatalf("prompt %d: the PC matched %d blocks (directive %v), want A's 4", i, pl.Matched, pl.Directive)
 		}
@@ -357,18 +362,7 @@ func TestLlamaCorruptBlockRecomputed(t *testing.T) {
 	c.only(t, 0)
 	c.place(t, p, out, 0)
 	c.only(t, 1)
-	var g generated
-	var pl kvsp.PlaceResponse
-	var n int64
-	for deadline := time.Now().Add(20 * time.Second); ; {
-		before := c.evaluated(t, 1)
-		g, pl = c.place(t, full, out, 1)
-		n = c.evaluated(t, 1) - before
-		if pl.Matched == 4 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	g, pl, n := c.placeMatched(t, full, out, 1, 4)
 	if pl.Matched != 4 {
 		t.Fatalf("the PC matched %d blocks", pl.Matched)
 	}

@@ -325,15 +325,7 @@ type bare struct {
 }
 
 func newBare(b *testing.B, e *Engine) *bare {
-	cp := llama.ContextDefaultParams()
-	cp.NCtx = uint32(e.cfg.ContextTokens * e.cfg.BatchSize)
-	cp.NBatch = uint32(max(e.cfg.PrefillChunk+e.cfg.BatchSize, 64))
-	cp.NUbatch = cp.NBatch
-	cp.NSeqMax = uint32(e.cfg.BatchSize + 1)
-	cp.NThreads, cp.NThreadsBatch = int32(e.cfg.Threads), int32(e.cfg.Threads)
-	cp.KVUnified = 1
-	cp.TypeK, cp.TypeV = llama.GGMLType(ggmlF16), llama.GGMLType(ggmlF16)
-	cp.FlashAttentionType = llama.FlashAttentionTypeDisabled
+	cp := e.cfg.contextParams() // the engine's own, whatever they become
 	lctx, err := llama.InitFromModel(e.model, cp)
 	if err != nil || lctx == 0 {
 		b.Fatal(err)

@@ -90,6 +90,25 @@ func (c *Config) validate() error {
 	return nil
 }
 
+// contextParams are the llama.cpp context's: batch_size sequences and a
+// scratch one sharing ContextTokens cells each, in one stream.
+func (c *Config) contextParams() llama.ContextParams {
+	cp := llama.ContextDefaultParams()
+	cp.NCtx = uint32(c.ContextTokens * c.BatchSize)
+	cp.NBatch = uint32(max(c.PrefillChunk+c.BatchSize, 64))
+	cp.NUbatch = cp.NBatch
+	cp.NSeqMax = uint32(c.BatchSize + 1)
+	cp.NThreads, cp.NThreadsBatch = int32(c.Threads), int32(c.Threads)
+	cp.KVUnified = 1 // one stream: sequences share cells (the scratch read-back needs it)
+	cp.TypeK, cp.TypeV = llama.GGMLType(ggmlF16), llama.GGMLType(ggmlF16)
+	cp.FlashAttentionType = llama.FlashAttentionTypeDisabled
+	if c.FlashAttention {
+		cp.FlashAttentionType = llama.FlashAttentionTypeEnabled
+	}
+	cp.NoPerf = 0
+	return cp
+}
+
 // Engine is llama.cpp behind engine.Engine.
 type Engine struct {
 	cfg    Config
@@ -162,19 +181,7 @@ func New(cfg Config) (*Engine, error) {
 		llama.ModelFree(e.model)
 		return nil, fmt.Errorf("llamacpp: llama.cpp reads a vocabulary of %d tokens, the metadata says %d", n, info.Vocab)
 	}
-	cp := llama.ContextDefaultParams()
-	cp.NCtx = uint32(cfg.ContextTokens * cfg.BatchSize)
-	cp.NBatch = uint32(max(cfg.PrefillChunk+cfg.BatchSize, 64))
-	cp.NUbatch = cp.NBatch
-	cp.NSeqMax = uint32(cfg.BatchSize + 1)
-	cp.NThreads, cp.NThreadsBatch = int32(cfg.Threads), int32(cfg.Threads)
-	cp.KVUnified = 1 // one stream: sequences share cells (the scratch read-back needs it)
-	cp.TypeK, cp.TypeV = llama.GGMLType(ggmlF16), llama.GGMLType(ggmlF16)
-	cp.FlashAttentionType = llama.FlashAttentionTypeDisabled
-	if cfg.FlashAttention {
-		cp.FlashAttentionType = llama.FlashAttentionTypeEnabled
-	}
-	cp.NoPerf = 0
+	cp := cfg.contextParams()
 	e.lctx, err = llama.InitFromModel(e.model, cp)
 	if err != nil || e.lctx == 0 {
 		llama.ModelFree(e.model)

@@ -35,32 +35,26 @@ func (e *Engine) loop() {
 	for {
 		l.reap()
 		l.admit()
-		if len(l.running) == 0 {
-			select {
-			case s := <-e.submit:
-				l.enqueue(s)
-				continue
-			case f := <-e.calls:
-				f(l)
-				continue
-			case <-e.stop:
-				return
-			}
+		// Idle, wait for work; running, take what came and step.
+		var idle <-chan time.Time
+		if len(l.running) > 0 {
+			idle = closedTime
 		}
 		select {
 		case s := <-e.submit:
 			l.enqueue(s)
-			continue
 		case f := <-e.calls:
 			f(l)
-			continue
 		case <-e.stop:
 			return
-		default:
+		case <-idle:
+			l.step()
 		}
-		l.step()
 	}
 }
+
+// closedTime is always ready: the loop's case for "step now".
+var closedTime = func() <-chan time.Time { c := make(chan time.Time); close(c); return c }()
 
 type loopState struct {
 	e       *Engine

@@ -271,12 +271,8 @@ func (l *layout) vSection(dst []byte, st *seqState, layer int, idx []int32) {
 // stateLen is the octets of a state of cells cells.
 func (l *layout) stateLen(cells int) int {
 	n := 12 + 4*int(l.streams) + cells*cellMeta + 8
-	n += l.layers * (12 + cells*l.kRow)
-	if l.vTrans {
-		n += l.layers * (12 + cells*l.vRow)
-	} else {
-		n += l.layers * (12 + cells*l.vRow)
-	}
+	n += l.layers * (12 + cells*l.kRow) // type, row size, rows
+	n += l.layers * (12 + cells*l.vRow) // type and row size, or type, element size and width; the data
 	return n
 }
 
