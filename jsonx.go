@@ -26,6 +26,7 @@ var decodeOptions = json.JoinOptions(
 	jsontext.AllowDuplicateNames(false),
 	jsontext.AllowInvalidUTF8(false),
 	json.RejectUnknownMembers(false),
+	tokenJSON,
 )
 
 // Validator is a record that checks its own invariants after decoding.
