@@ -321,6 +321,45 @@ func TestPlaceWakesSleeping(t *testing.T) {
 	}
 }
 
+// TestPlaceWaitsForCapacity: a request that finds every instance full
+// waits at the PC (CapacityWait) and is placed when a status record shows
+// room, instead of a 503 the front end answers by sending the whole
+// prompt again; past the wait it is refused (503, Retry-After), counted
+// once.
+func TestPlaceWaitsForCapacity(t *testing.T) {
+	w := newWorldWith(t, 0, func(c *placement.Config) { c.CapacityWait = 20 * time.Second })
+	tokens := prompt(2*bt, 4)
+	link := kvsp.Link{Holder: h1Base, MbitPerS: 200000, RTTUs: 12}
+	w.status(t, "ii1", 1, 8, kvsp.StateActive, link) // queue full (batch 8)
+	type result struct {
+		out *kvsp.PlaceResponse
+		err error
+	}
+	done := make(chan result, 1)
+	start := time.Now()
+	go func() { out, err := w.place(t, tokens); done <- result{out, err} }()
+	select {
+	case r := <-done:
+		t.Fatalf("placed with every instance full: %+v %v", r.out, r.err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	w.status(t, "ii1", 1, 0, kvsp.StateActive, link) // room again
+	select {
+	case r := <-done:
+		if r.err != nil || r.out.Instance != w.base["ii1"] {
+			t.Fatalf("after room: %+v %v", r.out, r.err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("still waiting %v after a status record with room", time.Since(start))
+	}
+
+	w2 := newWorldWith(t, 0, func(c *placement.Config) { c.CapacityWait = 200 * time.Millisecond })
+	w2.status(t, "ii1", 1, 8, kvsp.StateActive, link)
+	if _, err := w2.place(t, tokens); !errors.Is(err, kvsp.ErrUnavailable) {
+		t.Fatalf("past the wait: %v, want 503", err)
+	}
+}
+
 // TestPlacePendingQuota: R-PF-13: beyond MaxPending directives pending at
 // an instance, requests are still placed but without a directive.
 func TestPlacePendingQuota(t *testing.T) {

@@ -73,6 +73,19 @@ type Registry struct {
 	m        map[string]*instance
 	onStatus func(kvsp.InstanceStatus)
 	persist  func(instance string, epoch uint64) error // a higher epoch, before it is accepted
+	// update is closed (and replaced) when a status record is accepted:
+	// requests waiting for capacity look again.
+	update chan struct{}
+}
+
+// changed returns a channel closed at the next status record accepted.
+func (r *Registry) changed() <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.update == nil {
+		r.update = make(chan struct{})
+	}
+	return r.update
 }
 
 // NewRegistry returns an empty registry.
@@ -125,6 +138,10 @@ func (r *Registry) PutFrom(st *kvsp.InstanceStatus, reporter string) (kvsp.Insta
 	}
 	if r.onStatus != nil {
 		r.onStatus(in.st)
+	}
+	if r.update != nil {
+		close(r.update)
+		r.update = nil
 	}
 	return in.state(now), nil
 }
