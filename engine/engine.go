@@ -50,6 +50,7 @@ type External interface {
 type Stats struct {
 	Running, Queued, BatchSize uint64
 	KVUtilization              float64 // resident KV blocks / capacity
+	KVBlocks                   int     // capacity, in blocks (0: not known)
 	PrefillTokensPerS          float64
 	DecodeTokensPerS           float64
 }

@@ -317,7 +317,7 @@ func (e *Engine) Stats() engine.Stats {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return engine.Stats{Running: e.running, Queued: e.queued, BatchSize: uint64(e.cfg.BatchSize),
-		KVUtilization:     float64(e.blocks.Resident()) / float64(e.blocks.Capacity()),
+		KVUtilization: float64(e.blocks.Resident()) / float64(e.blocks.Capacity()), KVBlocks: e.blocks.Capacity(),
 		PrefillTokensPerS: e.prefill.perS, DecodeTokensPerS: e.decode.perS}
 }
 

@@ -50,6 +50,29 @@ type Engine struct {
 	mu      sync.Mutex
 	running uint64
 	queued  uint64
+	pins    int // blocks pinned by running requests
+}
+
+// pin keeps key resident for a running request, within half the KV, and
+// adds it to the request's pinned.
+func (e *Engine) pin(pinned []kvsp.BlockKey, key kvsp.BlockKey) []kvsp.BlockKey {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.pins >= e.cfg.KVBlocks/2 || !e.blocks.Pin(key) {
+		return pinned
+	}
+	e.pins++
+	return append(pinned, key)
+}
+
+// unpin releases a request's pins.
+func (e *Engine) unpin(pinned []kvsp.BlockKey) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, k := range pinned {
+		e.blocks.Unpin(k)
+	}
+	e.pins -= len(pinned)
 }
 
 // New returns a simulated engine.
@@ -93,7 +116,7 @@ func (e *Engine) Stats() engine.Stats {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return engine.Stats{Running: e.running, Queued: e.queued, BatchSize: uint64(e.cfg.BatchSize),
-		KVUtilization: float64(e.blocks.Resident()) / float64(e.cfg.KVBlocks), PrefillTokensPerS: e.cfg.PrefillTokensPerS, DecodeTokensPerS: e.cfg.DecodeTokensPerS}
+		KVUtilization: float64(e.blocks.Resident()) / float64(e.cfg.KVBlocks), KVBlocks: e.cfg.KVBlocks, PrefillTokensPerS: e.cfg.PrefillTokensPerS, DecodeTokensPerS: e.cfg.DecodeTokensPerS}
 }
 
 // BlockContent writes the KV of one block's layer, derived from its Block
@@ -145,9 +168,15 @@ func (e *Engine) Generate(ctx context.Context, req engine.Request, emit func(eng
 	}()
 
 	// Prefill: the leading resident blocks are reused; everything after
-	// the first missing one is computed (which needs the prompt).
+	// the first missing one is computed (which needs the prompt). A
+	// running request's blocks stay resident until it ends, as a real
+	// engine's do (they are its attention context), up to half the KV for
+	// all running requests together, so that new blocks always have room.
+	var pinned []kvsp.BlockKey
+	defer func() { e.unpin(pinned) }()
 	cached := 0
 	for cached < len(req.Keys) && e.KV().Has(req.Keys[cached]) {
+		pinned = e.pin(pinned, req.Keys[cached])
 		cached++
 	}
 	if cached < len(req.Keys) && req.Tokens == nil {
@@ -161,6 +190,7 @@ func (e *Engine) Generate(ctx context.Context, req engine.Request, emit func(eng
 				return err
 			}
 		}
+		pinned = e.pin(pinned, req.Keys[i])
 	}
 	tail := req.PromptTail(bt)
 	recompute := len(tail) + len(req.Generated) + (len(req.Keys)-cached)*bt

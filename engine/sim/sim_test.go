@@ -247,3 +247,74 @@ func TestPinnedBlocksStay(t *testing.T) {
 		t.Fatalf("unpinned block not evictable: %v", err)
 	}
 }
+
+// TestRunningRequestKeepsItsBlocks: a running request's prompt blocks stay
+// resident until it ends, however many blocks others write meanwhile (an
+// engine's running sequences keep their KV), up to half the KV for all
+// running requests; once it ends they are evictable again. Before, they
+// were evicted under load before the agent copied them for its holder.
+func TestRunningRequestKeepsItsBlocks(t *testing.T) {
+	e := newEngine(t, 2, 16)
+	req := request(4*16+3, engine.Sampler{Method: engine.Greedy}) // 4 blocks
+	req.MaxTokens = 1 << 20
+	ctx, cancel := context.WithCancel(context.Background())
+	prefilled := make(chan struct{})
+	req.OnPrefill = func(engine.PrefillStats) { close(prefilled) }
+	done := make(chan error, 1)
+	go func() { done <- e.Generate(ctx, req, func(engine.Token) error { return nil }) }()
+	<-prefilled
+	kv := e.KV()
+	k := make([]byte, e.Geometry().RawSectionLen())
+	for i := range 40 { // two and a half times the KV
+		for l := uint32(0); l < 4; l++ {
+			if err := kv.WriteLayer(kvsp.BlockKey{0x77, byte(i)}, l, k, k); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for i, key := range req.Keys {
+		if !kv.Has(key) {
+			t.Fatalf("block %d of the running request evicted", i)
+		}
+	}
+	// The half-KV bound: a second request's twelve blocks pin only four
+	// more; the rest are written, not pinned.
+	req2 := request(12*16, engine.Sampler{Method: engine.Greedy})
+	for i := range req2.Keys {
+		req2.Keys[i] = kvsp.BlockKey{byte(i), 0xdd}
+	}
+	req2.MaxTokens = 1 << 20
+	prefilled2 := make(chan struct{})
+	req2.OnPrefill = func(engine.PrefillStats) { close(prefilled2) }
+	go func() { e.Generate(ctx, req2, func(engine.Token) error { return nil }) }()
+	<-prefilled2
+	e.mu.Lock()
+	pins := e.pins
+	e.mu.Unlock()
+	if pins != 8 {
+		t.Fatalf("%d blocks pinned by two running requests, want 8 (half of 16)", pins)
+	}
+	cancel()
+	<-done
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		e.mu.Lock()
+		pins = e.pins
+		e.mu.Unlock()
+		if pins == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d blocks still pinned after both requests ended", pins)
+		}
+	}
+	for i := range 16 {
+		for l := uint32(0); l < 4; l++ {
+			if err := kv.WriteLayer(kvsp.BlockKey{0x78, byte(i)}, l, k, k); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if kv.Has(req.Keys[0]) {
+		t.Fatal("a block of an ended request still resident after the KV turned over")
+	}
+}
