@@ -98,6 +98,8 @@ type rigOptions struct {
 	// nondeterministic: ii1's engine declares itself not batch invariant
 	// (engine.Engine.Deterministic false), as llama.cpp does.
 	nondeterministic bool
+	// wrap wraps the handler of the server of every role but the IS.
+	wrap func(http.Handler) http.Handler
 }
 
 // nondeterministic is the rig's engine declaring what llama.cpp declares.
@@ -136,7 +138,7 @@ func newRig(t testing.TB, o rigOptions) *rig {
 	if o.wrapIS != nil {
 		isSrv = kvsptest.StartServer(t, p, kvsptest.Options{Wrap: o.wrapIS, Logger: o.ctlLog}, func(s *server.Server) { svc.Mount(s.Mount("/is/")) })
 	}
-	w.srv = kvsptest.StartServer(t, p, kvsptest.Options{Logger: o.ctlLog}, func(s *server.Server) {
+	w.srv = kvsptest.StartServer(t, p, kvsptest.Options{Logger: o.ctlLog, Wrap: o.wrap}, func(s *server.Server) {
 		if isSrv == nil {
 			svc.Mount(s.Mount("/is/"))
 		}

@@ -141,17 +141,26 @@ func (a *Agent) generate(w http.ResponseWriter, r *http.Request) error {
 	// The blocks the PC's directive for this request is loading are
 	// worth waiting for: the directive's deadline bounds the wait (R-PF-*).
 	a.awaitPrefetch(r.Context(), q.ScopeID, q.Session)
+	// What is resident now stays until the prefill uses it: the request
+	// may wait for a place in the batch while others' prefills evict it.
+	ready, unpin := a.pinReady(keys)
+	defer unpin()
 	req := engine.Request{Tokens: q.Tokens, Keys: keys, MaxTokens: int(q.MaxTokens), Sampler: engine.Sampler{Method: engine.Greedy}}
 	var prefill atomic.Pointer[kvsp.PrefillInfo] // for the first line sent
 	req.OnPrefill = func(st engine.PrefillStats) {
+		unpin()
+		if lost := ready - st.CachedTokens/bt; lost > 0 {
+			a.m.lost.Add(float64(lost))
+		}
 		prefill.Store(&kvsp.PrefillInfo{CachedTokens: uint64(st.CachedTokens), ComputedTokens: uint64(st.ComputedTokens)})
 		a.m.prompt.WithLabelValues("cached").Add(float64(st.CachedTokens))
 		a.m.prompt.WithLabelValues("computed").Add(float64(st.ComputedTokens))
 		// The prompt blocks it computed go to the instance's holder, which
 		// publishes them: the next request with this prefix, on any
 		// instance, can load them instead.
-		for _, k := range keys[min(len(keys), st.CachedTokens/int(a.g.BlockTokens)):] {
-			a.offload(q.ScopeID, q.CompatID, k)
+		first := min(len(keys), st.CachedTokens/int(a.g.BlockTokens))
+		for i, k := range keys[first:] {
+			a.offload(q.ScopeID, q.CompatID, k, first+i)
 		}
 	}
 	if x != nil { // a resumed session continues from its checkpoint (R-SES-12..14)
@@ -167,7 +176,8 @@ func (a *Agent) generate(w http.ResponseWriter, r *http.Request) error {
 		req.GeneratedKeys = chain.Append(nil, req.PromptTail(int(a.g.BlockTokens))...)
 		req.GeneratedKeys = chain.Append(req.GeneratedKeys, req.Generated...)
 		req.Chain = chain
-		req.OnBlock = func(k kvsp.BlockKey) { a.offload(q.ScopeID, q.CompatID, k) }
+		pos := len(keys) + len(req.GeneratedKeys) // the chain's next block
+		req.OnBlock = func(k kvsp.BlockKey) { a.offload(q.ScopeID, q.CompatID, k, pos); pos++ }
 	}
 	if s := q.Sampler; s != nil {
 		req.Sampler = engine.Sampler{Method: s.Method, Seed: s.Seed}

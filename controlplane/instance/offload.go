@@ -1,0 +1,253 @@
+package instance
+
+import (
+	"bytes"
+	"container/heap"
+	"context"
+	"errors"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/client"
+	"github.com/kvsp/kvsp/container"
+)
+
+// Offloading: the blocks a request computed (and those loaded from
+// another holder) go to the instance's own holder, which publishes them,
+// so the next request with that prefix, on any instance, loads them
+// instead of computing them.
+//
+// A block is copied out of the engine when it is offered, not when its
+// PUT starts: the engine's KV turns over in about a second under load,
+// and a block read later may be gone. Before this copy, 42% of the blocks
+// computed in kvsp demo --speed 24 were evicted before their PUT, without
+// a trace, and the sharing they would have given was lost; the requests
+// that missed them computed more blocks, which waited longer: a collapse.
+// What waits is bounded in octets; beyond, the deepest blocks in their
+// chains are skipped (and counted), a block offered while an earlier
+// offer of it is waiting or was just answered is not sent again, and
+// every outcome is counted.
+
+// maxOffloads is the PUTs to the instance's holder under way at once,
+// and recentOffloads the answered blocks remembered, so that a block
+// computed again soon after (two requests of one batch with one prefix)
+// is not sent again.
+const (
+	maxOffloads    = 8
+	recentOffloads = 4096
+)
+
+// copyPosition is the position given to a block loaded from another
+// holder and offered to the instance's own: it yields to every block
+// computed here, which no holder has.
+const copyPosition = math.MaxInt32
+
+type offloadKey struct {
+	scope kvsp.ScopeID
+	key   kvsp.BlockKey
+}
+
+// offer is a block waiting for its PUT: its layers copied out of the
+// engine, its position in its chain (block 0 first).
+type offer struct {
+	k       offloadKey
+	compat  kvsp.CompatID
+	pos     int
+	seq     uint64
+	buf     *[]byte
+	offered time.Time
+}
+
+// offers is a heap of offers, the lowest position (then the oldest)
+// first: a block is only useful to a longest-prefix lookup after every
+// block before it in its chain, and the first blocks of prompts are the
+// ones shared, so when the holder cannot keep up the first blocks go
+// first, and what is skipped is the deepest.
+type offers []*offer
+
+func (h offers) Len() int { return len(h) }
+func (h offers) Less(i, j int) bool {
+	return h[i].pos < h[j].pos || h[i].pos == h[j].pos && h[i].seq < h[j].seq
+}
+func (h offers) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *offers) Push(x any)   { *h = append(*h, x.(*offer)) }
+func (h *offers) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}
+
+// offloader is the agent's offload queue.
+type offloader struct {
+	blockOctets int64
+	budget      int64 // octets of copied blocks, waiting or under way
+	bufs        sync.Pool
+
+	mu      sync.Mutex
+	used    int64
+	queue   offers
+	seq     uint64
+	workers int                 // PUT goroutines running (each ends when the queue is empty)
+	waiting map[offloadKey]bool // offered and not answered yet
+	recent  map[offloadKey]bool // answered lately: ring's keys
+	ring    []offloadKey
+	next    int
+}
+
+func newOffloader(g container.Geometry, budget int64) *offloader {
+	n := int64(2 * g.Layers * uint32(g.RawSectionLen()))
+	if budget == 0 {
+		budget = 64 << 20
+	}
+	o := &offloader{blockOctets: n, budget: max(budget, 16*n),
+		waiting: map[offloadKey]bool{}, recent: map[offloadKey]bool{}, ring: make([]offloadKey, recentOffloads)}
+	o.bufs.New = func() any { b := make([]byte, n); return &b }
+	return o
+}
+
+// forgetLocked ends k's offer; answered: the holder has the block now.
+func (o *offloader) forgetLocked(k offloadKey, answered bool) {
+	delete(o.waiting, k)
+	if !answered {
+		return
+	}
+	delete(o.recent, o.ring[o.next])
+	o.ring[o.next] = k
+	o.recent[k] = true
+	o.next = (o.next + 1) % len(o.ring)
+}
+
+// admit decides an offer at pos of k: "" to copy and queue it, or the
+// outcome that ends it (duplicate, skipped). When the buffer is full, the
+// deepest waiting offer deeper than pos makes room (dropped: returned,
+// to count as skipped).
+func (o *offloader) admit(k offloadKey, pos int) (outcome string, dropped *offer) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.waiting[k] || o.recent[k] {
+		return "duplicate", nil
+	}
+	if o.used+o.blockOctets > o.budget {
+		worst := -1
+		for i, x := range o.queue {
+			if x.pos > pos && (worst < 0 || x.pos > o.queue[worst].pos) {
+				worst = i
+			}
+		}
+		if worst < 0 {
+			return "skipped", nil
+		}
+		dropped = heap.Remove(&o.queue, worst).(*offer)
+		o.forgetLocked(dropped.k, false)
+		o.used -= o.blockOctets
+	}
+	o.waiting[k] = true
+	o.used += o.blockOctets
+	return "", dropped
+}
+
+// offload copies a block of the engine's KV (at pos in its chain) and
+// queues its PUT to the instance's holder.
+func (a *Agent) offload(scope kvsp.ScopeID, compat kvsp.CompatID, key kvsp.BlockKey, pos int) {
+	if a.cfg.Holder == "" {
+		return
+	}
+	o, k := a.off, offloadKey{scope, key}
+	outcome, dropped := o.admit(k, pos)
+	if dropped != nil {
+		o.bufs.Put(dropped.buf)
+		a.m.offloads.WithLabelValues("skipped").Inc()
+	}
+	if outcome != "" {
+		a.m.offloads.WithLabelValues(outcome).Inc()
+		return
+	}
+	buf := o.bufs.Get().(*[]byte)
+	sec := int(a.g.RawSectionLen())
+	for l := range int(a.g.Layers) {
+		kv := (*buf)[2*l*sec : (2*l+2)*sec]
+		if a.cfg.Engine.KV().ReadLayer(key, uint32(l), kv[:sec], kv[sec:]) != nil {
+			o.bufs.Put(buf)
+			o.mu.Lock()
+			o.used -= o.blockOctets
+			o.forgetLocked(k, false)
+			o.mu.Unlock()
+			a.m.offloads.WithLabelValues("evicted").Inc()
+			return
+		}
+	}
+	o.mu.Lock()
+	o.seq++
+	heap.Push(&o.queue, &offer{k: k, compat: compat, pos: pos, seq: o.seq, buf: buf, offered: time.Now()})
+	if o.workers < maxOffloads {
+		o.workers++
+		go a.offloadWorker()
+	}
+	o.mu.Unlock()
+}
+
+// offloadWorker PUTs the queued offers, lowest position first, until the
+// queue is empty or the agent stops.
+func (a *Agent) offloadWorker() {
+	o := a.off
+	for {
+		o.mu.Lock()
+		if len(o.queue) == 0 || a.stopCtx.Err() != nil {
+			o.workers--
+			o.mu.Unlock()
+			return
+		}
+		x := heap.Pop(&o.queue).(*offer)
+		o.mu.Unlock()
+		answered := a.store(x.k.scope, x.compat, x.k.key, *x.buf)
+		if answered {
+			a.m.offloadDelay.Observe(time.Since(x.offered).Seconds())
+		}
+		o.bufs.Put(x.buf)
+		o.mu.Lock()
+		o.used -= o.blockOctets
+		o.forgetLocked(x.k, answered)
+		o.mu.Unlock()
+	}
+}
+
+// store puts a block (its layers, K then V of each, as offload copied
+// them) at the instance's holder, which publishes the new replica (best
+// effort: the engine has it either way). It reports whether the holder
+// has the block now.
+func (a *Agent) store(scope kvsp.ScopeID, compat kvsp.CompatID, key kvsp.BlockKey, layers []byte) bool {
+	hdr, err := container.NewHeader(container.CodecRaw, 0, a.g.Layers, a.g)
+	if err != nil {
+		return false
+	}
+	var buf bytes.Buffer
+	buf.Grow(len(layers) + 4096)
+	w := container.NewWriter(&buf, hdr)
+	sec := int(a.g.RawSectionLen())
+	for l := range int(a.g.Layers) {
+		if w.WriteLayer(layers[2*l*sec:(2*l+1)*sec], layers[(2*l+1)*sec:(2*l+2)*sec]) != nil {
+			return false
+		}
+	}
+	dg, err := w.Close()
+	if err != nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(a.stopCtx, 10*time.Second)
+	defer cancel()
+	ref := client.BlockRef{Compat: compat, Scope: scope, Key: key}
+	switch err := a.cfg.Client.Holder(a.cfg.Holder).PutBlock(ctx, ref, &buf, int64(buf.Len()), dg.Container); {
+	case err == nil:
+		a.m.offloads.WithLabelValues("stored").Inc()
+	case errors.Is(err, client.ErrExists):
+		a.m.offloads.WithLabelValues("exists").Inc()
+	default:
+		a.m.offloads.WithLabelValues("failed").Inc()
+		a.log.Warn("storing a block at the instance's holder failed", "err", err)
+		return false
+	}
+	return true
+}

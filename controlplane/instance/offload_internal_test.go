@@ -1,0 +1,65 @@
+package instance
+
+import (
+	"container/heap"
+	"testing"
+
+	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/container"
+)
+
+// TestOffloadQueuePrefixFirst: when the offload buffer is full, an offer
+// takes the place of the deepest waiting one deeper than itself (which is
+// skipped), an offer deeper than all is skipped, a block waiting or
+// answered lately is a duplicate, and PUTs go lowest position first: a
+// block is useful to a longest-prefix lookup only after every block
+// before it in its chain.
+func TestOffloadQueuePrefixFirst(t *testing.T) {
+	g := container.Geometry{Layers: 2, BlockTokens: 16, KVHeads: 1, HeadDim: 16, Elem: container.BF16}
+	o := newOffloader(g, 1) // the least: 16 blocks
+	key := func(i int) offloadKey {
+		var k kvsp.BlockKey
+		k[0], k[1] = byte(i), byte(i>>8)
+		return offloadKey{key: k}
+	}
+	queue := func(i, pos int) {
+		if outcome, dropped := o.admit(key(i), pos); outcome != "" || dropped != nil {
+			t.Fatalf("offer %d at %d: %q, dropped %v", i, pos, outcome, dropped)
+		}
+		o.seq++
+		heap.Push(&o.queue, &offer{k: key(i), pos: pos, seq: o.seq})
+	}
+	for i := range 16 {
+		queue(i, 10+i) // positions 10..25
+	}
+	outcome, dropped := o.admit(key(100), 3)
+	if outcome != "" || dropped == nil || dropped.pos != 25 {
+		t.Fatalf("a shallow offer into a full buffer: %q, dropped %+v; want the one at 25 dropped", outcome, dropped)
+	}
+	o.seq++
+	heap.Push(&o.queue, &offer{k: key(100), pos: 3, seq: o.seq})
+	if outcome, dropped := o.admit(key(101), 30); outcome != "skipped" || dropped != nil {
+		t.Fatalf("an offer deeper than every waiting one: %q, %v; want skipped", outcome, dropped)
+	}
+	if outcome, _ := o.admit(key(5), 1); outcome != "duplicate" {
+		t.Fatalf("a block waiting already: %q, want duplicate", outcome)
+	}
+	var order []int
+	for o.queue.Len() > 0 {
+		order = append(order, heap.Pop(&o.queue).(*offer).pos)
+	}
+	for i := 1; i < len(order); i++ {
+		if order[i] < order[i-1] {
+			t.Fatalf("PUT order %v: not the lowest position first", order)
+		}
+	}
+	if order[0] != 3 {
+		t.Fatalf("first PUT at position %d, want 3", order[0])
+	}
+	o.mu.Lock()
+	o.forgetLocked(key(7), true) // answered
+	o.mu.Unlock()
+	if outcome, _ := o.admit(key(7), 0); outcome != "duplicate" {
+		t.Fatalf("a block answered lately: %q, want duplicate", outcome)
+	}
+}
