@@ -65,7 +65,10 @@ func TestDemo(t *testing.T) {
 			t.Errorf("no process exports %s (the %s stage's drops)", d.metric, d.stage)
 		}
 	}
-	for _, want := range []string{"prefix hit ratio", "TTFT p50 / p90", "lease rejections", "digest failures", "migrations", "host over HTTP/2.0", "dropped or skipped, by stage"} {
+	if rep.CPUSeconds <= 0 || rep.CPUUtilization <= 0 || rep.CPUUtilization > 1.01 {
+		t.Errorf("CPU %v s, utilization %v: want the process's CPU time over the replay, within its CPUs", rep.CPUSeconds, rep.CPUUtilization)
+	}
+	for _, want := range []string{"prefix hit ratio", "TTFT p50 / p90, measured", "MODELLED", "CPU (every role", "lease rejections", "digest failures", "migrations", "host over HTTP/2.0", "dropped or skipped, by stage"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("the table lacks %q:\n%s", want, out)
 		}
