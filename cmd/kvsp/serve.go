@@ -459,7 +459,8 @@ func newInstance(x *config.Instance, c *client.Client, keys []kvsp.ScopeKey, log
 		log.Info("the engine attaches here", "socket", sock, "instance", x.Base)
 		eng = ce
 	default:
-		if eng, err = sim.New(sim.Config{Descriptor: d, PrefillTokensPerS: x.Engine.PrefillTokensPerS, DecodeTokensPerS: x.Engine.DecodeTokensPerS}); err != nil {
+		if eng, err = sim.New(sim.Config{Descriptor: d, PrefillTokensPerS: x.Engine.PrefillTokensPerS, DecodeTokensPerS: x.Engine.DecodeTokensPerS,
+			NoPrefixCache: x.Engine.PrefixCache != nil && !*x.Engine.PrefixCache}); err != nil {
 			return nil, nil, err
 		}
 	}

@@ -35,6 +35,9 @@ type Config struct {
 	BatchSize         int     // requests running at once; default 8
 	KVBlocks          int     // KV capacity in blocks; default 1024
 	Vocab             uint32  // default 32000
+	// NoPrefixCache: no resident block is reused at prefill (an engine
+	// run without prefix caching); every prompt token is computed.
+	NoPrefixCache bool
 }
 
 // Engine is a simulated engine.
@@ -175,7 +178,7 @@ func (e *Engine) Generate(ctx context.Context, req engine.Request, emit func(eng
 	var pinned []kvsp.BlockKey
 	defer func() { e.unpin(pinned) }()
 	cached := 0
-	for cached < len(req.Keys) && e.KV().Has(req.Keys[cached]) {
+	for !e.cfg.NoPrefixCache && cached < len(req.Keys) && e.KV().Has(req.Keys[cached]) {
 		pinned = e.pin(pinned, req.Keys[cached])
 		cached++
 	}

@@ -318,3 +318,26 @@ func TestRunningRequestKeepsItsBlocks(t *testing.T) {
 		t.Fatal("a block of an ended request still resident after the KV turned over")
 	}
 }
+
+// TestNoPrefixCache: an engine without its prefix cache (kvsp demo's
+// no-cache mode) computes every prompt token, even of blocks it holds,
+// and still produces the same tokens.
+func TestNoPrefixCache(t *testing.T) {
+	e, err := New(Config{Descriptor: desc, PrefillTokensPerS: 1e9, DecodeTokensPerS: 1e9, NoPrefixCache: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cached := newEngine(t, 1, 64)
+	for _, eng := range []*Engine{e, cached} {
+		run(t, eng, request(4*16+3, engine.Sampler{Method: engine.Greedy}))
+	}
+	var got, want engine.PrefillStats
+	req := request(4*16+3, engine.Sampler{Method: engine.Greedy})
+	req.OnPrefill = func(s engine.PrefillStats) { got = s }
+	out := run(t, e, req)
+	req.OnPrefill = func(s engine.PrefillStats) { want = s }
+	ref := run(t, cached, req)
+	if got.CachedTokens != 0 || got.ComputedTokens != 4*16+3 || want.CachedTokens != 64 || !equal(out, ref) {
+		t.Fatalf("without the prefix cache %+v, with %+v; tokens equal %v", got, want, equal(out, ref))
+	}
+}

@@ -246,6 +246,10 @@ type Engine struct {
 	DecodeTokensPerS  float64 `yaml:"decode_tokens_per_s"`
 	AttachSocket      string  `yaml:"attach_socket"`
 	Device            int     `yaml:"device"`
+	// PrefixCache, false, has the simulated engine reuse no resident
+	// block at prefill (every prompt token computed, as an engine run
+	// without prefix caching): kvsp demo's no-cache mode. Default true.
+	PrefixCache *bool `yaml:"prefix_cache"`
 
 	// llamacpp: the GGUF file, its name when its metadata has none, the
 	// library's directory (default .cache/llama.cpp, where make deps puts
@@ -646,7 +650,9 @@ func (c *Config) validate() error {
 			name string
 			v    string
 		}{{".base", x.Base}, {".controller", x.Controller}, {".index", x.Index}, {".holder", x.Holder}} {
-			if err := checkBase(f+b.name, b.v, true); err != nil {
+			// An instance without a holder of its own stores nothing it
+			// computes (kvsp demo's local and none modes).
+			if err := checkBase(f+b.name, b.v, b.name != ".holder"); err != nil {
 				return err
 			}
 		}
@@ -657,6 +663,9 @@ func (c *Config) validate() error {
 			if err := checkBase(fmt.Sprintf("%s.controllers[%d]", f, j), pc, true); err != nil {
 				return err
 			}
+		}
+		if x.Engine.PrefixCache != nil && x.Engine.Kind != "sim" {
+			return fieldErr(f+".engine.prefix_cache", "only the simulated engine (kind: sim) can run without its prefix cache")
 		}
 		switch x.Engine.Kind {
 		case "sim":
