@@ -65,10 +65,42 @@ func TestDemo(t *testing.T) {
 			t.Errorf("no process exports %s (the %s stage's drops)", d.metric, d.stage)
 		}
 	}
+	// The three modes ran, measured, with the same requests: no cache
+	// reuses nothing, each instance's own cache some, KVSP the most; only
+	// KVSP moves KV.
+	kv, lo, no := rep.Modes["kvsp"], rep.Modes["local"], rep.Modes["none"]
+	if kv == nil || lo == nil || no == nil || rep.Engine != "sim" {
+		t.Fatalf("modes %v, engine %q: want kvsp, local and none on sim", rep.Modes, rep.Engine)
+	}
+	for name, m := range rep.Modes {
+		if m.Requests != n || m.Errors != 0 || m.TTFT.P50 <= 0 || m.TTFT.P90 < m.TTFT.P50 || m.TTFT.P99 < m.TTFT.P90 || m.CPUSeconds <= 0 ||
+			m.CachedTokens+m.ComputedTokens != int64(n*2460) {
+			t.Errorf("mode %s: %+v", name, m)
+		}
+	}
+	if no.HitRatio != 0 || lo.HitRatio <= 0 || kv.HitRatio < lo.HitRatio || kv.HitRatio != rep.HitRatio {
+		t.Errorf("hit ratios: none %v, local %v, kvsp %v (top level %v)", no.HitRatio, lo.HitRatio, kv.HitRatio, rep.HitRatio)
+	}
+	if kv.FetchedOctets == 0 || kv.StoredOctets == 0 || lo.FetchedOctets+lo.StoredOctets+no.FetchedOctets+no.StoredOctets != 0 {
+		t.Errorf("octets moved: kvsp %v / %v, local %v / %v, none %v / %v", kv.FetchedOctets, kv.StoredOctets, lo.FetchedOctets, lo.StoredOctets, no.FetchedOctets, no.StoredOctets)
+	}
+	var raw struct {
+		Modes map[string]struct {
+			TTFT     map[string]float64 `json:"ttft_ms"`
+			HitRatio *float64           `json:"hit_ratio"`
+		} `json:"modes"`
+	}
+	readReport(t, jsonPath, &raw)
+	for _, mode := range []string{"kvsp", "local", "none"} {
+		m := raw.Modes[mode]
+		if _, ok := m.TTFT["p99"]; !ok || m.HitRatio == nil {
+			t.Errorf("the JSON's modes.%s lacks ttft_ms.p99 or hit_ratio", mode)
+		}
+	}
 	if rep.CPUSeconds <= 0 || rep.CPUUtilization <= 0 || rep.CPUUtilization > 1.01 {
 		t.Errorf("CPU %v s, utilization %v: want the process's CPU time over the replay, within its CPUs", rep.CPUSeconds, rep.CPUUtilization)
 	}
-	for _, want := range []string{"prefix hit ratio", "TTFT p50 / p90, measured", "MODELLED", "CPU (every role", "lease rejections", "digest failures", "migrations", "host over HTTP/2.0", "dropped or skipped, by stage"} {
+	for _, want := range []string{"prefix hit ratio", "TTFT p50 / p90 / p99", "no worse than no cache's", "TTFT p50 / p90, measured", "MODELLED", "CPU (every role", "lease rejections", "digest failures", "migrations", "host over HTTP/2.0", "dropped or skipped, by stage"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("the table lacks %q:\n%s", want, out)
 		}
@@ -105,6 +137,8 @@ func TestDemoReplayUsage(t *testing.T) {
 		{"demo", "-host-capacity", "1KiB"},
 		{"demo", "-instances", "0"},
 		{"demo", "-transport", "pigeon"},
+		{"demo", "-modes", "kvsp,fast"},
+		{"demo", "-modes", "kvsp,kvsp"},
 		{"replay"},
 		{"replay", "-config", "x.yaml", "-speed", "-1"},
 		{"replay", "-config", "x.yaml", "-cert", "c.pem"},
@@ -139,8 +173,11 @@ func TestReplay(t *testing.T) {
 	// Requests 2..12 reuse 2 x 512 of 1600 tokens.
 	want := float64(11*2*512) / float64(12*1600)
 	if s.Requests != 12 || s.Errors != 0 || s.CachedTokens+s.Computed != 12*1600 || s.BoundRatio < want-1e-9 || s.BoundRatio > want+1e-9 ||
-		s.HitRatio < 0.8*s.BoundRatio || s.TTFT["kvsp"][1] == 0 {
+		s.HitRatio < 0.8*s.BoundRatio || s.TTFT["modelled_kvsp"][1] == 0 || s.TTFT["measured"][1] == 0 {
 		t.Fatalf("replay %+v (bound want %v)\n%s", s, want, out)
+	}
+	if !strings.Contains(out, "The kvsp mode only, measured") || !strings.Contains(out, "MODELLED") {
+		t.Fatalf("replay does not say what it measured and what it modelled:\n%s", out)
 	}
 }
 
@@ -177,7 +214,7 @@ func demoDeployment(t *testing.T, dc *demoConfig) (dir, addr, maddr string) {
 	dir = t.TempDir()
 	addr, maddr = freeAddr(), freeAddr()
 	writeFile(t, dir, "descriptor.json", demoDescriptor)
-	serveCerts(t, writeFile(t, dir, "kvsp.yaml", demoConfigYAML(dc, addr, maddr)))
+	serveCerts(t, writeFile(t, dir, "kvsp.yaml", demoConfigYAML(dc, addr, maddr, "kvsp")))
 	return dir, addr, maddr
 }
 

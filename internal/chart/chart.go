@@ -274,3 +274,34 @@ func sign(v int) int {
 	}
 	return 0
 }
+
+// WritePanelsPNGFile draws charts one above the other into one PNG file
+// at path (each at its own size, on a white ground).
+func WritePanelsPNGFile(path string, charts ...*Chart) error {
+	var imgs []*image.RGBA
+	w, h := 0, 0
+	for _, c := range charts {
+		img, err := c.Draw()
+		if err != nil {
+			return err
+		}
+		imgs = append(imgs, img)
+		w, h = max(w, img.Bounds().Dx()), h+img.Bounds().Dy()
+	}
+	out := image.NewRGBA(image.Rect(0, 0, w, h))
+	draw.Draw(out, out.Bounds(), image.White, image.Point{}, draw.Src)
+	y := 0
+	for _, img := range imgs {
+		draw.Draw(out, image.Rect(0, y, img.Bounds().Dx(), y+img.Bounds().Dy()), img, img.Bounds().Min, draw.Src)
+		y += img.Bounds().Dy()
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := png.Encode(f, out); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
