@@ -122,7 +122,7 @@ bench-holder: ## the holder against nginx (installed from Debian when missing), 
 bench-layers: build ## kvsp bench with its defaults: every transport, 256 KiB to 16 MiB, 1/8/64 streams; report and chart in bin/
 	cd $(BIN) && ./kvsp bench
 
-demo: deps build ## the README's first command: kvsp demo (the whole system on loopback replaying the Mooncake trace, about 2.5 minutes on 2 cores); report and chart in bin/
+demo: deps build ## the README's first command: kvsp demo (the whole system on loopback replaying the Mooncake trace in three modes, kvsp, local and none, about 7.5 minutes on 2 cores); report and chart in bin/
 	cd $(BIN) && ./kvsp demo
 
 check: lint build-nogpu test build-rdma ## everything CI checks, and lint

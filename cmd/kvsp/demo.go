@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"container/list"
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	_ "embed"
@@ -42,8 +43,10 @@ It creates a development CA and certificates, starts on loopback with
 mutual TLS an Index Service, a Placement Controller, holders (host and
 local-storage tiers) and instances on the simulated engine, and replays a
 Mooncake-format trace through the PC: every cache hit is a real, verified
-transfer of real bytes. It ends with a summary table, a JSON report and a
-PNG chart.
+transfer of real bytes. The same requests then run on a system without
+holders (each instance's own cache) and on engines without a prefix cache:
+every mode measured, none modelled. It ends with a summary table, a JSON
+report and a PNG chart.
 
 Usage: kvsp demo [flags]
 `
@@ -62,7 +65,14 @@ type demoConfig struct {
 	cpuProfile              string
 	keep                    bool
 	modes                   []string
+	geometry                demoGeometry
+	blockTokens             int // tokens per trace block (hash id)
 }
+
+// model, descriptor and blockOctets are the run's.
+func (dc *demoConfig) model() string      { return "kvsp-demo/" + dc.geometry.name }
+func (dc *demoConfig) descriptor() string { return dc.geometry.descriptor(dc.blockTokens) }
+func (dc *demoConfig) blockOctets() int   { return dc.geometry.blockOctets(dc.blockTokens) }
 
 // demoModes are the runs of one demo: the same requests through each,
 // one after the other, each on a system started for it.
@@ -80,10 +90,44 @@ const demoDescriptor = `{"model": "kvsp-demo/tiny-2l", "tokenizer_digest": "sha-
   "layers": 2, "kv_heads": 1, "head_dim": 16, "kv_dtype": "bf16", "positional": "rope", "block_tokens": 512, "layout": "kvsp-layout-1"}`
 
 const (
-	demoBlockTokens  = 512
-	demoBlockOctets  = 2 * 2 * demoBlockTokens * 16 * 2 // layers x (K,V) x tokens x dim x bf16
-	demoEngineBlocks = 1024                             // the simulated engine's KV capacity, in blocks
+	traceBlockTokens = 512  // the Mooncake trace's tokens per hash id
+	demoEngineBlocks = 1024 // the simulated engine's KV capacity, in blocks
 )
+
+// demoGeometry is a KV geometry the simulated engine can run with: the
+// tiny default, or a real model's (--geometry), so that the octets moved
+// per block are that model's.
+type demoGeometry struct {
+	name                     string
+	layers, kvHeads, headDim int
+	blockTokens              int // default tokens per trace block
+}
+
+var demoGeometries = []demoGeometry{
+	{"tiny-2l", 2, 1, 16, 512},
+	// Llama 3 8B: 32 layers, 8 KV heads of 128 (GQA), bf16; 16-token
+	// blocks are 2 MiB, as in the spec's example record.
+	{"llama-3-8b", 32, 8, 128, 16},
+}
+
+// blockOctets is the KV of one block: layers x (K, V) x tokens x heads x
+// head_dim x 2 octets (bf16).
+func (g demoGeometry) blockOctets(blockTokens int) int {
+	return g.layers * 2 * blockTokens * g.kvHeads * g.headDim * 2
+}
+
+// descriptor is the geometry's descriptor at blockTokens; the tiny one at
+// 512 is demoDescriptor. The digests name the demo's synthetic model.
+func (g demoGeometry) descriptor(blockTokens int) string {
+	if g.name == "tiny-2l" && blockTokens == 512 {
+		return demoDescriptor
+	}
+	digest := func(what string) string {
+		return fmt.Sprintf("sha-256:%x", sha256.Sum256([]byte("kvsp demo "+g.name+" "+what)))
+	}
+	return fmt.Sprintf(`{"model": "kvsp-demo/%s", "tokenizer_digest": %q, "model_digest": %q, "layers": %d, "kv_heads": %d, "head_dim": %d, "kv_dtype": "bf16", "positional": "rope", "block_tokens": %d, "layout": "kvsp-layout-1"}`,
+		g.name, digest("tokenizer"), digest("model"), g.layers, g.kvHeads, g.headDim, blockTokens)
+}
 
 func parseDemoFlags(args []string, stderr io.Writer) (*demoConfig, error) {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
@@ -105,6 +149,8 @@ func parseDemoFlags(args []string, stderr io.Writer) (*demoConfig, error) {
 	fs.StringVar(&dc.jsonPath, "json", "kvsp-demo.json", "JSON report")
 	fs.StringVar(&dc.pngPath, "png", "kvsp-demo.png", "PNG chart: prefix hit ratio as the trace is replayed")
 	fs.StringVar(&dc.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run (every role and the front end: one process) to this file")
+	geometry := fs.String("geometry", "tiny-2l", "the simulated model's KV geometry: tiny-2l (64 KiB per 512-token block) or llama-3-8b (32 layers, 8 KV heads of 128, bf16: 2 MiB per 16-token block)")
+	fs.IntVar(&dc.blockTokens, "block-tokens", 0, "tokens per trace block (hash id), 1..512: prompts shrink by 512/B, the sharing stays (default: the geometry's, 512 or 16)")
 	modes := fs.String("modes", "kvsp,local,none", "the modes run, in turn, each with the same requests: kvsp, local (each instance's own cache), none (no cache)")
 	fs.BoolVar(&dc.keep, "keep", false, "keep the working directory (certificates, configuration, logs)")
 	if err := fs.Parse(args); err != nil {
@@ -113,9 +159,20 @@ func parseDemoFlags(args []string, stderr io.Writer) (*demoConfig, error) {
 		}
 		return nil, usageError("demo: %v", err)
 	}
+	i := slices.IndexFunc(demoGeometries, func(g demoGeometry) bool { return g.name == *geometry })
+	if i < 0 {
+		return nil, usageError("demo: --geometry: want tiny-2l or llama-3-8b")
+	}
+	dc.geometry = demoGeometries[i]
+	if dc.blockTokens == 0 {
+		dc.blockTokens = dc.geometry.blockTokens
+	}
+	if dc.blockTokens < 1 || dc.blockTokens > traceBlockTokens {
+		return nil, usageError("demo: --block-tokens: want 1..512")
+	}
 	var err error
-	if dc.hostCap, err = config.ParseSize(*hostCap); err != nil || dc.hostCap < demoBlockOctets {
-		return nil, usageError("demo: --host-capacity: want a size of at least one block (%d octets)", demoBlockOctets)
+	if dc.hostCap, err = config.ParseSize(*hostCap); err != nil || int64(dc.hostCap) < int64(dc.blockOctets()) {
+		return nil, usageError("demo: --host-capacity: want a size of at least one block (%d octets)", dc.blockOctets())
 	}
 	if dc.diskCap, err = config.ParseSize(*diskCap); err != nil {
 		return nil, usageError("demo: --disk-capacity: %v", err)
@@ -148,6 +205,31 @@ type traceRequest struct {
 	InputLength  int     `json:"input_length"`
 	OutputLength int     `json:"output_length"`
 	HashIDs      []int64 `json:"hash_ids"`
+	// tokensPerBlock is what each hash id stands for: the trace's 512,
+	// or B once mapped (mapTrace).
+	tokensPerBlock int
+}
+
+// bt is q's tokens per block.
+func (q *traceRequest) bt() int {
+	if q.tokensPerBlock == 0 {
+		return traceBlockTokens
+	}
+	return q.tokensPerBlock
+}
+
+// mapTrace maps every trace block to b tokens: each prompt shrinks by
+// 512/b (its input length scaled, rounded up, within its last block),
+// the hash ids, and so the sharing, stay.
+func mapTrace(reqs []traceRequest, b int) []traceRequest {
+	out := make([]traceRequest, len(reqs))
+	for i, q := range reqs {
+		n := len(q.HashIDs)
+		q.InputLength = min(n*b, max((n-1)*b+1, (q.InputLength*b+traceBlockTokens-1)/traceBlockTokens))
+		q.tokensPerBlock = b
+		out[i] = q
+	}
+	return out
 }
 
 func loadTrace(r io.Reader) ([]traceRequest, error) {
@@ -163,8 +245,8 @@ func loadTrace(r io.Reader) ([]traceRequest, error) {
 		if err := json.Unmarshal([]byte(line), &q); err != nil {
 			return nil, fmt.Errorf("trace line %d: %w", n, err)
 		}
-		if q.InputLength <= 0 || q.InputLength > len(q.HashIDs)*demoBlockTokens || q.InputLength <= (len(q.HashIDs)-1)*demoBlockTokens || q.Timestamp < 0 {
-			return nil, fmt.Errorf("trace line %d: input_length %d does not fit %d blocks of %d tokens", n, q.InputLength, len(q.HashIDs), demoBlockTokens)
+		if q.InputLength <= 0 || q.InputLength > len(q.HashIDs)*traceBlockTokens || q.InputLength <= (len(q.HashIDs)-1)*traceBlockTokens || q.Timestamp < 0 {
+			return nil, fmt.Errorf("trace line %d: input_length %d does not fit %d blocks of %d tokens", n, q.InputLength, len(q.HashIDs), traceBlockTokens)
 		}
 		out = append(out, q)
 	}
@@ -177,14 +259,14 @@ func loadTrace(r io.Reader) ([]traceRequest, error) {
 	return out, nil
 }
 
-// demoTokens derives a request's prompt: 512 pseudo-random token ids per
-// hash id, seeded by the id, so equal ids give equal blocks (and Block
-// Keys), truncated to the input length.
+// demoTokens derives a request's prompt: 512 (or its mapped block's)
+// pseudo-random token ids per hash id, seeded by the id, so equal ids
+// give equal blocks (and Block Keys), truncated to the input length.
 func demoTokens(q *traceRequest) []uint32 {
-	out := make([]uint32, 0, len(q.HashIDs)*demoBlockTokens)
+	out := make([]uint32, 0, len(q.HashIDs)*q.bt())
 	for _, id := range q.HashIDs {
 		r := rand.New(rand.NewPCG(uint64(id), 0x6b767370)) // "kvsp"
-		for range demoBlockTokens {
+		for range q.bt() {
 			out = append(out, r.Uint32N(32000))
 		}
 	}
@@ -200,7 +282,7 @@ func prefixBound(reqs []traceRequest) (cached, total int64) {
 		for n < len(q.HashIDs) && seen[q.HashIDs[n]] {
 			n++
 		}
-		cached += int64(min(n, q.InputLength/demoBlockTokens) * demoBlockTokens)
+		cached += int64(min(n, q.InputLength/q.bt()) * q.bt())
 		total += int64(q.InputLength)
 		for _, id := range q.HashIDs {
 			seen[id] = true
@@ -228,10 +310,10 @@ func localOnly(reqs []traceRequest, instanceOf []int, instances int) []int {
 		}
 		c := &caches[instanceOf[i]]
 		n := 0
-		for n < q.InputLength/demoBlockTokens && c.at[q.HashIDs[n]] != nil {
+		for n < q.InputLength/q.bt() && c.at[q.HashIDs[n]] != nil {
 			n++
 		}
-		out[i] = n * demoBlockTokens
+		out[i] = n * q.bt()
 		for _, id := range q.HashIDs {
 			if e := c.at[id]; e != nil {
 				c.lru.MoveToFront(e)
@@ -253,10 +335,10 @@ func sharedLRU(reqs []traceRequest, capBlocks int) (cached, total int64) {
 	lru, at := list.New(), map[int64]*list.Element{}
 	for _, q := range reqs {
 		n := 0
-		for n < q.InputLength/demoBlockTokens && at[q.HashIDs[n]] != nil {
+		for n < q.InputLength/q.bt() && at[q.HashIDs[n]] != nil {
 			n++
 		}
-		cached += int64(n * demoBlockTokens)
+		cached += int64(n * q.bt())
 		total += int64(q.InputLength)
 		for _, id := range q.HashIDs {
 			if e := at[id]; e != nil {
@@ -278,6 +360,7 @@ type demoReport struct {
 	Engine      string `json:"engine"` // the instances' engine kind
 	Model       string `json:"model"`
 	BlockOctets int    `json:"block_octets"`
+	BlockTokens int    `json:"block_tokens"` // tokens per trace block (hash id)
 	Instances   int    `json:"instances"`
 	Holders     int    `json:"holders"`
 	Transport   string `json:"transport"`
@@ -356,8 +439,11 @@ func cmdDemo(args []string, stdout, stderr io.Writer) error {
 	if dc.requests > 0 && dc.requests < len(reqs) {
 		reqs = reqs[:dc.requests]
 	}
+	if dc.blockTokens != traceBlockTokens {
+		reqs = mapTrace(reqs, dc.blockTokens)
+	}
 	fmt.Fprintf(stderr, "kvsp demo: %d requests of %s at %gx; %d instances, %d holders (%s host, %s local-storage), blocks over %s; model %s (%d KiB per %d-token block); modes %s\n",
-		len(reqs), traceName(dc), dc.speed, dc.instances, dc.holders, sizeName(int(dc.hostCap)), sizeName(int(dc.diskCap)), dc.transport, "kvsp-demo/tiny-2l", demoBlockOctets>>10, demoBlockTokens, strings.Join(dc.modes, ", "))
+		len(reqs), traceName(dc), dc.speed, dc.instances, dc.holders, sizeName(int(dc.hostCap)), sizeName(int(dc.diskCap)), dc.transport, dc.model(), dc.blockOctets()>>10, dc.blockTokens, strings.Join(dc.modes, ", "))
 	if dc.cpuProfile != "" {
 		f, err := os.Create(dc.cpuProfile)
 		if err != nil {
@@ -387,7 +473,7 @@ func cmdDemo(args []string, stdout, stderr io.Writer) error {
 	rep.CPUUtilization = main.cpu.Seconds() / (main.wall.Seconds() * float64(runtime.GOMAXPROCS(0)))
 	rep.Modes = map[string]*modeReport{}
 	for mode, r := range runs {
-		rep.Modes[mode] = summarizeMode(mode, reqs, r)
+		rep.Modes[mode] = summarizeMode(dc, mode, reqs, r)
 	}
 	writeDemoTable(stdout, dc, &rep)
 	if err := writeJSONReport(stdout, dc.jsonPath, &rep); err != nil {
@@ -448,7 +534,7 @@ func runDemoMode(dc *demoConfig, mode string, reqs []traceRequest, stderr io.Wri
 		return nil, errors.New("no free loopback port")
 	}
 	cfgPath := filepath.Join(dir, "kvsp.yaml")
-	if err := os.WriteFile(filepath.Join(dir, "descriptor.json"), []byte(demoDescriptor), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "descriptor.json"), []byte(dc.descriptor()), 0o644); err != nil {
 		return nil, err
 	}
 	if err := os.WriteFile(cfgPath, []byte(demoConfigYAML(dc, addr, maddr, mode)), 0o644); err != nil {
@@ -478,7 +564,7 @@ func runDemoMode(dc *demoConfig, mode string, reqs []traceRequest, stderr io.Wri
 			<-done
 		}
 	}()
-	front, scope, compat, err := demoFront(dir)
+	front, scope, compat, err := demoFront(dir, dc.descriptor())
 	if err != nil {
 		return nil, err
 	}
@@ -532,9 +618,9 @@ type modeReport struct {
 	CPUSeconds     float64 `json:"cpu_seconds"` // the process's (every role and the front end)
 }
 
-func summarizeMode(mode string, reqs []traceRequest, r *modeRun) *modeReport {
+func summarizeMode(dc *demoConfig, mode string, reqs []traceRequest, r *modeRun) *modeReport {
 	out := &modeReport{What: modeWhat(mode), Requests: len(reqs), WallSeconds: r.wall.Seconds(), CPUSeconds: r.cpu.Seconds(),
-		FetchedOctets: r.m["kvsp_instance_fetched_bytes_total"], StoredOctets: r.m["kvsp_holder_puts_total"] * demoBlockOctets}
+		FetchedOctets: r.m["kvsp_instance_fetched_bytes_total"], StoredOctets: r.m["kvsp_holder_puts_total"] * float64(dc.blockOctets())}
 	var ttft []time.Duration
 	for _, x := range r.results {
 		if x.err != nil {
@@ -650,7 +736,7 @@ func demoConfigYAML(dc *demoConfig, addr, maddr, mode string) string {
 
 // demoFront is the front end: the tool client's certificate, the scope
 // of the generated key, the demo model's compat_id.
-func demoFront(dir string) (*client.Client, kvsp.ScopeID, kvsp.CompatID, error) {
+func demoFront(dir, descriptor string) (*client.Client, kvsp.ScopeID, kvsp.CompatID, error) {
 	pair, err := tls.LoadX509KeyPair(filepath.Join(dir, "client.pem"), filepath.Join(dir, "client.key"))
 	if err != nil {
 		return nil, kvsp.ScopeID{}, kvsp.CompatID{}, err
@@ -673,7 +759,7 @@ func demoFront(dir string) (*client.Client, kvsp.ScopeID, kvsp.CompatID, error) 
 	if err != nil {
 		return nil, kvsp.ScopeID{}, kvsp.CompatID{}, err
 	}
-	d, err := kvsp.ParseDescriptor([]byte(demoDescriptor))
+	d, err := kvsp.ParseDescriptor([]byte(descriptor))
 	if err != nil {
 		return nil, kvsp.ScopeID{}, kvsp.CompatID{}, err
 	}
@@ -746,11 +832,11 @@ func percentileMs(ds []time.Duration, p float64) float64 {
 
 func summarizeDemo(dc *demoConfig, reqs []traceRequest, results []replayResult, m map[string]float64, progress []chart.Point, wall time.Duration) (demoReport, []int) {
 	sum, local := summarize(reqs, results, progress, wall, dc.speed, 0)
-	rep := demoReport{Date: time.Now().UTC().Format(time.RFC3339), Engine: "sim", Model: "kvsp-demo/tiny-2l", BlockOctets: demoBlockOctets,
+	rep := demoReport{Date: time.Now().UTC().Format(time.RFC3339), Engine: "sim", Model: dc.model(), BlockOctets: dc.blockOctets(), BlockTokens: dc.blockTokens,
 		Instances: dc.instances, Holders: dc.holders, Transport: dc.transport, HostOctets: int64(dc.hostCap), DiskOctets: int64(dc.diskCap),
 		replaySummary: sum, Counters: map[string]float64{}, Drops: drops(m)}
-	rep.Fetched = int64(metricSum(m, "kvsp_instance_prefetch_blocks_total", `outcome="loaded"`)) * demoBlockTokens
-	capBlocks := int(int64(dc.holders) * int64(dc.hostCap+dc.diskCap) / demoBlockOctets)
+	rep.Fetched = int64(metricSum(m, "kvsp_instance_prefetch_blocks_total", `outcome="loaded"`)) * int64(dc.blockTokens)
+	capBlocks := int(int64(dc.holders) * int64(dc.hostCap+dc.diskCap) / int64(dc.blockOctets()))
 	if c, t := sharedLRU(reqs, capBlocks); t > 0 {
 		rep.LRURatio = float64(c) / float64(t)
 	}
@@ -815,7 +901,7 @@ func servedByTier(m map[string]float64) string {
 
 func writeDemoTable(w io.Writer, dc *demoConfig, r *demoReport) {
 	fmt.Fprintf(w, "\nkvsp demo: %d requests at %gx (%d CPUs); %d instances on the %s engine, %d holders; model %s, %d KiB per %d-token block\n\n",
-		r.Requests, r.Speed, runtime.GOMAXPROCS(0), r.Instances, r.Engine, r.Holders, r.Model, r.BlockOctets>>10, demoBlockTokens)
+		r.Requests, r.Speed, runtime.GOMAXPROCS(0), r.Instances, r.Engine, r.Holders, r.Model, r.BlockOctets>>10, r.BlockTokens)
 	fmt.Fprintf(w, "  %-6s %-28s %-10s %-26s %-10s %s\n", "mode", "TTFT p50 / p90 / p99", "hit ratio", "KV fetched / stored", "CPU-s", "wall")
 	for _, mode := range dc.modes {
 		m := r.Modes[mode]

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -108,6 +109,60 @@ func TestDemo(t *testing.T) {
 	decodePNG(t, pngPath)
 }
 
+// TestDemoGeometry: --geometry llama-3-8b runs the simulated engine with
+// Llama 3 8B's KV geometry (32 layers, 8 KV heads of 128, bf16) at 16
+// tokens per trace block: 2 MiB blocks, moved and verified for real, the
+// trace's sharing kept (the bound is the same fraction of the shrunk
+// prompts).
+func TestDemoGeometry(t *testing.T) {
+	dir := t.TempDir()
+	var trace strings.Builder
+	const n = 12
+	for i := range n {
+		fmt.Fprintf(&trace, `{"timestamp": %d, "input_length": 2460, "output_length": 4, "hash_ids": [1, 2, 3, 4, %d]}`+"\n", i*250, 100+i)
+	}
+	tracePath := filepath.Join(dir, "trace.jsonl")
+	os.WriteFile(tracePath, []byte(trace.String()), 0o644)
+	jsonPath := filepath.Join(dir, "d.json")
+	code, out, errs := runCLI(t, "demo", "-trace", tracePath, "-speed", "1", "-geometry", "llama-3-8b", "-modes", "kvsp", "-host-capacity", "256MiB",
+		"-disk-capacity", "0", "-json", jsonPath, "-png", "")
+	if code != 0 {
+		t.Fatalf("demo: %d\n%s\n%s", code, out, errs)
+	}
+	var rep demoReport
+	readReport(t, jsonPath, &rep)
+	// 2460 tokens of five 512-token blocks become 77 of five 16-token
+	// blocks (the last one partial): requests 2..12 reuse 4 x 16.
+	wantBound := float64((n-1)*4*16) / float64(n*77)
+	if rep.Model != "kvsp-demo/llama-3-8b" || rep.BlockOctets != 2<<20 || rep.BlockTokens != 16 || rep.Errors != 0 ||
+		rep.BoundRatio < wantBound-1e-9 || rep.BoundRatio > wantBound+1e-9 || rep.CachedTokens+rep.Computed != n*77 {
+		t.Fatalf("report: model %s, %d octets per %d-token block, bound %v (want %v), %d + %d prompt tokens, %d errors", rep.Model, rep.BlockOctets, rep.BlockTokens,
+			rep.BoundRatio, wantBound, rep.CachedTokens, rep.Computed, rep.Errors)
+	}
+	kv := rep.Modes["kvsp"]
+	// Whether the hits were fetched or found where the blocks were
+	// computed is placement's choice (under the race detector, the latter).
+	if kv == nil || kv.HitRatio < 0.8*rep.BoundRatio || kv.StoredOctets < 2<<20 || int64(kv.StoredOctets)%(2<<20) != 0 {
+		t.Fatalf("kvsp mode %+v: want most of the bound, 2 MiB blocks stored", kv)
+	}
+}
+
+func TestMapTrace(t *testing.T) {
+	reqs := []traceRequest{{InputLength: 2460, HashIDs: []int64{1, 2, 3, 4, 5}}, {InputLength: 513, HashIDs: []int64{1, 9}}, {InputLength: 512, HashIDs: []int64{1}}}
+	got := mapTrace(reqs, 16)
+	for i, want := range []int{77, 17, 16} {
+		if got[i].InputLength != want || got[i].bt() != 16 || reqs[i].bt() != 512 {
+			t.Fatalf("request %d: %d tokens of %d-token blocks, want %d of 16", i, got[i].InputLength, got[i].bt(), want)
+		}
+		if toks := demoTokens(&got[i]); len(toks) != want {
+			t.Fatalf("request %d: %d prompt tokens", i, len(toks))
+		}
+	}
+	if a, b := demoTokens(&got[0])[:16], demoTokens(&got[1])[:16]; !slices.Equal(a, b) {
+		t.Fatal("equal hash ids, different blocks")
+	}
+}
+
 // hasSeries reports whether counters holds a series of metric.
 func hasSeries(counters map[string]float64, metric string) bool {
 	for k := range counters {
@@ -138,6 +193,8 @@ func TestDemoReplayUsage(t *testing.T) {
 		{"demo", "-instances", "0"},
 		{"demo", "-transport", "pigeon"},
 		{"demo", "-modes", "kvsp,fast"},
+		{"demo", "-geometry", "gpt-9"},
+		{"demo", "-block-tokens", "513"},
 		{"demo", "-modes", "kvsp,kvsp"},
 		{"replay"},
 		{"replay", "-config", "x.yaml", "-speed", "-1"},

@@ -228,7 +228,7 @@ func hitRatioChart(title string, reqs []traceRequest, local []int, progress []ch
 		for n < len(q.HashIDs) && seen[q.HashIDs[n]] {
 			n++
 		}
-		bc += int64(min(n, q.InputLength/demoBlockTokens) * demoBlockTokens)
+		bc += int64(min(n, q.InputLength/q.bt()) * q.bt())
 		lc += int64(local[i])
 		total += int64(q.InputLength)
 		for _, id := range q.HashIDs {

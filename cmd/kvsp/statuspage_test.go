@@ -19,7 +19,7 @@ import (
 // the rendering half is skipped unless KVSP_REQUIRE_CHROMIUM is set.
 func TestStatusPage(t *testing.T) {
 	dir, addr, maddr := demoDeployment(t, &demoConfig{instances: 2, holders: 1, hostCap: 64 << 20, prefillRate: 42000, decodeRate: 3100, transport: "h2"})
-	front, scope, compat, err := demoFront(dir)
+	front, scope, compat, err := demoFront(dir, demoDescriptor)
 	if err != nil {
 		t.Fatal(err)
 	}
