@@ -117,7 +117,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer, hup <-chan os.S
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		if roles.pc != nil {
-			mux.Handle("/", &statusPage{pc: roles.pc, reg: reg})
+			mux.Handle("/", newStatusPage(cfg, roles.pc, reg))
 		}
 		metrics = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		go metrics.Serve(mln)
@@ -613,6 +613,30 @@ func basePath(base string) string {
 		return "/"
 	}
 	return u.Path
+}
+
+// newStatusPage is the PC's status page, with the models of the
+// descriptors the configuration names and the engines of its instances.
+func newStatusPage(cfg *config.Config, pc *placement.Controller, reg prometheus.Gatherer) *statusPage {
+	p := &statusPage{pc: pc, reg: reg, models: map[kvsp.CompatID]string{}, engines: map[string]string{}}
+	var paths []string
+	if cfg.Controller != nil {
+		paths = append(paths, cfg.Controller.Descriptors...)
+	}
+	for _, x := range cfg.Instances {
+		p.engines[x.Base] = x.Engine.Kind
+		if x.Engine.Descriptor != "" {
+			paths = append(paths, x.Engine.Descriptor)
+		}
+	}
+	for _, path := range paths {
+		if d, err := loadDescriptor(path); err == nil {
+			if c, err := d.CompatID(); err == nil {
+				p.models[c] = d.Model
+			}
+		}
+	}
+	return p
 }
 
 // descriptorSizes maps the compat_id of every descriptor the

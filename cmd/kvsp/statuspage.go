@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"html/template"
 	"net/http"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/controlplane/placement"
 )
 
@@ -20,11 +22,21 @@ import (
 type statusPage struct {
 	pc  *placement.Controller
 	reg prometheus.Gatherer
+	// models names each compat_id's model (the descriptors this process
+	// loads); engines each instance of this process's engine kind.
+	models  map[kvsp.CompatID]string
+	engines map[string]string
+}
+
+// statusInstance is an instance's row.
+type statusInstance struct {
+	placement.Snapshot
+	Engine, Model string
 }
 
 type statusData struct {
 	Now                                   string
-	Instances                             []placement.Snapshot
+	Instances                             []statusInstance
 	Sessions                              []placement.SessionSummary
 	SessionCount                          int
 	Placed, Migrations, Directives        float64
@@ -60,9 +72,10 @@ th{background:#f6f6f6}
 <div class="card">served by holders<b>{{.Served}}</b>fetched by instances: {{.Fetched}}</div>
 </div>
 <h2>Instances</h2>
-<table><tr><th>instance</th><th>state</th><th>epoch</th><th>running</th><th>queued</th><th>batch</th><th>placed since status</th><th>pending directives</th></tr>
-{{range .Instances}}<tr><td>{{.Status.Instance}}</td><td class="{{.State}}">{{.State}}</td><td>{{.Status.Epoch}}</td><td>{{.Status.Running}}</td><td>{{.Status.Queued}}</td><td>{{.Status.BatchSize}}</td><td>{{.Placed}}</td><td>{{.Pending}}</td></tr>
-{{else}}<tr><td colspan="8">no instance has reported</td></tr>{{end}}</table>
+<table><tr><th>instance</th><th>engine</th><th>model</th><th>state</th><th>epoch</th><th>running</th><th>queued</th><th>batch</th><th>prefill tokens/s</th><th>decode tokens/s</th><th>placed since status</th><th>pending directives</th></tr>
+{{range .Instances}}<tr><td>{{.Status.Instance}}</td><td>{{.Engine}}</td><td>{{.Model}}</td><td class="{{.State}}">{{.State}}</td><td>{{.Status.Epoch}}</td><td>{{.Status.Running}}</td><td>{{.Status.Queued}}</td><td>{{.Status.BatchSize}}</td><td>{{printf "%.0f" .Status.PrefillTokensPerS}}</td><td>{{printf "%.0f" .Status.DecodeTokensPerS}}</td><td>{{.Placed}}</td><td>{{.Pending}}</td></tr>
+{{else}}<tr><td colspan="12">no instance has reported</td></tr>{{end}}</table>
+<div class="sub">engine: this process's configuration (— for an instance of another process); model: its descriptor's; rates: what the instance reported (the llama.cpp engine's are measured moving averages, the simulated engine's its configuration)</div>
 <h2>Sessions ({{.SessionCount}})</h2>
 <table><tr><th>session</th><th>epoch</th><th>instance</th><th>output offset</th><th>max tokens</th><th>age</th></tr>
 {{range .Sessions}}<tr><td>{{short .ID.String}}…</td><td>{{.Epoch}}</td><td>{{.Instance}}</td><td>{{.OutputOffset}}</td><td>{{.MaxTokens}}</td><td>{{age .Created}}</td></tr>
@@ -76,8 +89,15 @@ func (p *statusPage) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	m := gatherSums(p.reg)
-	d := statusData{Now: time.Now().UTC().Format(time.RFC3339), Instances: p.pc.Registry().All(), Sessions: p.pc.Sessions()}
-	slices.SortFunc(d.Instances, func(a, b placement.Snapshot) int { return strings.Compare(a.Status.Instance, b.Status.Instance) })
+	d := statusData{Now: time.Now().UTC().Format(time.RFC3339), Sessions: p.pc.Sessions()}
+	for _, sn := range p.pc.Registry().All() {
+		row := statusInstance{Snapshot: sn, Engine: cmp.Or(p.engines[sn.Status.Instance], "—"), Model: p.models[sn.Status.CompatID]}
+		if row.Model == "" {
+			row.Model = "compat " + sn.Status.CompatID.String()[:min(12, len(sn.Status.CompatID.String()))] + "…"
+		}
+		d.Instances = append(d.Instances, row)
+	}
+	slices.SortFunc(d.Instances, func(a, b statusInstance) int { return strings.Compare(a.Status.Instance, b.Status.Instance) })
 	d.SessionCount = len(d.Sessions)
 	d.Sessions = d.Sessions[:min(len(d.Sessions), 50)]
 	d.Placed = metricSum(m, "kvsp_pc_placements_total", `outcome="placed"`)

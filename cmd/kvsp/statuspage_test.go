@@ -53,7 +53,9 @@ func TestStatusPage(t *testing.T) {
 	if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/html") || resp.Header.Get("Cache-Control") != "no-store" {
 		t.Fatalf("status page: %d %v", resp.StatusCode, resp.Header)
 	}
-	for _, want := range []string{"https://" + addr + "/ii1/", "https://" + addr + "/ii2/", `class="active"`, "Sessions (1)", "prefix hit ratio"} {
+	// Each instance's engine kind, model and rates (issue 21).
+	for _, want := range []string{"https://" + addr + "/ii1/", "https://" + addr + "/ii2/", `class="active"`, "Sessions (1)", "prefix hit ratio",
+		"<td>sim</td><td>kvsp-demo/tiny-2l</td>", "<td>42000</td><td>3100</td>"} {
 		if !strings.Contains(string(page), want) {
 			t.Errorf("the page lacks %q", want)
 		}
