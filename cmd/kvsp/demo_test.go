@@ -21,15 +21,8 @@ import (
 // would, the report and chart are written.
 func TestDemo(t *testing.T) {
 	dir := t.TempDir()
-	var trace strings.Builder
 	const n = 24
-	for i := range n {
-		// Four shared blocks, then one of its own; 2460 tokens: the four
-		// shared blocks are complete.
-		fmt.Fprintf(&trace, `{"timestamp": %d, "input_length": 2460, "output_length": 4, "hash_ids": [1, 2, 3, 4, %d]}`+"\n", i*250, 100+i)
-	}
-	tracePath := filepath.Join(dir, "trace.jsonl")
-	os.WriteFile(tracePath, []byte(trace.String()), 0o644)
+	tracePath := sharedPrefixTrace(t, dir, n)
 	jsonPath, pngPath := filepath.Join(dir, "d.json"), filepath.Join(dir, "d.png")
 	code, out, errs := runCLI(t, "demo", "-trace", tracePath, "-speed", "1", "-host-capacity", "64MiB", "-disk-capacity", "64MiB",
 		"-json", jsonPath, "-png", pngPath)
@@ -116,13 +109,8 @@ func TestDemo(t *testing.T) {
 // prompts).
 func TestDemoGeometry(t *testing.T) {
 	dir := t.TempDir()
-	var trace strings.Builder
 	const n = 12
-	for i := range n {
-		fmt.Fprintf(&trace, `{"timestamp": %d, "input_length": 2460, "output_length": 4, "hash_ids": [1, 2, 3, 4, %d]}`+"\n", i*250, 100+i)
-	}
-	tracePath := filepath.Join(dir, "trace.jsonl")
-	os.WriteFile(tracePath, []byte(trace.String()), 0o644)
+	tracePath := sharedPrefixTrace(t, dir, n)
 	jsonPath := filepath.Join(dir, "d.json")
 	code, out, errs := runCLI(t, "demo", "-trace", tracePath, "-speed", "1", "-geometry", "llama-3-8b", "-modes", "kvsp", "-host-capacity", "256MiB",
 		"-disk-capacity", "0", "-json", jsonPath, "-png", "")
@@ -161,6 +149,18 @@ func TestMapTrace(t *testing.T) {
 	if a, b := demoTokens(&got[0])[:16], demoTokens(&got[1])[:16]; !slices.Equal(a, b) {
 		t.Fatal("equal hash ids, different blocks")
 	}
+}
+
+// sharedPrefixTrace writes a trace of n requests 250 ms apart, each four
+// shared blocks then one of its own (2460 tokens: the four shared blocks
+// are complete), and returns its path.
+func sharedPrefixTrace(t *testing.T, dir string, n int) string {
+	t.Helper()
+	var trace strings.Builder
+	for i := range n {
+		fmt.Fprintf(&trace, `{"timestamp": %d, "input_length": 2460, "output_length": 4, "hash_ids": [1, 2, 3, 4, %d]}`+"\n", i*250, 100+i)
+	}
+	return writeFile(t, dir, "trace.jsonl", trace.String())
 }
 
 // hasSeries reports whether counters holds a series of metric.

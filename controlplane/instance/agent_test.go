@@ -290,13 +290,7 @@ func (c *countingReader) Read(ctx context.Context, holder string, dst []byte, ad
 func TestGenerateWaitsForItsPrefetch(t *testing.T) {
 	w := newRig(t, rigOptions{})
 	tokens := prompt(4)
-	keys := w.fill(t, tokens, 4)
-	session := kvsp.NewUUID()
-	d := w.directive(keys[:4], func(int) []string { return []string{w.url("/h1/")} }, 5000)
-	d.RequestRef = session.String()
-	if _, err := w.pc.Prefetch(context.Background(), d); err != nil {
-		t.Fatal(err)
-	}
+	session, _ := w.prefetchForSession(t, tokens)
 	err := w.front.Instance(w.url("/ii1/")).Generate(context.Background(), &kvsp.GenerateRequest{Session: session, Epoch: 1, ScopeID: w.scopeKey.ID(),
 		CompatID: w.compat, Tokens: tokens, MaxTokens: 2}, func(kvsp.GeneratedToken) error { return nil })
 	if err != nil {
@@ -503,6 +497,20 @@ func (w *rig) waitPublished(t testing.TB, keys []kvsp.BlockKey, holderBase strin
 		time.Sleep(10 * time.Millisecond)
 	}
 	t.Fatalf("%d keys not published by %s", len(keys), holderBase)
+}
+
+// prefetchForSession puts tokens' four blocks at h1 and sends the agent
+// a directive for them with request_ref a new session, returning it.
+func (w *rig) prefetchForSession(t *testing.T, tokens []uint32) (kvsp.UUID, *kvsp.PrefetchDirective) {
+	t.Helper()
+	keys := w.fill(t, tokens, 4)
+	session := kvsp.NewUUID()
+	d := w.directive(keys[:4], func(int) []string { return []string{w.url("/h1/")} }, 5000)
+	d.RequestRef = session.String()
+	if _, err := w.pc.Prefetch(context.Background(), d); err != nil {
+		t.Fatal(err)
+	}
+	return session, d
 }
 
 func (w *rig) directive(keys []kvsp.BlockKey, sources func(i int) []string, deadlineMs uint64) *kvsp.PrefetchDirective {

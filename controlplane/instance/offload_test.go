@@ -76,13 +76,7 @@ func TestOffloadCopiedAtOffer(t *testing.T) {
 func TestPrefetchedBlocksKeptUntilPrefill(t *testing.T) {
 	w := newRig(t, rigOptions{})
 	tokens := prompt(4)
-	keys := w.fill(t, tokens, 4)
-	session := kvsp.NewUUID()
-	d := w.directive(keys[:4], func(int) []string { return []string{w.url("/h1/")} }, 5000)
-	d.RequestRef = session.String()
-	if _, err := w.pc.Prefetch(context.Background(), d); err != nil {
-		t.Fatal(err)
-	}
+	session, d := w.prefetchForSession(t, tokens)
 	w.wait(t, d.Directive)
 	// The batch (4) is full of long generations.
 	busy, stop := context.WithCancel(context.Background())

@@ -65,17 +65,7 @@ func (c *Chart) WritePNG(w io.Writer) error {
 }
 
 // WritePNGFile draws the chart into a new file at path.
-func (c *Chart) WritePNGFile(path string) error {
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	if err := c.WritePNG(f); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
-}
+func (c *Chart) WritePNGFile(path string) error { return WritePanelsPNGFile(path, c) }
 
 // Draw renders the chart.
 func (c *Chart) Draw() (*image.RGBA, error) {
