@@ -67,9 +67,12 @@ func tile4x4(d, s unsafe.Pointer, dstStride, srcStride, r0, r1, c0, c1 int) {
 	const lo16, hi16, lo32 = 0x0000ffff0000ffff, 0xffff0000ffff0000, 0x00000000ffffffff
 	ss, ds := uintptr(2*srcStride), uintptr(2*dstStride)
 	for r := r0; r < r1; r += 4 {
-		p := unsafe.Add(s, 2*(r*srcStride+c0))
-		q := unsafe.Add(d, 2*(c0*dstStride+r))
 		for c := c0; c < c1; c += 4 {
+			// Each tile's pointers from its indices: a pointer advanced past
+			// the last tile would point beyond dst's allocation, which the
+			// collector may find on the stack (a fatal "bad pointer").
+			p := unsafe.Add(s, 2*(r*srcStride+c))
+			q := unsafe.Add(d, 2*(c*dstStride+r))
 			a := *(*uint64)(p)
 			b := *(*uint64)(unsafe.Add(p, ss))
 			x := *(*uint64)(unsafe.Add(p, 2*ss))
@@ -82,8 +85,6 @@ func tile4x4(d, s unsafe.Pointer, dstStride, srcStride, r0, r1, c0, c1 int) {
 			*(*uint64)(unsafe.Add(q, ds)) = t1&lo32 | t3<<32
 			*(*uint64)(unsafe.Add(q, 2*ds)) = t0>>32 | t2&^lo32
 			*(*uint64)(unsafe.Add(q, 3*ds)) = t1>>32 | t3&^lo32
-			p = unsafe.Add(p, 8)
-			q = unsafe.Add(q, 4*ds)
 		}
 	}
 }
