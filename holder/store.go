@@ -39,6 +39,7 @@ type entry struct {
 
 	blk       *container.Block // nil when split or only on disk
 	onDisk    bool
+	demoting  bool   // its file is being written (out of the host tier's LRU and count)
 	refs      int    // GETs using blk, or dev and tail (under store.mu)
 	orphan    []byte // host memory given up while refs > 0
 	devOrphan tier.DeviceBuffer
@@ -98,6 +99,22 @@ type store struct {
 	disk     *tier.Disk
 	bufs     *bufferPool
 	dev      *deviceTier // nil: no device tier
+	// Demotions to local storage are chosen under mu and written
+	// outside it (encryption, file, two fsyncs: about a millisecond that
+	// would stall every GET and PUT): toDisk are those chosen and not
+	// yet taken by a writer, demoting the host memory they still hold
+	// beyond capacity, at most demoteMax (past it, a demotion is written
+	// under the lock, as it always was).
+	toDisk    []demotion
+	demoting  int64
+	demoteMax int64
+}
+
+// demotion is a block on its way to local storage: its entry and its
+// host copy (held by a reference until the file is written).
+type demotion struct {
+	e   *entry
+	blk *container.Block
 }
 
 // deviceTier is the accelerator memory tier: the first layers of blocks,
@@ -113,7 +130,7 @@ type deviceTier struct {
 
 func newStore(capacity int64, l *leases, disk *tier.Disk) *store {
 	return &store{m: map[blockID]*entry{}, lru: list.New(), capacity: capacity, leases: l, disk: disk,
-		bufs: newBufferPool(min(max(capacity/8, 8<<20), 256<<20))}
+		bufs: newBufferPool(min(max(capacity/8, 8<<20), 256<<20)), demoteMax: min(max(capacity/8, 8<<20), 256<<20)}
 }
 
 // bufferPool recycles the memory of evicted blocks for the next PUTs, by
@@ -355,6 +372,46 @@ func (p *preload) release() {
 // putWith is put with the block's device part already copied (pre, when
 // it matches the device tier's split; nil: copied now).
 func (s *store) putWith(id blockID, blk *container.Block, g container.Geometry, pre *preload) (*entry, []*entry, []*entry, error) {
+	e, evicted, demoted, err := s.putLocked(id, blk, g, pre)
+	dm, ev := s.writeDemotions()
+	return e, append(evicted, ev...), append(demoted, dm...), err
+}
+
+// writeDemotions writes the demotions chosen so far, outside the lock,
+// and returns the entries now on disk and those evicted instead (their
+// file could not be written). A block removed meanwhile has its file
+// removed too.
+func (s *store) writeDemotions() (demoted, evicted []*entry) {
+	s.mu.Lock()
+	todo := s.toDisk
+	s.toDisk = nil
+	s.mu.Unlock()
+	for _, d := range todo {
+		err := s.disk.Put(d.e.id.name(), d.blk)
+		s.mu.Lock()
+		v := d.e
+		v.demoting = false
+		s.demoting -= v.size
+		switch {
+		case s.m[v.id] != v: // removed while its file was written
+			if cur := s.m[v.id]; err == nil && (cur == nil || !cur.onDisk && !cur.demoting) {
+				s.disk.Delete(v.id.name())
+			}
+		case err != nil:
+			s.removeLocked(v)
+			evicted = append(evicted, v)
+		default:
+			s.releaseBlockLocked(v) // orphaned: this writer's reference holds it
+			v.onDisk = true
+			demoted = append(demoted, v)
+		}
+		s.mu.Unlock()
+		s.unref(v)
+	}
+	return demoted, evicted
+}
+
+func (s *store) putLocked(id blockID, blk *container.Block, g container.Geometry, pre *preload) (*entry, []*entry, []*entry, error) {
 	e := newEntry(id, blk, g)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -395,6 +452,15 @@ func (s *store) makeHostRoomLocked(n int64) (evicted, demoted []*entry) {
 		el = el.Prev()
 		if s.leases.pinned(victim.id) {
 			continue // never under an unexpired lease (R-IS-8, R-LS-4)
+		}
+		if s.disk != nil && victim.blk != nil && s.demoting+victim.size <= s.demoteMax {
+			s.lru.Remove(victim.elem)
+			victim.elem, victim.demoting = nil, true
+			victim.refs++ // the writer's: the memory is not reused before the file is written
+			s.used -= victim.size
+			s.demoting += victim.size
+			s.toDisk = append(s.toDisk, demotion{victim, victim.blk})
+			continue
 		}
 		if s.disk != nil && s.disk.Put(victim.id.name(), victim.blk) == nil {
 			s.lru.Remove(victim.elem)

@@ -3,11 +3,15 @@ package holder
 import (
 	"bytes"
 	"errors"
+	"fmt"
+	"runtime"
 	"testing"
 	"time"
 
 	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/container"
+	"github.com/kvsp/kvsp/holder/tier"
+	"github.com/kvsp/kvsp/internal/failpoint"
 )
 
 // bigGeom makes 1 MiB blocks: pooled sizes.
@@ -100,5 +104,75 @@ func TestUnpublishWaitsForReaders(t *testing.T) {
 	// A GET that found the entry before it left does not get to read it.
 	if _, _, err := s.acquire(e2, container.Geometry{}); !errors.Is(err, errGone) {
 		t.Fatalf("acquire after removal: %v", err)
+	}
+}
+
+// TestDemotionWrittenOutsideTheLock: a demotion's file (encryption, write,
+// two fsyncs) is written without the store's lock: while it is stalled,
+// GETs of the other blocks and of the block being demoted go on (the
+// latter from its host copy, still held), and once written the block is
+// served from local storage, verified, with the same octets.
+func TestDemotionWrittenOutsideTheLock(t *testing.T) {
+	disk, err := tier.OpenDisk(tier.DiskConfig{Dir: t.TempDir(), Capacity: 64 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newStore(2*(1<<20+64<<10), newLeases(LeaseQuota{}), disk) // room for two blocks
+	id := func(k byte) blockID { return blockID{compat: kvsp.CompatID{1}, key: kvsp.BlockKey{k}} }
+	for k := byte(1); k <= 2; k++ {
+		if _, _, _, err := s.put(id(k), bigBlock(t, s, 0xa0+k), bigGeom); err != nil {
+			t.Fatal(err)
+		}
+	}
+	failpoint.Enable("tier/disk-before-fsync", "pause")
+	t.Cleanup(failpoint.Reset)
+	put := make(chan error, 1)
+	go func() {
+		_, _, demoted, err := s.put(id(3), bigBlock(t, s, 0xa3), bigGeom)
+		if err == nil && (len(demoted) != 1 || demoted[0].id != id(1)) {
+			err = fmt.Errorf("demoted %d blocks, want block 1", len(demoted))
+		}
+		put <- err
+	}()
+	for failpoint.Hits("tier/disk-before-fsync") == 0 {
+		runtime.Gosched()
+	}
+	// Block 1's file is being written, stalled before its fsync.
+	got := make(chan byte, 2)
+	go func() {
+		for _, k := range []byte{2, 1} {
+			e := s.get(id(k))
+			p, release, err := s.acquire(e, bigGeom)
+			if err != nil || p.blk == nil || p.fromDisk {
+				t.Errorf("block %d during the demotion: %v (from disk %v)", k, err, p.fromDisk)
+				got <- 0
+				continue
+			}
+			got <- p.blk.Bytes()[len(p.blk.Bytes())-1]
+			release()
+		}
+	}()
+	for _, want := range []byte{0xa2, 0xa1} {
+		select {
+		case b := <-got:
+			if b != want {
+				t.Fatalf("served %#x during the demotion, want %#x", b, want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("a GET waited for a demotion's file to be written (the store's lock held through it)")
+		}
+	}
+	failpoint.Disable("tier/disk-before-fsync")
+	if err := <-put; err != nil {
+		t.Fatal(err)
+	}
+	e := s.get(id(1))
+	p, release, err := s.acquire(e, bigGeom)
+	if err != nil || !p.fromDisk || p.blk.Bytes()[len(p.blk.Bytes())-1] != 0xa1 {
+		t.Fatalf("block 1 after its demotion: %v, from disk %v", err, p.fromDisk)
+	}
+	release()
+	if s.demoting != 0 || s.used != 2*e.size {
+		t.Fatalf("accounting after the demotion: %d demoting, %d used", s.demoting, s.used)
 	}
 }
