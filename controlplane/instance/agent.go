@@ -83,7 +83,8 @@ type Agent struct {
 	m      *metrics
 	work   chan struct{} // transfer slots
 	off    *offloader
-	pinned atomic.Int64 // blocks pinned by pinReady
+	pinned atomic.Int64  // blocks pinned by pinReady
+	kick   chan struct{} // a status record is due before the next tick (kickStatus)
 	ctl    *client.Controller
 
 	mu         sync.Mutex
@@ -129,10 +130,17 @@ func New(cfg Config) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	a := &Agent{cfg: cfg, compat: compat, g: cfg.Engine.Geometry(), keys: map[kvsp.ScopeID]kvsp.ScopeKey{},
+	a := &Agent{cfg: cfg, compat: compat, g: cfg.Engine.Geometry(), keys: map[kvsp.ScopeID]kvsp.ScopeKey{}, kick: make(chan struct{}, 1),
 		epoch: epoch, log: cfg.Logger, m: newMetrics(cfg.Registerer),
 		work: make(chan struct{}, cfg.Workers), state: kvsp.StateActive, directives: map[kvsp.UUID]*directive{}, resumes: map[sessionKey]*resumed{}, shards: map[shardKey]*shard{}}
 	a.stopCtx, a.stop = context.WithCancel(context.Background())
+	if reg := cfg.Registerer; reg != nil {
+		eng := cfg.Engine
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvsp_instance_engine_prefilled_tokens_total",
+			Help: "Prompt tokens the engine computed, by its own count."}, func() float64 { return float64(eng.Stats().Prefilled) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvsp_instance_engine_prefill_seconds_total",
+				Help: "Time the engine's prefill steps took (prefilled tokens over this: the prefill rate it reached)."}, func() float64 { return eng.Stats().PrefillTime.Seconds() }))
+	}
 	a.off = newOffloader(a.g, cfg.OffloadBuffer)
 	a.ctl = cfg.Client.Controller(cfg.Controller, cfg.Controllers...)
 	for _, k := range cfg.Scopes {
@@ -152,12 +160,20 @@ func (a *Agent) State() kvsp.InstanceState {
 }
 
 // Status is the instance's status record now.
+//
+// Queued counts every request the agent has accepted that the engine is
+// not running yet: those waiting for their prefetch as well as those in
+// the engine's queue (the PC sizes an instance's queue by it).
 func (a *Agent) Status() *kvsp.InstanceStatus {
 	st := a.cfg.Engine.Stats()
 	a.mu.Lock()
-	state := a.state
+	state, accepted := a.state, uint64(a.running)
 	a.mu.Unlock()
-	return &kvsp.InstanceStatus{Instance: a.cfg.Base, Epoch: a.epoch, State: state, Running: st.Running, Queued: st.Queued,
+	queued := st.Queued
+	if accepted > st.Running+queued {
+		queued = accepted - st.Running
+	}
+	return &kvsp.InstanceStatus{Instance: a.cfg.Base, Epoch: a.epoch, State: state, Running: st.Running, Queued: queued,
 		BatchSize: st.BatchSize, KVUtilization: min(1, st.KVUtilization), PrefillTokensPerS: st.PrefillTokensPerS, DecodeTokensPerS: st.DecodeTokensPerS,
 		Links: append([]kvsp.Link{}, a.cfg.Links...), TTLMs: uint64(a.cfg.StatusTTL.Milliseconds()), CompatID: a.compat, Holder: a.cfg.Holder}
 }
@@ -172,13 +188,37 @@ func (a *Agent) Close() {
 	a.stop()
 }
 
-// Run sends status records to the PC every ttl/3 (R-ST-1) until ctx ends,
-// applying the state the PC answers (R-ST-10), and moves a draining
-// instance with nothing left to do to sleeping (R-ST-15).
+// statusGap is the least time between two status records: a request
+// ending sends one early (kickStatus), at most this often.
+const statusGap = 20 * time.Millisecond
+
+// kickStatus has Run send a status record now (within statusGap of the
+// last), rather than at the next tick: a request ended, so the PC, which
+// places no more than an instance's batch can take, may place another.
+func (a *Agent) kickStatus() {
+	select {
+	case a.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Run sends status records to the PC every ttl/3 (R-ST-1), and soon after
+// a request ends, until ctx ends, applying the state the PC answers
+// (R-ST-10), and moves a draining instance with nothing left to do to
+// sleeping (R-ST-15).
 func (a *Agent) Run(ctx context.Context) {
 	t := time.NewTicker(a.cfg.StatusTTL / 3)
 	defer t.Stop()
+	var last time.Time
 	for {
+		if wait := time.Until(last.Add(statusGap)); wait > 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(wait):
+			}
+		}
+		last = time.Now()
 		a.settle()
 		if a.stopCtx.Err() != nil {
 			return
@@ -200,6 +240,7 @@ func (a *Agent) Run(ctx context.Context) {
 		case <-a.stopCtx.Done():
 			return
 		case <-t.C:
+		case <-a.kick:
 		}
 	}
 }

@@ -137,6 +137,7 @@ func (a *Agent) generate(w http.ResponseWriter, r *http.Request) error {
 		a.running--
 		a.mu.Unlock()
 		a.settle()
+		a.kickStatus() // room for the next request: the PC hears it now, not at the next tick
 	}()
 	// The blocks the PC's directive for this request is loading are
 	// worth waiting for: the directive's deadline bounds the wait (R-PF-*).

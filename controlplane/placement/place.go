@@ -636,7 +636,10 @@ func (c *Controller) placeOn(ctx context.Context, q *kvsp.PlaceRequest, mig *mig
 		}
 		switch s.State {
 		case kvsp.StateActive:
-			if s.Status.Queued < max(1, s.Status.BatchSize) { // capacity
+			// Capacity: the queue as last reported and what was placed
+			// since, below a batch (R-PLC-7): a burst between two status
+			// records does not pile onto one instance.
+			if s.QueuedNow() < max(1, s.Status.BatchSize) {
 				active = append(active, candidate{snap: s})
 			}
 		case kvsp.StateSleeping:
@@ -646,6 +649,12 @@ func (c *Controller) placeOn(ctx context.Context, q *kvsp.PlaceRequest, mig *mig
 	if bt == 0 || (len(active) == 0 && len(sleeping) == 0 && !c.served(q.CompatID, q.ScopeID)) {
 		c.m.placements.WithLabelValues("incompatible").Inc()
 		return nil, fmt.Errorf("%w: no instance serves this compat_id", kvsp.ErrIncompatible)
+	}
+	if len(active) == 0 && len(sleeping) == 0 && mig == nil {
+		// Nothing has room: known before any key is computed or looked up,
+		// so the requests waiting for room (Place) cost the IS nothing
+		// each time a status record wakes them.
+		return nil, ErrNoCapacity
 	}
 
 	// The cached prefix: Block Keys computed here, looked up by key only.

@@ -87,7 +87,9 @@ func TestS12_PlacementRespectsScopes(t *testing.T) {
 			t.Fatal(err)
 		}
 		placedB[out.Instance]++
-		ii3() // its status keeps showing nothing queued
+		ii3()                                            // its status keeps showing nothing queued
+		w.status(t, "ii1", 1, 5, kvsp.StateActive, link) // and theirs room: what was placed is running
+		w.status(t, "ii2", 1, 5, kvsp.StateActive, link)
 	}
 	if placedB[w.base["ii3"]] != 0 || placedB[w.base["ii1"]]+placedB[w.base["ii2"]] != 100 {
 		t.Fatalf("scope B's requests: %v; none may go to ii3 (%s)", placedB, w.base["ii3"])
