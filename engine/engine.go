@@ -7,6 +7,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/container"
@@ -53,6 +54,11 @@ type Stats struct {
 	KVBlocks                   int     // capacity, in blocks (0: not known)
 	PrefillTokensPerS          float64
 	DecodeTokensPerS           float64
+	// Prefilled and PrefillTime are cumulative since the start: the
+	// prompt tokens the engine computed, and the time its prefill steps
+	// took (Prefilled/PrefillTime is the prefill rate it reached).
+	Prefilled   uint64
+	PrefillTime time.Duration
 }
 
 // Request is one generation, new or resumed.

@@ -413,7 +413,8 @@ func newInstance(x *config.Instance, c *client.Client, keys []kvsp.ScopeKey, log
 	case "llamacpp":
 		le, err := llamacpp.New(llamacpp.Config{Model: x.Engine.Model, Name: x.Engine.Name, Library: x.Engine.Library,
 			ContextTokens: x.Engine.ContextTokens, BatchSize: x.Engine.BatchSize, PrefillChunk: x.Engine.PrefillChunk,
-			Threads: x.Engine.Threads, KVCapacity: x.Engine.KVCapacity, FlashAttention: x.Engine.FlashAttention, BlockTokens: x.Engine.BlockTokens})
+			Threads: x.Engine.Threads, KVCapacity: x.Engine.KVCapacity, FlashAttention: x.Engine.FlashAttention, BlockTokens: x.Engine.BlockTokens,
+			NoPrefixCache: x.Engine.PrefixCache != nil && !*x.Engine.PrefixCache})
 		if err != nil {
 			return nil, nil, fmt.Errorf("engine: %w", err)
 		}

@@ -44,6 +44,11 @@ type Config struct {
 	FlashAttention bool
 	// BlockTokens is the descriptor's block_tokens (default 16).
 	BlockTokens int
+	// NoPrefixCache: no resident block is injected at the start of a
+	// session, every prompt token is evaluated (an engine run without
+	// prefix caching, kvsp demo's no-cache mode). Blocks are still kept
+	// and offered, as the engine computes them.
+	NoPrefixCache bool
 }
 
 func (c *Config) fill() {
@@ -133,7 +138,11 @@ type Engine struct {
 	queued  uint64
 	prefill rate
 	decode  rate
-	closed  bool
+	// prefilled and prefillTime are the prompt tokens evaluated and the
+	// time of the steps that evaluated them (Stats).
+	prefilled   uint64
+	prefillTime time.Duration
+	closed      bool
 
 	evaluated atomic.Int64 // tokens the loop gave llama_decode
 	decodes   atomic.Int64 // llama_decode calls
@@ -318,7 +327,7 @@ func (e *Engine) Stats() engine.Stats {
 	defer e.mu.Unlock()
 	return engine.Stats{Running: e.running, Queued: e.queued, BatchSize: uint64(e.cfg.BatchSize),
 		KVUtilization: float64(e.blocks.Resident()) / float64(e.blocks.Capacity()), KVBlocks: e.blocks.Capacity(),
-		PrefillTokensPerS: e.prefill.perS, DecodeTokensPerS: e.decode.perS}
+		PrefillTokensPerS: e.prefill.perS, DecodeTokensPerS: e.decode.perS, Prefilled: e.prefilled, PrefillTime: e.prefillTime}
 }
 
 // rate is an exponentially weighted moving average of tokens per second.

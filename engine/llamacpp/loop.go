@@ -145,7 +145,7 @@ func (e *Engine) onLoop(f func(*loopState)) error {
 func (l *loopState) start(s *seq) error {
 	e, bt := l.e, int(l.e.g.BlockTokens)
 	n := 0
-	for n < len(s.keys) && (n+1)*bt <= len(s.toks) && e.blocks.Pin(s.keys[n]) {
+	for !e.cfg.NoPrefixCache && n < len(s.keys) && (n+1)*bt <= len(s.toks) && e.blocks.Pin(s.keys[n]) {
 		n++
 	}
 	defer func() {
@@ -273,6 +273,8 @@ func (l *loopState) step() {
 	e.mu.Lock()
 	if prefillTokens > 0 {
 		e.prefill.add(prefillTokens, d)
+		e.prefilled += uint64(prefillTokens)
+		e.prefillTime += d // a step with decode tokens too counts whole
 	} else {
 		e.decode.add(decodeTokens, d)
 	}

@@ -49,11 +49,17 @@ type Engine struct {
 	// blocks holds each block's layers, K then V of each (nil until
 	// written).
 	blocks *engine.Blocks[[][]byte]
+	freeMu sync.Mutex
+	free   [][][]byte // layers of evicted blocks, for the next ones
 
 	mu      sync.Mutex
 	running uint64
 	queued  uint64
 	pins    int // blocks pinned by running requests
+	// prefilled and prefillTime: the prompt tokens computed and their
+	// simulated time (Stats; the rate reached is the configured one).
+	prefilled   uint64
+	prefillTime time.Duration
 }
 
 // pin keeps key resident for a running request, within half the KV, and
@@ -101,8 +107,28 @@ func New(cfg Config) (*Engine, error) {
 	}
 	d := cfg.Descriptor
 	g := container.Geometry{Layers: uint32(d.Layers), BlockTokens: uint32(d.BlockTokens), KVHeads: uint32(d.KVHeads), HeadDim: uint32(d.HeadDim), Elem: et}
-	alloc := func(kvsp.BlockKey) ([][]byte, error) { return make([][]byte, g.Layers), nil }
-	return &Engine{cfg: cfg, g: g, slot: make(chan struct{}, cfg.BatchSize), blocks: engine.NewBlocks(int(g.Layers), cfg.KVBlocks, alloc, nil)}, nil
+	e := &Engine{cfg: cfg, g: g, slot: make(chan struct{}, cfg.BatchSize)}
+	// An evicted block's layers are the next block's (a KV pool of fixed
+	// pages, as an engine's), up to 64 kept free.
+	alloc := func(kvsp.BlockKey) ([][]byte, error) {
+		e.freeMu.Lock()
+		defer e.freeMu.Unlock()
+		if n := len(e.free); n > 0 {
+			p := e.free[n-1]
+			e.free = e.free[:n-1]
+			return p, nil
+		}
+		return make([][]byte, g.Layers), nil
+	}
+	release := func(p [][]byte) {
+		e.freeMu.Lock()
+		defer e.freeMu.Unlock()
+		if len(e.free) < 64 {
+			e.free = append(e.free, p)
+		}
+	}
+	e.blocks = engine.NewBlocks(int(g.Layers), cfg.KVBlocks, alloc, release)
+	return e, nil
 }
 
 // Descriptor implements engine.Engine.
@@ -119,25 +145,44 @@ func (e *Engine) Stats() engine.Stats {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return engine.Stats{Running: e.running, Queued: e.queued, BatchSize: uint64(e.cfg.BatchSize),
-		KVUtilization: float64(e.blocks.Resident()) / float64(e.cfg.KVBlocks), KVBlocks: e.cfg.KVBlocks, PrefillTokensPerS: e.cfg.PrefillTokensPerS, DecodeTokensPerS: e.cfg.DecodeTokensPerS}
+		KVUtilization: float64(e.blocks.Resident()) / float64(e.cfg.KVBlocks), KVBlocks: e.cfg.KVBlocks, PrefillTokensPerS: e.cfg.PrefillTokensPerS, DecodeTokensPerS: e.cfg.DecodeTokensPerS,
+		Prefilled: e.prefilled, PrefillTime: e.prefillTime}
 }
 
 // BlockContent writes the KV of one block's layer, derived from its Block
 // Key: K into k and V into v (each RawSectionLen octets). Values are
 // finite (the second-highest bit of each element is clear: no exponent of
-// all ones).
+// all ones). The octets come from a SplitMix64 stream seeded by SHA-256 of
+// key, layer and section: distinct per block and layer, and cheap (the
+// simulated engine stands for an accelerator: its KV should not cost the
+// CPU that kvsp's own work is measured on).
 func BlockContent(g container.Geometry, key kvsp.BlockKey, layer uint32, k, v []byte) {
+	s := g.Elem.Size()
+	var mask uint64 // the second-highest bit of every element's last octet
+	for j := s - 1; j < 8; j += s {
+		mask |= 0x40 << (8 * j)
+	}
 	for i, dst := range [][]byte{k, v} {
-		var seed [32]byte
-		h := sha256.New()
-		h.Write(key[:])
-		binary.Write(h, binary.LittleEndian, layer)
-		h.Write([]byte{byte(i)})
-		h.Sum(seed[:0])
-		rand.NewChaCha8(seed).Read(dst)
-		s := g.Elem.Size()
-		for j := s - 1; j < len(dst); j += s {
-			dst[j] &^= 0x40
+		var in [len(kvsp.BlockKey{}) + 5]byte
+		copy(in[:], key[:])
+		binary.LittleEndian.PutUint32(in[len(key):], layer)
+		in[len(key)+4] = byte(i)
+		seed := sha256.Sum256(in[:])
+		x := binary.LittleEndian.Uint64(seed[:])
+		j := 0
+		for ; j+8 <= len(dst); j += 8 {
+			x += 0x9e3779b97f4a7c15
+			z := x
+			z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
+			z = (z ^ z>>27) * 0x94d049bb133111eb
+			binary.LittleEndian.PutUint64(dst[j:], (z^z>>31)&^mask)
+		}
+		for ; j < len(dst); j++ { // a section not a multiple of 8 octets
+			x += 0x9e3779b97f4a7c15
+			dst[j] = byte(x >> 56)
+			if j%s == s-1 {
+				dst[j] &^= 0x40
+			}
 		}
 	}
 }
@@ -199,9 +244,14 @@ func (e *Engine) Generate(ctx context.Context, req engine.Request, emit func(eng
 	recompute := len(tail) + len(req.Generated) + (len(req.Keys)-cached)*bt
 	p := pacer{start: time.Now()}
 	defer p.flush(ctx)
-	if err := p.charge(ctx, time.Duration(float64(recompute)/e.cfg.PrefillTokensPerS*float64(time.Second))); err != nil {
+	took := time.Duration(float64(recompute) / e.cfg.PrefillTokensPerS * float64(time.Second))
+	if err := p.charge(ctx, took); err != nil {
 		return err
 	}
+	e.mu.Lock()
+	e.prefilled += uint64(recompute)
+	e.prefillTime += took
+	e.mu.Unlock()
 	if req.OnPrefill != nil {
 		req.OnPrefill(engine.PrefillStats{CachedTokens: cached * bt, ComputedTokens: recompute})
 	}

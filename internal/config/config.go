@@ -246,9 +246,10 @@ type Engine struct {
 	DecodeTokensPerS  float64 `yaml:"decode_tokens_per_s"`
 	AttachSocket      string  `yaml:"attach_socket"`
 	Device            int     `yaml:"device"`
-	// PrefixCache, false, has the simulated engine reuse no resident
-	// block at prefill (every prompt token computed, as an engine run
-	// without prefix caching): kvsp demo's no-cache mode. Default true.
+	// PrefixCache, false, has the engine (sim or llamacpp) reuse no
+	// resident block at prefill (every prompt token computed, as an
+	// engine run without prefix caching): kvsp demo's no-cache mode.
+	// Default true.
 	PrefixCache *bool `yaml:"prefix_cache"`
 
 	// llamacpp: the GGUF file, its name when its metadata has none, the
@@ -664,8 +665,8 @@ func (c *Config) validate() error {
 				return err
 			}
 		}
-		if x.Engine.PrefixCache != nil && x.Engine.Kind != "sim" {
-			return fieldErr(f+".engine.prefix_cache", "only the simulated engine (kind: sim) can run without its prefix cache")
+		if x.Engine.PrefixCache != nil && x.Engine.Kind == "connected" {
+			return fieldErr(f+".engine.prefix_cache", "a connected engine's prefix cache is the engine's own (kind: sim and llamacpp can run without theirs)")
 		}
 		switch x.Engine.Kind {
 		case "sim":
