@@ -66,9 +66,11 @@ test: deps fmt-check vet test-race ## the README's test command: gofmt, vet, the
 	@echo "make test: ok"
 
 deps: ## install what the tests need when it is missing (redis-server, redis-cli and etcd, and chromium for the status page's rendering test, from Debian; the pinned llama.cpp libraries from npm into .cache/llama.cpp)
-	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null && command -v etcd >/dev/null && command -v chromium >/dev/null && command -v npm >/dev/null || { \
-		echo "installing redis-server, redis-tools, etcd-server, chromium and npm"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server redis-tools etcd-server chromium npm >/dev/null; }
+	@missing=""; \
+	for c in redis-server:redis-server redis-cli:redis-tools etcd:etcd-server chromium:chromium npm:npm; do \
+		command -v $${c%%:*} >/dev/null || missing="$$missing $${c#*:}"; done; \
+	test -z "$$missing" || { echo "installing$$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; }
 	@./scripts/llama-deps.sh $(LLAMACPP)
 
 vet: ## go vet
@@ -122,7 +124,7 @@ bench-holder: ## the holder against nginx (installed from Debian when missing), 
 bench-layers: build ## kvsp bench with its defaults: every transport, 256 KiB to 16 MiB, 1/8/64 streams; report and chart in bin/
 	cd $(BIN) && ./kvsp bench
 
-demo: deps build ## the README's first command: kvsp demo (the whole system on loopback replaying the Mooncake trace in three modes, kvsp, local and none, about 7.5 minutes on 2 cores); report and chart in bin/
+demo: deps build ## the README's first command: kvsp demo (the whole system on loopback, instances on llama.cpp, replaying the Mooncake trace in three modes, kvsp, local and none, about 4.5 minutes on 2 cores); report and chart in bin/
 	cd $(BIN) && ./kvsp demo
 
 check: lint build-nogpu test build-rdma ## everything CI checks, and lint

@@ -28,8 +28,10 @@ import (
 
 	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/client"
+	"github.com/kvsp/kvsp/engine/llamacpp"
 	"github.com/kvsp/kvsp/internal/chart"
 	"github.com/kvsp/kvsp/internal/config"
+	"github.com/kvsp/kvsp/internal/gguf"
 )
 
 // The Mooncake trace (see trace/NOTICE), the demo's default workload.
@@ -41,12 +43,15 @@ const demoUsage = `kvsp demo: the whole system in one process, on real prefix-sh
 
 It creates a development CA and certificates, starts on loopback with
 mutual TLS an Index Service, a Placement Controller, holders (host and
-local-storage tiers) and instances on the simulated engine, and replays a
-Mooncake-format trace through the PC: every cache hit is a real, verified
-transfer of real bytes. The same requests then run on a system without
-holders (each instance's own cache) and on engines without a prefix cache:
-every mode measured, none modelled. It ends with a summary table, a JSON
-report and a PNG chart.
+local-storage tiers) and instances, and replays a Mooncake-format trace
+through the PC: every cache hit is a real, verified transfer of real
+bytes. The instances run llama.cpp (--engine llamacpp, the default) on a
+model it generates, every trace block mapped to a few tokens so that real
+prefill fits these CPUs, or the simulated engine (--engine sim), whose
+prefill is a sleep, for large replays. The same requests then run on a
+system without holders (each instance's own cache) and on engines without
+a prefix cache: every mode measured, none modelled. It ends with a summary
+table, a JSON report and a PNG chart.
 
 Usage: kvsp demo [flags]
 `
@@ -65,14 +70,79 @@ type demoConfig struct {
 	cpuProfile              string
 	keep                    bool
 	modes                   []string
-	geometry                demoGeometry
-	blockTokens             int // tokens per trace block (hash id)
+	engine                  string       // sim or llamacpp
+	geometry                demoGeometry // sim
+	blockTokens             int          // tokens per trace block (hash id)
+	threads                 int          // llamacpp: llama.cpp threads per instance
+
+	// Set by prepareEngine: the model (llamacpp: the GGUF written for
+	// the run, in ggufDir), its descriptor (JSON) and name, the octets
+	// of one block, and the vocabulary prompts are drawn from.
+	ggufPath, ggufDir string
+	desc, modelName   string
+	octets            int
+	vocab             int
+	contextTokens     int // llamacpp: the longest prompt and its output, rounded up
 }
 
 // model, descriptor and blockOctets are the run's.
-func (dc *demoConfig) model() string      { return "kvsp-demo/" + dc.geometry.name }
-func (dc *demoConfig) descriptor() string { return dc.geometry.descriptor(dc.blockTokens) }
-func (dc *demoConfig) blockOctets() int   { return dc.geometry.blockOctets(dc.blockTokens) }
+func (dc *demoConfig) model() string      { return dc.modelName }
+func (dc *demoConfig) descriptor() string { return dc.desc }
+func (dc *demoConfig) blockOctets() int   { return dc.octets }
+
+// demoLlama is the model kvsp demo generates for the llama.cpp engine
+// (random weights, kvsp model tiny's generator): 4 layers, 128 wide, 2 KV
+// heads of 32 (1 KiB of f16 KV per token in all), a 512-wide feed-
+// forward. Its prefill is real computation (every prompt token through
+// every layer, attention over the prompt) sized so that the three modes
+// of the whole trace fit in minutes on 2 cores.
+var demoLlama = gguf.TinyParams{Name: "kvsp-demo-llama", Layers: 4, Embd: 128, Heads: 4, KVHeads: 2, FF: 512, Vocab: 2048, Context: 8192, Seed: 11}
+
+const demoLlamaBlockTokens = 4 // tokens per trace block on llama.cpp: prompts shrink by 128
+
+// prepareEngine sets the run's model: the simulated engine's geometry, or
+// a GGUF generated for llama.cpp (the same file for every mode), with the
+// descriptor derived from it as the instances will derive it.
+func prepareEngine(dc *demoConfig) error {
+	if dc.engine == "sim" {
+		dc.desc, dc.modelName = dc.geometry.descriptor(dc.blockTokens), "kvsp-demo/"+dc.geometry.name
+		dc.octets, dc.vocab = dc.geometry.blockOctets(dc.blockTokens), 32000
+		return nil
+	}
+	if err := llamacpp.VerifyLibrary(llamaLibrary()); err != nil {
+		return err
+	}
+	dir, err := os.MkdirTemp("", "kvsp-demo-model-")
+	if err != nil {
+		return err
+	}
+	dc.ggufDir, dc.ggufPath = dir, filepath.Join(dir, "model.gguf")
+	if _, err := writeAtomic(dc.ggufPath, func(w io.Writer) error { return gguf.WriteTinyLlama(w, demoLlama) }); err != nil {
+		return err
+	}
+	info, err := llamacpp.Describe(dc.ggufPath, llamacpp.DescribeOptions{BlockTokens: dc.blockTokens, KVType: "f16"})
+	if err != nil {
+		return err
+	}
+	b, err := info.Descriptor.JCS()
+	if err != nil {
+		return err
+	}
+	d := info.Descriptor
+	dc.desc, dc.modelName, dc.vocab = string(b), d.Model, info.Vocab
+	dc.octets = d.Layers * 2 * d.BlockTokens * d.KVHeads * d.HeadDim * 2 // f16
+	return nil
+}
+
+// llamaLibrary is the llama.cpp library directory, absolute (the
+// instances run in the demo's working directory).
+func llamaLibrary() string {
+	d := llamacpp.DefaultLibraryDir()
+	if a, err := filepath.Abs(d); err == nil {
+		return a
+	}
+	return d
+}
 
 // demoModes are the runs of one demo: the same requests through each,
 // one after the other, each on a system started for it.
@@ -135,8 +205,10 @@ func parseDemoFlags(args []string, stderr io.Writer) (*demoConfig, error) {
 	fs.Usage = func() { fmt.Fprint(stderr, demoUsage); fs.PrintDefaults() }
 	dc := &demoConfig{}
 	fs.StringVar(&dc.trace, "trace", "", "a Mooncake-format trace (JSON lines); default: the embedded Mooncake synthetic trace")
-	fs.Float64Var(&dc.speed, "speed", 8, "replay speed-up of the trace's timestamps")
-	fs.IntVar(&dc.instances, "instances", 3, "inference instances (simulated engines)")
+	fs.StringVar(&dc.engine, "engine", "llamacpp", "the instances' engine: llamacpp (llama.cpp on a generated model, on these CPUs) or sim (the simulated engine, for large replays)")
+	fs.Float64Var(&dc.speed, "speed", 0, "replay speed-up of the trace's timestamps (default: 8 on sim, 12 on llamacpp)")
+	fs.IntVar(&dc.instances, "instances", 3, "inference instances")
+	fs.IntVar(&dc.threads, "threads", 1, "llamacpp: llama.cpp threads per instance")
 	fs.IntVar(&dc.holders, "holders", 2, "holders")
 	hostCap := fs.String("host-capacity", "1GiB", "each holder's host tier")
 	diskCap := fs.String("disk-capacity", "4GiB", "each holder's local-storage tier (0: none)")
@@ -149,8 +221,8 @@ func parseDemoFlags(args []string, stderr io.Writer) (*demoConfig, error) {
 	fs.StringVar(&dc.jsonPath, "json", "kvsp-demo.json", "JSON report")
 	fs.StringVar(&dc.pngPath, "png", "kvsp-demo.png", "PNG chart: prefix hit ratio as the trace is replayed in each mode; below, each mode's TTFT distribution")
 	fs.StringVar(&dc.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run (every role and the front end: one process) to this file")
-	geometry := fs.String("geometry", "tiny-2l", "the simulated model's KV geometry: tiny-2l (64 KiB per 512-token block) or llama-3-8b (32 layers, 8 KV heads of 128, bf16: 2 MiB per 16-token block)")
-	fs.IntVar(&dc.blockTokens, "block-tokens", 0, "tokens per trace block (hash id), 1..512: prompts shrink by 512/B, the sharing stays (default: the geometry's, 512 or 16)")
+	geometry := fs.String("geometry", "", "sim: the simulated model's KV geometry, tiny-2l (the default: 64 KiB per 512-token block) or llama-3-8b (32 layers, 8 KV heads of 128, bf16: 2 MiB per 16-token block)")
+	fs.IntVar(&dc.blockTokens, "block-tokens", 0, "tokens per trace block (hash id), 1..512: prompts shrink by 512/B, the sharing stays (default: the geometry's, 512 or 16, on sim; 4 on llamacpp)")
 	modes := fs.String("modes", "kvsp,local,none", "the modes run, in turn, each with the same requests: kvsp, local (each instance's own cache), none (no cache)")
 	fs.BoolVar(&dc.keep, "keep", false, "keep the working directory (certificates, configuration, logs)")
 	if err := fs.Parse(args); err != nil {
@@ -159,20 +231,50 @@ func parseDemoFlags(args []string, stderr io.Writer) (*demoConfig, error) {
 		}
 		return nil, usageError("demo: %v", err)
 	}
-	i := slices.IndexFunc(demoGeometries, func(g demoGeometry) bool { return g.name == *geometry })
-	if i < 0 {
-		return nil, usageError("demo: --geometry: want tiny-2l or llama-3-8b")
-	}
-	dc.geometry = demoGeometries[i]
-	if dc.blockTokens == 0 {
-		dc.blockTokens = dc.geometry.blockTokens
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	switch dc.engine {
+	case "sim":
+		if *geometry == "" {
+			*geometry = "tiny-2l"
+		}
+		i := slices.IndexFunc(demoGeometries, func(g demoGeometry) bool { return g.name == *geometry })
+		if i < 0 {
+			return nil, usageError("demo: --geometry: want tiny-2l or llama-3-8b")
+		}
+		dc.geometry = demoGeometries[i]
+		if dc.blockTokens == 0 {
+			dc.blockTokens = dc.geometry.blockTokens
+		}
+		if dc.speed == 0 {
+			dc.speed = 8
+		}
+		dc.octets = dc.geometry.blockOctets(min(max(dc.blockTokens, 1), traceBlockTokens))
+	case "llamacpp":
+		for _, f := range []string{"geometry", "prefill-rate", "decode-rate"} {
+			if set[f] {
+				return nil, usageError("demo: --%s is the simulated engine's: llama.cpp's geometry is its model's, its rates are measured", f)
+			}
+		}
+		if dc.blockTokens == 0 {
+			dc.blockTokens = demoLlamaBlockTokens
+		}
+		if dc.speed == 0 {
+			dc.speed = 12
+		}
+		dc.octets = demoLlama.Layers * 2 * min(max(dc.blockTokens, 1), traceBlockTokens) * demoLlama.KVHeads * demoLlama.HeadDim() * 2
+		if dc.threads < 1 || dc.threads > 64 {
+			return nil, usageError("demo: --threads: want 1..64")
+		}
+	default:
+		return nil, usageError("demo: --engine: want llamacpp or sim")
 	}
 	if dc.blockTokens < 1 || dc.blockTokens > traceBlockTokens {
 		return nil, usageError("demo: --block-tokens: want 1..512")
 	}
 	var err error
-	if dc.hostCap, err = config.ParseSize(*hostCap); err != nil || int64(dc.hostCap) < int64(dc.blockOctets()) {
-		return nil, usageError("demo: --host-capacity: want a size of at least one block (%d octets)", dc.blockOctets())
+	if dc.hostCap, err = config.ParseSize(*hostCap); err != nil || int64(dc.hostCap) < int64(dc.octets) {
+		return nil, usageError("demo: --host-capacity: want a size of at least one block (%d octets)", dc.octets)
 	}
 	if dc.diskCap, err = config.ParseSize(*diskCap); err != nil {
 		return nil, usageError("demo: --disk-capacity: %v", err)
@@ -262,12 +364,12 @@ func loadTrace(r io.Reader) ([]traceRequest, error) {
 // demoTokens derives a request's prompt: 512 (or its mapped block's)
 // pseudo-random token ids per hash id, seeded by the id, so equal ids
 // give equal blocks (and Block Keys), truncated to the input length.
-func demoTokens(q *traceRequest) []uint32 {
+func demoTokens(q *traceRequest, vocab int) []uint32 {
 	out := make([]uint32, 0, len(q.HashIDs)*q.bt())
 	for _, id := range q.HashIDs {
 		r := rand.New(rand.NewPCG(uint64(id), 0x6b767370)) // "kvsp"
 		for range q.bt() {
-			out = append(out, r.Uint32N(32000))
+			out = append(out, r.Uint32N(uint32(vocab)))
 		}
 	}
 	return out[:q.InputLength]
@@ -442,8 +544,19 @@ func cmdDemo(args []string, stdout, stderr io.Writer) error {
 	if dc.blockTokens != traceBlockTokens {
 		reqs = mapTrace(reqs, dc.blockTokens)
 	}
-	fmt.Fprintf(stderr, "kvsp demo: %d requests of %s at %gx; %d instances, %d holders (%s host, %s local-storage), blocks over %s; model %s (%d KiB per %d-token block); modes %s\n",
-		len(reqs), traceName(dc), dc.speed, dc.instances, dc.holders, sizeName(int(dc.hostCap)), sizeName(int(dc.diskCap)), dc.transport, dc.model(), dc.blockOctets()>>10, dc.blockTokens, strings.Join(dc.modes, ", "))
+	longest := 0
+	for _, q := range reqs {
+		longest = max(longest, q.InputLength+min(q.OutputLength, dc.maxOutput))
+	}
+	dc.contextTokens = (longest + 16 + 255) &^ 255
+	if err := prepareEngine(dc); err != nil {
+		return fmt.Errorf("demo: %w", err)
+	}
+	if dc.ggufDir != "" {
+		defer os.RemoveAll(dc.ggufDir)
+	}
+	fmt.Fprintf(stderr, "kvsp demo: %d requests of %s at %gx; %d instances on the %s engine, %d holders (%s host, %s local-storage), blocks over %s; model %s (%d KiB per %d-token block); modes %s\n",
+		len(reqs), traceName(dc), dc.speed, dc.instances, dc.engine, dc.holders, sizeName(int(dc.hostCap)), sizeName(int(dc.diskCap)), dc.transport, dc.model(), dc.blockOctets()>>10, dc.blockTokens, strings.Join(dc.modes, ", "))
 	if dc.cpuProfile != "" {
 		f, err := os.Create(dc.cpuProfile)
 		if err != nil {
@@ -581,7 +694,7 @@ func runDemoMode(dc *demoConfig, mode string, reqs []traceRequest, stderr io.Wri
 		time.Sleep(50 * time.Millisecond)
 	}
 	scrape := func() map[string]float64 { return scrapeMetrics("http://" + maddr + "/metrics") }
-	rp := &replayer{c: front, ctl: front.Controller("https://" + addr + "/pc/"), scope: scope, compat: compat, speed: dc.speed, maxOutput: dc.maxOutput,
+	rp := &replayer{c: front, ctl: front.Controller("https://" + addr + "/pc/"), scope: scope, compat: compat, speed: dc.speed, maxOutput: dc.maxOutput, vocab: dc.vocab,
 		status: func() string {
 			return mode + ", " + sizeName(int(metricSum(scrape(), "kvsp_instance_fetched_bytes_total"))&^(1<<10-1)) + " fetched"
 		}}
@@ -616,6 +729,13 @@ type modeReport struct {
 	StoredOctets   float64 `json:"stored_octets"`  // KV the holders stored (PUT)
 	WallSeconds    float64 `json:"wall_seconds"`
 	CPUSeconds     float64 `json:"cpu_seconds"` // the process's (every role and the front end)
+	// PrefillRate is the prompt tokens the engines computed over the
+	// time their prefill steps took, by their own timing (summed over the
+	// instances: each engine's rate while prefilling, averaged by time);
+	// PrefillThroughput is the same tokens over the wall time, all
+	// instances together.
+	PrefillRate       float64 `json:"prefill_tokens_per_s"`
+	PrefillThroughput float64 `json:"prefill_tokens_per_wall_s"`
 }
 
 func summarizeMode(dc *demoConfig, mode string, reqs []traceRequest, r *modeRun) *modeReport {
@@ -633,6 +753,12 @@ func summarizeMode(dc *demoConfig, mode string, reqs []traceRequest, r *modeRun)
 	}
 	if t := out.CachedTokens + out.ComputedTokens; t > 0 {
 		out.HitRatio = float64(out.CachedTokens) / float64(t)
+	}
+	if s := r.m["kvsp_instance_engine_prefill_seconds_total"]; s > 0 {
+		out.PrefillRate = r.m["kvsp_instance_engine_prefilled_tokens_total"] / s
+	}
+	if r.wall > 0 {
+		out.PrefillThroughput = r.m["kvsp_instance_engine_prefilled_tokens_total"] / r.wall.Seconds()
 	}
 	slices.Sort(ttft)
 	out.TTFT.P50, out.TTFT.P90, out.TTFT.P99 = percentileMs(ttft, 0.5), percentileMs(ttft, 0.9), percentileMs(ttft, 0.99)
@@ -722,7 +848,12 @@ func demoConfigYAML(dc *demoConfig, addr, maddr, mode string) string {
 		if holders > 0 {
 			fmt.Fprintf(&s, "    holder: %s/h%d/\n", b, (i-1)%holders+1)
 		}
-		fmt.Fprintf(&s, "    engine: {kind: sim, descriptor: descriptor.json, prefill_tokens_per_s: %g, decode_tokens_per_s: %g, prefix_cache: %v}\n    links: [", dc.prefillRate, dc.decodeRate, mode != "none")
+		if dc.engine == "llamacpp" {
+			fmt.Fprintf(&s, "    engine: {kind: llamacpp, model: %s, library: %s, descriptor: descriptor.json, block_tokens: %d, threads: %d, batch_size: 4, kv_capacity: %d, context_tokens: %d, prefix_cache: %v}\n    links: [",
+				dc.ggufPath, llamaLibrary(), dc.blockTokens, dc.threads, demoEngineBlocks, dc.contextTokens, mode != "none")
+		} else {
+			fmt.Fprintf(&s, "    engine: {kind: sim, descriptor: descriptor.json, prefill_tokens_per_s: %g, decode_tokens_per_s: %g, prefix_cache: %v}\n    links: [", dc.prefillRate, dc.decodeRate, mode != "none")
+		}
 		for h := 1; h <= holders; h++ {
 			if h > 1 {
 				s.WriteString(", ")
@@ -832,7 +963,7 @@ func percentileMs(ds []time.Duration, p float64) float64 {
 
 func summarizeDemo(dc *demoConfig, reqs []traceRequest, results []replayResult, m map[string]float64, progress []chart.Point, wall time.Duration) (demoReport, []int) {
 	sum, local := summarize(reqs, results, progress, wall, dc.speed, 0)
-	rep := demoReport{Date: time.Now().UTC().Format(time.RFC3339), Engine: "sim", Model: dc.model(), BlockOctets: dc.blockOctets(), BlockTokens: dc.blockTokens,
+	rep := demoReport{Date: time.Now().UTC().Format(time.RFC3339), Engine: dc.engine, Model: dc.model(), BlockOctets: dc.blockOctets(), BlockTokens: dc.blockTokens,
 		Instances: dc.instances, Holders: dc.holders, Transport: dc.transport, HostOctets: int64(dc.hostCap), DiskOctets: int64(dc.diskCap),
 		replaySummary: sum, Counters: map[string]float64{}, Drops: drops(m)}
 	rep.Fetched = int64(metricSum(m, "kvsp_instance_prefetch_blocks_total", `outcome="loaded"`)) * int64(dc.blockTokens)
@@ -902,11 +1033,12 @@ func servedByTier(m map[string]float64) string {
 func writeDemoTable(w io.Writer, dc *demoConfig, r *demoReport) {
 	fmt.Fprintf(w, "\nkvsp demo: %d requests at %gx (%d CPUs); %d instances on the %s engine, %d holders; model %s, %d KiB per %d-token block\n\n",
 		r.Requests, r.Speed, runtime.GOMAXPROCS(0), r.Instances, r.Engine, r.Holders, r.Model, r.BlockOctets>>10, r.BlockTokens)
-	fmt.Fprintf(w, "  %-6s %-28s %-10s %-26s %-10s %s\n", "mode", "TTFT p50 / p90 / p99", "hit ratio", "KV fetched / stored", "CPU-s", "wall")
+	fmt.Fprintf(w, "  %-6s %-28s %-10s %-26s %-8s %-8s %s\n", "mode", "TTFT p50 / p90 / p99", "hit ratio", "KV fetched / stored", "CPU-s", "wall", "prefill tokens/s: engine / wall")
 	for _, mode := range dc.modes {
 		m := r.Modes[mode]
-		fmt.Fprintf(w, "  %-6s %-28s %-10s %-26s %-10s %.0f s\n", mode, fmt.Sprintf("%.0f / %.0f / %.0f ms", m.TTFT.P50, m.TTFT.P90, m.TTFT.P99),
-			fmt.Sprintf("%.3f", m.HitRatio), sizeName(int(m.FetchedOctets)&^(1<<10-1))+" / "+sizeName(int(m.StoredOctets)&^(1<<10-1)), fmt.Sprintf("%.0f", m.CPUSeconds), m.WallSeconds)
+		fmt.Fprintf(w, "  %-6s %-28s %-10s %-26s %-8s %-8s %.0f / %.0f\n", mode, fmt.Sprintf("%.0f / %.0f / %.0f ms", m.TTFT.P50, m.TTFT.P90, m.TTFT.P99),
+			fmt.Sprintf("%.3f", m.HitRatio), sizeName(int(m.FetchedOctets)&^(1<<10-1))+" / "+sizeName(int(m.StoredOctets)&^(1<<10-1)), fmt.Sprintf("%.0f", m.CPUSeconds),
+			fmt.Sprintf("%.0f s", m.WallSeconds), m.PrefillRate, m.PrefillThroughput)
 	}
 	if k, n := r.Modes["kvsp"], r.Modes["none"]; k != nil && n != nil {
 		verdict := "yes"
@@ -932,5 +1064,11 @@ func writeDemoTable(w io.Writer, dc *demoConfig, r *demoReport) {
 	row("migrations", fmt.Sprintf("%.0f", r.Counters["kvsp_pc_migrations_total"]))
 	row("dropped or skipped, by stage", dropsLine(r.Drops))
 	row("CPU (every role and the front end)", fmt.Sprintf("%.0f CPU-s in %.0f s: %.0f%% of %d CPUs", r.CPUSeconds, r.WallSeconds, 100*r.CPUUtilization, runtime.GOMAXPROCS(0)))
-	fmt.Fprintf(w, "\n  Measured: every figure but the row marked MODELLED, in each mode on a system started for it, the\n  same requests in each. The instances run the simulated engine: its prefill is a sleep of the tokens\n  it computes over %g tokens/s (and its decode %g tokens/s shared by its batch), so TTFT is that\n  engine's, not a real model's; the transfers, verification, placement and queueing are real.\n\n", dc.prefillRate, dc.decodeRate)
+	fmt.Fprintf(w, "\n  Measured: every figure but the row marked MODELLED, in each mode on a system started for it, the\n  same requests in each. ")
+	if dc.engine == "llamacpp" {
+		fmt.Fprintf(w, "The instances run llama.cpp (%s) on %s, a generated model of random\n  weights (%d layers, %d wide, %d KV heads of %d), %d thread(s) each on these %d CPUs: prefill and decode\n  are that model's real computation, the KV moved is what llama.cpp produced; prefill tokens/s is the\n  engines' own timing of their prefill steps, and over the wall time. Every trace block is %d tokens.\n\n",
+			llamacpp.Release, dc.model(), demoLlama.Layers, demoLlama.Embd, demoLlama.KVHeads, demoLlama.HeadDim(), dc.threads, runtime.NumCPU(), dc.blockTokens)
+		return
+	}
+	fmt.Fprintf(w, "The instances run the simulated engine: its prefill is a sleep of the tokens\n  it computes over %g tokens/s (and its decode %g tokens/s shared by its batch), so TTFT is that\n  engine's, not a real model's; the transfers, verification, placement and queueing are real.\n\n", dc.prefillRate, dc.decodeRate)
 }

@@ -22,9 +22,9 @@ import (
 func TestDemo(t *testing.T) {
 	dir := t.TempDir()
 	const n = 24
-	tracePath := sharedPrefixTrace(t, dir, n)
+	tracePath := sharedPrefixTrace(t, dir, n, 12)
 	jsonPath, pngPath := filepath.Join(dir, "d.json"), filepath.Join(dir, "d.png")
-	code, out, errs := runCLI(t, "demo", "-trace", tracePath, "-speed", "1", "-host-capacity", "64MiB", "-disk-capacity", "64MiB",
+	code, out, errs := runCLI(t, "demo", "-engine", "sim", "-trace", tracePath, "-speed", "1", "-host-capacity", "64MiB", "-disk-capacity", "64MiB",
 		"-json", jsonPath, "-png", pngPath)
 	if code != 0 {
 		t.Fatalf("demo: %d\n%s\n%s", code, out, errs)
@@ -68,7 +68,7 @@ func TestDemo(t *testing.T) {
 	}
 	for name, m := range rep.Modes {
 		if m.Requests != n || m.Errors != 0 || m.TTFT.P50 <= 0 || m.TTFT.P90 < m.TTFT.P50 || m.TTFT.P99 < m.TTFT.P90 || m.CPUSeconds <= 0 ||
-			m.CachedTokens+m.ComputedTokens != int64(n*2460) {
+			m.CachedTokens+m.ComputedTokens != int64(n*2460) || m.PrefillRate < 41999 || m.PrefillRate > 42001 || m.PrefillThroughput <= 0 {
 			t.Errorf("mode %s: %+v", name, m)
 		}
 	}
@@ -102,6 +102,49 @@ func TestDemo(t *testing.T) {
 	decodePNG(t, pngPath)
 }
 
+// TestDemoLlama: kvsp demo on llama.cpp (the default engine): the model
+// it generates runs in every instance, each trace block is 4 tokens, and
+// the three modes are measured on real prefill: no cache computes every
+// prompt token (llama.cpp's own count says so), KVSP reuses most of the
+// bound by verified transfers of the KV llama.cpp produced.
+func TestDemoLlama(t *testing.T) {
+	requireLlama(t)
+	dir := t.TempDir()
+	const n = 12
+	tracePath := sharedPrefixTrace(t, dir, n, 12)
+	jsonPath := filepath.Join(dir, "d.json")
+	code, out, errs := runCLI(t, "demo", "-trace", tracePath, "-speed", "1", "-host-capacity", "64MiB", "-disk-capacity", "0", "-json", jsonPath, "-png", "")
+	if code != 0 {
+		t.Fatalf("demo: %d\n%s\n%s", code, out, errs)
+	}
+	var rep demoReport
+	readReport(t, jsonPath, &rep)
+	// 2460 tokens of five 512-token blocks become 20 of five 4-token
+	// blocks: requests 2..12 reuse 4 x 4 (the last block is the tail).
+	wantBound := float64((n-1)*4*4) / float64(n*20)
+	kvOctets := demoLlama.Layers * 2 * 4 * demoLlama.KVHeads * demoLlama.HeadDim() * 2
+	if rep.Engine != "llamacpp" || rep.Model != demoLlama.Name || rep.BlockTokens != 4 || rep.BlockOctets != kvOctets ||
+		rep.BoundRatio < wantBound-1e-9 || rep.BoundRatio > wantBound+1e-9 {
+		t.Fatalf("report: engine %s, model %s, %d octets per %d-token block (want %d per 4), bound %v (want %v)", rep.Engine, rep.Model, rep.BlockOctets, rep.BlockTokens,
+			kvOctets, rep.BoundRatio, wantBound)
+	}
+	kv, no := rep.Modes["kvsp"], rep.Modes["none"]
+	for name, m := range rep.Modes {
+		if m.Requests != n || m.Errors != 0 || m.CachedTokens+m.ComputedTokens != n*20 || m.PrefillRate <= 0 || m.PrefillThroughput <= 0 {
+			t.Errorf("mode %s: %+v", name, m)
+		}
+	}
+	if kv == nil || no == nil || kv.HitRatio < 0.8*rep.BoundRatio || no.HitRatio != 0 || no.ComputedTokens != n*20 {
+		t.Fatalf("kvsp %+v, none %+v: want most of the bound, and nothing cached without a cache", kv, no)
+	}
+	if ev := metricSum(rep.Counters, "kvsp_llamacpp_evaluated_tokens_total", "ii="); ev < float64(kv.ComputedTokens) {
+		t.Errorf("llama.cpp evaluated %v tokens in the kvsp mode, the instances report %d computed", ev, kv.ComputedTokens)
+	}
+	if !strings.Contains(out, "llama.cpp") || !strings.Contains(out, "prefill tokens/s") {
+		t.Errorf("the table does not say what ran:\n%s", out)
+	}
+}
+
 // TestDemoGeometry: --geometry llama-3-8b runs the simulated engine with
 // Llama 3 8B's KV geometry (32 layers, 8 KV heads of 128, bf16) at 16
 // tokens per trace block: 2 MiB blocks, moved and verified for real, the
@@ -110,9 +153,9 @@ func TestDemo(t *testing.T) {
 func TestDemoGeometry(t *testing.T) {
 	dir := t.TempDir()
 	const n = 12
-	tracePath := sharedPrefixTrace(t, dir, n)
+	tracePath := sharedPrefixTrace(t, dir, n, 1)
 	jsonPath := filepath.Join(dir, "d.json")
-	code, out, errs := runCLI(t, "demo", "-trace", tracePath, "-speed", "1", "-geometry", "llama-3-8b", "-modes", "kvsp", "-host-capacity", "256MiB",
+	code, out, errs := runCLI(t, "demo", "-engine", "sim", "-trace", tracePath, "-speed", "1", "-geometry", "llama-3-8b", "-modes", "kvsp", "-host-capacity", "256MiB",
 		"-disk-capacity", "0", "-json", jsonPath, "-png", "")
 	if code != 0 {
 		t.Fatalf("demo: %d\n%s\n%s", code, out, errs)
@@ -142,11 +185,11 @@ func TestMapTrace(t *testing.T) {
 		if got[i].InputLength != want || got[i].bt() != 16 || reqs[i].bt() != 512 {
 			t.Fatalf("request %d: %d tokens of %d-token blocks, want %d of 16", i, got[i].InputLength, got[i].bt(), want)
 		}
-		if toks := demoTokens(&got[i]); len(toks) != want {
+		if toks := demoTokens(&got[i], 32000); len(toks) != want {
 			t.Fatalf("request %d: %d prompt tokens", i, len(toks))
 		}
 	}
-	if a, b := demoTokens(&got[0])[:16], demoTokens(&got[1])[:16]; !slices.Equal(a, b) {
+	if a, b := demoTokens(&got[0], 32000)[:16], demoTokens(&got[1], 32000)[:16]; !slices.Equal(a, b) {
 		t.Fatal("equal hash ids, different blocks")
 	}
 }
@@ -154,11 +197,19 @@ func TestMapTrace(t *testing.T) {
 // sharedPrefixTrace writes a trace of n requests 250 ms apart, each four
 // shared blocks then one of its own (2460 tokens: the four shared blocks
 // are complete), and returns its path.
-func sharedPrefixTrace(t *testing.T, dir string, n int) string {
+func sharedPrefixTrace(t *testing.T, dir string, n, together int) string {
 	t.Helper()
 	var trace strings.Builder
+	// The first computes the prefix; the others come together at a time
+	// (12: more than one instance's batch, so that some are placed away
+	// from it and fetch the prefix; 1: 250 ms apart, each placed where the
+	// prefix is).
 	for i := range n {
-		fmt.Fprintf(&trace, `{"timestamp": %d, "input_length": 2460, "output_length": 4, "hash_ids": [1, 2, 3, 4, %d]}`+"\n", i*250, 100+i)
+		at := i * 250
+		if i > 0 && together > 1 {
+			at = 1000 + (i-1)/together*1000
+		}
+		fmt.Fprintf(&trace, `{"timestamp": %d, "input_length": 2460, "output_length": 4, "hash_ids": [1, 2, 3, 4, %d]}`+"\n", at, 100+i)
 	}
 	return writeFile(t, dir, "trace.jsonl", trace.String())
 }
@@ -188,12 +239,16 @@ func TestDemoBadTrace(t *testing.T) {
 // command, before anything starts.
 func TestDemoReplayUsage(t *testing.T) {
 	for _, args := range [][]string{
-		{"demo", "-speed", "0"},
+		{"demo", "-speed", "-1"},
+		{"demo", "-engine", "vllm"},
+		{"demo", "-geometry", "llama-3-8b"}, // the simulated engine's
+		{"demo", "-prefill-rate", "1000"},   // likewise: llama.cpp's is measured
+		{"demo", "-engine", "llamacpp", "-threads", "0"},
 		{"demo", "-host-capacity", "1KiB"},
 		{"demo", "-instances", "0"},
 		{"demo", "-transport", "pigeon"},
 		{"demo", "-modes", "kvsp,fast"},
-		{"demo", "-geometry", "gpt-9"},
+		{"demo", "-engine", "sim", "-geometry", "gpt-9"},
 		{"demo", "-block-tokens", "513"},
 		{"demo", "-modes", "kvsp,kvsp"},
 		{"replay"},

@@ -30,6 +30,7 @@ type replayer struct {
 	compat    kvsp.CompatID
 	speed     float64
 	maxOutput int
+	vocab     int // prompt token ids are below it (0: 32000)
 	// status, when set, adds to the progress line.
 	status func() string
 }
@@ -111,7 +112,11 @@ func (rp *replayer) run(ctx context.Context, reqs []traceRequest, stderr io.Writ
 // timing its first token.
 func (rp *replayer) one(ctx context.Context, q *traceRequest) replayResult {
 	var r replayResult
-	tokens := demoTokens(q)
+	vocab := rp.vocab
+	if vocab == 0 {
+		vocab = 32000
+	}
+	tokens := demoTokens(q, vocab)
 	out := uint64(max(1, min(q.OutputLength, rp.maxOutput)))
 	t0 := time.Now()
 	var at *kvsp.PlaceResponse
