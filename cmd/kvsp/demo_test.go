@@ -22,7 +22,7 @@ import (
 func TestDemo(t *testing.T) {
 	dir := t.TempDir()
 	const n = 24
-	tracePath := sharedPrefixTrace(t, dir, n, 12)
+	tracePath := sharedPrefixTrace(t, dir, n, n-1)
 	jsonPath, pngPath := filepath.Join(dir, "d.json"), filepath.Join(dir, "d.png")
 	code, out, errs := runCLI(t, "demo", "-engine", "sim", "-trace", tracePath, "-speed", "1", "-host-capacity", "64MiB", "-disk-capacity", "64MiB",
 		"-json", jsonPath, "-png", pngPath)
@@ -60,8 +60,9 @@ func TestDemo(t *testing.T) {
 		}
 	}
 	// The three modes ran, measured, with the same requests: no cache
-	// reuses nothing, each instance's own cache some, KVSP the most; only
-	// KVSP moves KV.
+	// reuses nothing, each instance's own cache some, KVSP the most (23
+	// requests at once: more than the instance with the prefix takes, so
+	// the rest find it only at a holder); only KVSP moves KV.
 	kv, lo, no := rep.Modes["kvsp"], rep.Modes["local"], rep.Modes["none"]
 	if kv == nil || lo == nil || no == nil || rep.Engine != "sim" {
 		t.Fatalf("modes %v, engine %q: want kvsp, local and none on sim", rep.Modes, rep.Engine)
