@@ -360,6 +360,29 @@ func TestPlaceWaitsForCapacity(t *testing.T) {
 	}
 }
 
+// TestPlaceCountsWhatItPlaced (R-PLC-7): between two status records an
+// instance takes what its batch and a batch of queue hold, counting the
+// requests placed on it since its last record; a burst does not pile onto
+// it, and the next record (its queue drained) makes room again.
+func TestPlaceCountsWhatItPlaced(t *testing.T) {
+	w := newWorldWith(t, 0, func(c *placement.Config) { c.CapacityWait = -1 })
+	tokens := prompt(2*bt, 4)
+	link := kvsp.Link{Holder: h1Base, MbitPerS: 200000, RTTUs: 12}
+	w.status(t, "ii1", 1, 0, kvsp.StateActive, link) // idle, batch 8
+	for i := range 16 {                              // 8 running and 8 queued, as the PC counts them
+		if out, err := w.place(t, tokens); err != nil || out.Instance != w.base["ii1"] {
+			t.Fatalf("request %d: %+v %v", i, out, err)
+		}
+	}
+	if out, err := w.place(t, tokens); !errors.Is(err, kvsp.ErrUnavailable) {
+		t.Fatalf("the 17th request with no status record since: %+v %v, want 503 (a batch queued already)", out, err)
+	}
+	w.status(t, "ii1", 1, 0, kvsp.StateActive, link)
+	if _, err := w.place(t, tokens); err != nil {
+		t.Fatalf("after a record with room: %v", err)
+	}
+}
+
 // TestPlacePendingQuota: R-PF-13: beyond MaxPending directives pending at
 // an instance, requests are still placed but without a directive.
 func TestPlacePendingQuota(t *testing.T) {
