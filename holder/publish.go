@@ -116,16 +116,17 @@ func (h *Holder) publisher() {
 		h.renew = h.renew[n:]
 		h.pubMu.Unlock()
 		failed, stopped := h.pass(ops)
-		if stopped {
-			return
-		}
 		h.pubMu.Lock()
 		if len(failed) > 0 {
 			h.pending = append(failed, h.pending...)
 		}
 		more = len(h.renew) > 0 && len(failed) == 0
+		// Counted when Close came too: the backlog left behind is shown.
 		h.m.publishPending.Set(float64(len(h.pending) + len(h.renew)))
 		h.pubMu.Unlock()
+		if stopped {
+			return
+		}
 		if len(failed) > 0 {
 			retry.Reset(backoff)
 			backoff = min(2*backoff, 10*time.Second)
