@@ -92,8 +92,9 @@ type Agent struct {
 	directives map[kvsp.UUID]*directive
 	resumes    map[sessionKey]*resumed
 	shards     map[shardKey]*shard
-	running    int  // generations in progress
-	closed     bool // Close was called: it serves nothing more
+	flights    map[kvsp.BlockKey]*flight // blocks being transferred now (load)
+	running    int                       // generations in progress
+	closed     bool                      // Close was called: it serves nothing more
 	stop       context.CancelFunc
 	stopCtx    context.Context
 }
@@ -132,7 +133,8 @@ func New(cfg Config) (*Agent, error) {
 	}
 	a := &Agent{cfg: cfg, compat: compat, g: cfg.Engine.Geometry(), keys: map[kvsp.ScopeID]kvsp.ScopeKey{}, kick: make(chan struct{}, 1),
 		epoch: epoch, log: cfg.Logger, m: newMetrics(cfg.Registerer),
-		work: make(chan struct{}, cfg.Workers), state: kvsp.StateActive, directives: map[kvsp.UUID]*directive{}, resumes: map[sessionKey]*resumed{}, shards: map[shardKey]*shard{}}
+		work: make(chan struct{}, cfg.Workers), state: kvsp.StateActive, directives: map[kvsp.UUID]*directive{}, resumes: map[sessionKey]*resumed{}, shards: map[shardKey]*shard{},
+		flights: map[kvsp.BlockKey]*flight{}}
 	a.stopCtx, a.stop = context.WithCancel(context.Background())
 	if reg := cfg.Registerer; reg != nil {
 		eng := cfg.Engine
@@ -445,6 +447,7 @@ func (a *Agent) run(ctx context.Context, x *directive) {
 	defer release()
 	n := len(d.Blocks)
 	ok := make([]bool, n)
+	mine := make([]bool, n) // transferred by this directive, for no other
 	var (
 		mu   sync.Mutex
 		next int // first block not yet known loaded
@@ -468,7 +471,7 @@ func (a *Agent) run(ctx context.Context, x *directive) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			err := a.load(ctx, x, b, digests, covered[b.BlockKey])
+			own, err := a.load(ctx, x, b, digests, covered[b.BlockKey])
 			<-a.work
 			mu.Lock()
 			defer mu.Unlock()
@@ -477,7 +480,7 @@ func (a *Agent) run(ctx context.Context, x *directive) {
 				x.markFailed()
 				return
 			}
-			ok[i] = true
+			ok[i], mine[i] = true, own
 			for next < n && ok[next] {
 				x.mu.Lock()
 				x.loaded = append(x.loaded, d.Blocks[next].BlockKey)
@@ -488,8 +491,14 @@ func (a *Agent) run(ctx context.Context, x *directive) {
 	}
 	wg.Wait()
 	x.mu.Lock()
-	for _, b := range d.Blocks[len(x.loaded):] {
+	kv := a.cfg.Engine.KV()
+	for i, b := range d.Blocks[len(x.loaded):] {
 		x.failed = append(x.failed, b.BlockKey)
+		// Loaded past a block that was not, it cannot be used (keys
+		// chain): it goes, unless a request holds it.
+		if mine[len(x.loaded)+i] && kv.Pin(b.BlockKey) && !kv.Unpin(b.BlockKey) {
+			kv.Drop(b.BlockKey)
+		}
 	}
 	x.pending, x.doneAt = false, time.Now()
 	x.mu.Unlock()
@@ -583,13 +592,54 @@ func (a *Agent) layerDigests(ctx context.Context, d *kvsp.PrefetchDirective) map
 	return out
 }
 
-// load makes one block resident: already there, or from the first source
-// that serves it verified.
-func (a *Agent) load(ctx context.Context, x *directive, b kvsp.PrefetchBlock, digests map[string][]container.Digest, leased bool) error {
+// flight is one block's transfer in progress, which other directives
+// wanting the block wait for instead of fetching it again.
+type flight struct {
+	done    chan struct{} // closed when the transfer ended
+	waiters int           // directives that waited for it (under Agent.mu)
+}
+
+// load makes one block resident: already there, by the transfer of it
+// in progress for another directive (waited for: however many
+// directives want a block at once, it is fetched once), or from the first
+// source that serves it verified. own reports that this call transferred
+// the block and no other directive waited for it.
+func (a *Agent) load(ctx context.Context, x *directive, b kvsp.PrefetchBlock, digests map[string][]container.Digest, leased bool) (own bool, err error) {
 	kv := a.cfg.Engine.KV()
-	if kv.Has(b.BlockKey) {
-		return nil
+	for !kv.Has(b.BlockKey) {
+		a.mu.Lock()
+		f := a.flights[b.BlockKey]
+		if f == nil {
+			f = &flight{done: make(chan struct{})}
+			a.flights[b.BlockKey] = f
+			a.mu.Unlock()
+			err := a.transfer(ctx, x, b, digests, leased)
+			a.mu.Lock()
+			delete(a.flights, b.BlockKey)
+			shared := f.waiters > 0
+			a.mu.Unlock()
+			close(f.done)
+			return err == nil && !shared, err
+		}
+		f.waiters++
+		a.mu.Unlock()
+		select {
+		case <-f.done: // resident now, or this call tries itself
+		case <-ctx.Done():
+			a.m.blocks.WithLabelValues("failed").Inc()
+			return false, ctx.Err()
+		}
+		if kv.Has(b.BlockKey) {
+			a.m.blocks.WithLabelValues("shared").Inc()
+		}
 	}
+	return false, nil
+}
+
+// transfer fetches one block from the first of its sources that serves
+// it verified.
+func (a *Agent) transfer(ctx context.Context, x *directive, b kvsp.PrefetchBlock, digests map[string][]container.Digest, leased bool) error {
+	kv := a.cfg.Engine.KV()
 	var errs []error
 	for i, src := range b.Sources {
 		err := a.fetch(ctx, x, b.BlockKey, src, digests[src+"|"+b.BlockKey.String()], leased && i == 0)
@@ -727,7 +777,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		directives: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_instance_directives_total",
 			Help: "Prefetch directives finished, by final state."}, []string{"state"}),
 		blocks: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_instance_prefetch_blocks_total",
-			Help: "Blocks a prefetch loaded or failed to load."}, []string{"outcome"}),
+			Help: "Blocks a prefetch loaded (fetched), shared (loaded meanwhile by another directive's transfer, waited for) or failed to load."}, []string{"outcome"}),
 		digestFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvsp_instance_digest_failures_total",
 			Help: "Replicas that failed verification during a prefetch."}),
 		fetched: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_instance_fetched_bytes_total",

@@ -1,0 +1,67 @@
+package instance_test
+
+import (
+	"context"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/internal/kvsptest"
+)
+
+// TestDirectivesForTheSameBlocksFetchThemOnce (R-PF-2): directives that
+// arrive together for the same prefix (a burst of requests sharing it,
+// placed on one instance) fetch each block once: the later ones wait for
+// the transfer in flight instead of starting their own, and all of them
+// complete with the block resident and the engine's own bytes. With each
+// directive fetching for itself, the holder serves every block once per
+// directive (and the lookups, leases and GETs of a burst multiply until
+// the directives miss their deadlines).
+func TestDirectivesForTheSameBlocksFetchThemOnce(t *testing.T) {
+	holderReg := prometheus.NewRegistry()
+	// Each block GET takes 300 ms at the holder (requests in parallel):
+	// the first directive's transfers are in flight while the others are
+	// accepted (one after another on a connection already open, a few
+	// ms each).
+	slow := func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodGet && strings.Contains(r.URL.Path, "/h1/blocks/") {
+				time.Sleep(300 * time.Millisecond)
+			}
+			h.ServeHTTP(rw, r)
+		})
+	}
+	w := newRig(t, rigOptions{noStore: true, holderReg: holderReg, wrap: slow})
+	keys := w.fill(t, prompt(4), 4)
+	src := w.url("/h1/")
+	const n = 4
+	gets0 := kvsptest.MetricSum(t, holderReg, "kvsp_holder_gets_total", nil)
+	w.pc.PrefetchStatus(context.Background(), kvsp.NewUUID()) // 404: the connection is open
+	ids := make([]kvsp.UUID, n)
+	for i := range ids {
+		d := w.directive(keys, func(int) []string { return []string{src} }, 5000)
+		ids[i] = d.Directive
+		if _, err := w.pc.Prefetch(context.Background(), d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, id := range ids {
+		if st := w.wait(t, id); st.State != kvsp.PrefetchComplete || !slices.Equal(st.Loaded, keys) {
+			t.Fatalf("directive %s: %s, %d of %d loaded", id, st.State, len(st.Loaded), len(keys))
+		}
+	}
+	w.engineHolds(t, keys)
+	if got := kvsptest.MetricSum(t, holderReg, "kvsp_holder_gets_total", nil) - gets0; got != float64(len(keys)) {
+		t.Errorf("%v GETs for %d directives of %d blocks, want one per block", got, n, len(keys))
+	}
+	fetched := kvsptest.MetricSum(t, w.reg, "kvsp_instance_prefetch_blocks_total", map[string]string{"outcome": "loaded"})
+	shared := kvsptest.MetricSum(t, w.reg, "kvsp_instance_prefetch_blocks_total", map[string]string{"outcome": "shared"})
+	if fetched != float64(len(keys)) || fetched+shared > float64(n*len(keys)) || shared == 0 {
+		t.Errorf("blocks fetched %v, shared %v: want %d fetched, the other directives' waits counted as shared", fetched, shared, len(keys))
+	}
+}
