@@ -25,9 +25,9 @@ import (
 func TestDirectivesForTheSameBlocksFetchThemOnce(t *testing.T) {
 	holderReg := prometheus.NewRegistry()
 	// Each block GET takes 300 ms at the holder (requests in parallel):
-	// the first directive's transfers are in flight while the others are
-	// accepted (one after another on a connection already open, a few
-	// ms each).
+	// the first transfers are in flight while the other directives are
+	// accepted (one after another on a connection already open, a few ms
+	// each).
 	slow := func(h http.Handler) http.Handler {
 		return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 			if r.Method == http.MethodGet && strings.Contains(r.URL.Path, "/h1/blocks/") {
@@ -37,7 +37,11 @@ func TestDirectivesForTheSameBlocksFetchThemOnce(t *testing.T) {
 		})
 	}
 	w := newRig(t, rigOptions{noStore: true, holderReg: holderReg, wrap: slow})
-	keys := w.fill(t, prompt(4), 4)
+	// Two blocks, and the rig's four transfer slots: at least two
+	// directives load a block at once (its transfer led by one, waited for
+	// by the others); a directive that waits for a slot instead may find
+	// the blocks resident.
+	keys := w.fill(t, prompt(2), 2)
 	src := w.url("/h1/")
 	const n = 4
 	gets0 := kvsptest.MetricSum(t, holderReg, "kvsp_holder_gets_total", nil)
@@ -61,7 +65,7 @@ func TestDirectivesForTheSameBlocksFetchThemOnce(t *testing.T) {
 	}
 	fetched := kvsptest.MetricSum(t, w.reg, "kvsp_instance_prefetch_blocks_total", map[string]string{"outcome": "loaded"})
 	shared := kvsptest.MetricSum(t, w.reg, "kvsp_instance_prefetch_blocks_total", map[string]string{"outcome": "shared"})
-	if fetched != float64(len(keys)) || fetched+shared > float64(n*len(keys)) || shared == 0 {
-		t.Errorf("blocks fetched %v, shared %v: want %d fetched, the other directives' waits counted as shared", fetched, shared, len(keys))
+	if fetched != float64(len(keys)) || shared < float64(len(keys)) || fetched+shared > float64(n*len(keys)) {
+		t.Errorf("blocks fetched %v, shared %v: want %d fetched, each also waited for by another directive (shared)", fetched, shared, len(keys))
 	}
 }
