@@ -143,7 +143,9 @@ func New(cfg Config) (*Agent, error) {
 			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvsp_instance_engine_prefill_seconds_total",
 				Help: "Time the engine's prefill steps took (prefilled tokens over this: the prefill rate it reached)."}, func() float64 { return eng.Stats().PrefillTime.Seconds() }))
 	}
-	a.off = newOffloader(a.g, cfg.OffloadBuffer)
+	if a.off, err = newOffloader(a.g, cfg.OffloadBuffer); err != nil {
+		return nil, err
+	}
 	a.ctl = cfg.Client.Controller(cfg.Controller, cfg.Controllers...)
 	for _, k := range cfg.Scopes {
 		a.keys[k.ID()] = k

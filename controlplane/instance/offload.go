@@ -5,6 +5,7 @@ import (
 	"container/heap"
 	"context"
 	"errors"
+	"io"
 	"math"
 	"sync"
 	"time"
@@ -80,10 +81,14 @@ func (h *offers) Pop() any {
 	return x
 }
 
-// offloader is the agent's offload queue.
+// offloader is the agent's offload queue. Its buffers hold a whole KVB1
+// container: the header (hdrLen octets) and after it the layers, K then V
+// of each, as copied from the engine, which is the container's body as it
+// is (CodecRaw): the PUT sends the buffer, with no second copy.
 type offloader struct {
 	blockOctets int64
-	budget      int64 // octets of copied blocks, waiting or under way
+	hdr         []byte // the containers' header (one geometry, CodecRaw)
+	budget      int64  // octets of copied blocks, waiting or under way
 	bufs        sync.Pool
 
 	mu      sync.Mutex
@@ -97,15 +102,24 @@ type offloader struct {
 	next    int
 }
 
-func newOffloader(g container.Geometry, budget int64) *offloader {
+func newOffloader(g container.Geometry, budget int64) (*offloader, error) {
+	h, err := container.NewHeader(container.CodecRaw, 0, g.Layers, g)
+	if err != nil {
+		return nil, err
+	}
+	hdr := h.Append(nil)
 	n := int64(2 * g.Layers * uint32(g.RawSectionLen()))
 	if budget == 0 {
 		budget = 64 << 20
 	}
-	o := &offloader{blockOctets: n, budget: max(budget, 16*n),
+	o := &offloader{blockOctets: n, hdr: hdr, budget: max(budget, 16*n),
 		waiting: map[offloadKey]bool{}, recent: map[offloadKey]bool{}, ring: make([]offloadKey, recentOffloads)}
-	o.bufs.New = func() any { b := make([]byte, n); return &b }
-	return o
+	o.bufs.New = func() any {
+		b := make([]byte, len(hdr)+int(n))
+		copy(b, hdr)
+		return &b
+	}
+	return o, nil
 }
 
 // forgetLocked ends k's offer; answered: the holder has the block now.
@@ -167,8 +181,9 @@ func (a *Agent) offload(scope kvsp.ScopeID, compat kvsp.CompatID, key kvsp.Block
 	}
 	buf := o.bufs.Get().(*[]byte)
 	sec := int(a.g.RawSectionLen())
+	layers := (*buf)[len(o.hdr):]
 	for l := range int(a.g.Layers) {
-		kv := (*buf)[2*l*sec : (2*l+2)*sec]
+		kv := layers[2*l*sec : (2*l+2)*sec]
 		if a.cfg.Engine.KV().ReadLayer(key, uint32(l), kv[:sec], kv[sec:]) != nil {
 			o.bufs.Put(buf)
 			o.mu.Lock()
@@ -202,7 +217,7 @@ func (a *Agent) offloadWorker() {
 		}
 		x := heap.Pop(&o.queue).(*offer)
 		o.mu.Unlock()
-		answered := a.store(x.k.scope, x.compat, x.k.key, *x.buf)
+		answered := a.store(x.k.scope, x.compat, x.k.key, *x.buf, len(o.hdr))
 		if answered {
 			a.m.offloadDelay.Observe(time.Since(x.offered).Seconds())
 		}
@@ -214,32 +229,33 @@ func (a *Agent) offloadWorker() {
 	}
 }
 
-// store puts a block (its layers, K then V of each, as offload copied
-// them) at the instance's holder, which publishes the new replica (best
-// effort: the engine has it either way). It reports whether the holder
-// has the block now.
-func (a *Agent) store(scope kvsp.ScopeID, compat kvsp.CompatID, key kvsp.BlockKey, layers []byte) bool {
+// store puts a block (a container in blk: the header, then its layers,
+// K then V of each, from hdrLen on, as offload copied them) at the
+// instance's holder, which publishes the new replica (best effort: the
+// engine has it either way). It reports whether the holder has the block
+// now.
+func (a *Agent) store(scope kvsp.ScopeID, compat kvsp.CompatID, key kvsp.BlockKey, blk []byte, hdrLen int) bool {
 	hdr, err := container.NewHeader(container.CodecRaw, 0, a.g.Layers, a.g)
 	if err != nil {
 		return false
 	}
-	var buf bytes.Buffer
-	buf.Grow(len(layers) + 4096)
-	w := container.NewWriter(&buf, hdr)
+	// The digests, over the bytes as they are (the writer only hashes).
+	w := container.NewWriter(io.Discard, hdr)
 	sec := int(a.g.RawSectionLen())
+	layers := blk[hdrLen:]
 	for l := range int(a.g.Layers) {
 		if w.WriteLayer(layers[2*l*sec:(2*l+1)*sec], layers[(2*l+1)*sec:(2*l+2)*sec]) != nil {
 			return false
 		}
 	}
 	dg, err := w.Close()
-	if err != nil {
+	if err != nil || w.Written() != int64(len(blk)) {
 		return false
 	}
 	ctx, cancel := context.WithTimeout(a.stopCtx, 10*time.Second)
 	defer cancel()
 	ref := client.BlockRef{Compat: compat, Scope: scope, Key: key}
-	switch err := a.cfg.Client.Holder(a.cfg.Holder).PutBlock(ctx, ref, &buf, int64(buf.Len()), dg.Container); {
+	switch err := a.cfg.Client.Holder(a.cfg.Holder).PutBlock(ctx, ref, bytes.NewReader(blk), int64(len(blk)), dg.Container); {
 	case err == nil:
 		a.m.offloads.WithLabelValues("stored").Inc()
 	case errors.Is(err, client.ErrExists):

@@ -16,7 +16,10 @@ import (
 // before it in its chain.
 func TestOffloadQueuePrefixFirst(t *testing.T) {
 	g := container.Geometry{Layers: 2, BlockTokens: 16, KVHeads: 1, HeadDim: 16, Elem: container.BF16}
-	o := newOffloader(g, 1) // the least: 16 blocks
+	o, err := newOffloader(g, 1) // the least: 16 blocks
+	if err != nil {
+		t.Fatal(err)
+	}
 	key := func(i int) offloadKey {
 		var k kvsp.BlockKey
 		k[0], k[1] = byte(i), byte(i>>8)
