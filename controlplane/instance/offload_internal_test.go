@@ -11,9 +11,10 @@ import (
 // TestOffloadQueuePrefixFirst: when the offload buffer is full, an offer
 // takes the place of the deepest waiting one deeper than itself (which is
 // skipped), an offer deeper than all is skipped, a block waiting or
-// answered lately is a duplicate, and PUTs go lowest position first: a
+// answered lately is a duplicate, and PUTs go lowest position first (a
 // block is useful to a longest-prefix lookup only after every block
-// before it in its chain.
+// before it in its chain), the newest of a position first (wanted soonest;
+// with the oldest first, the sequence check below fails).
 func TestOffloadQueuePrefixFirst(t *testing.T) {
 	g := container.Geometry{Layers: 2, BlockTokens: 16, KVHeads: 1, HeadDim: 16, Elem: container.BF16}
 	o, err := newOffloader(g, 1) // the least: 16 blocks
@@ -47,9 +48,23 @@ func TestOffloadQueuePrefixFirst(t *testing.T) {
 	if outcome, _ := o.admit(key(5), 1); outcome != "duplicate" {
 		t.Fatalf("a block waiting already: %q, want duplicate", outcome)
 	}
+	// Two more at position 12, the buffer full: the deepest go (24, then
+	// 23), and the three at 12 are PUT newest first.
+	for _, i := range []int{102, 103} {
+		if outcome, dropped := o.admit(key(i), 12); outcome != "" || dropped == nil || dropped.pos != 126-i {
+			t.Fatalf("offer %d: %q, dropped %+v; want the one at %d dropped", i, outcome, dropped, 126-i)
+		}
+		o.seq++
+		heap.Push(&o.queue, &offer{k: key(i), pos: 12, seq: o.seq})
+	}
 	var order []int
+	var at12 []uint64
 	for o.queue.Len() > 0 {
-		order = append(order, heap.Pop(&o.queue).(*offer).pos)
+		x := heap.Pop(&o.queue).(*offer)
+		order = append(order, x.pos)
+		if x.pos == 12 {
+			at12 = append(at12, x.seq)
+		}
 	}
 	for i := 1; i < len(order); i++ {
 		if order[i] < order[i-1] {
@@ -58,6 +73,9 @@ func TestOffloadQueuePrefixFirst(t *testing.T) {
 	}
 	if order[0] != 3 {
 		t.Fatalf("first PUT at position %d, want 3", order[0])
+	}
+	if len(at12) != 3 || at12[0] < at12[1] || at12[1] < at12[2] {
+		t.Fatalf("offers at one position PUT in the order %v (offer sequence): want the newest first", at12)
 	}
 	o.mu.Lock()
 	o.forgetLocked(key(7), true) // answered
