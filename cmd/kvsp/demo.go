@@ -498,6 +498,7 @@ var pipelineDrops = []struct {
 	{"place", "no_capacity (refused after waiting 1 s, retried by the front end)", "kvsp_pc_placements_total", []string{`outcome="no_capacity"`}},
 	{"place", "incompatible", "kvsp_pc_placements_total", []string{`outcome="incompatible"`}},
 	{"lookup", "failed (placed without the cache)", "kvsp_pc_lookups_total", []string{`outcome="failed"`}},
+	{"directive", "not sent: recompute estimated cheaper", "kvsp_pc_directives_total", []string{`outcome="recompute"`}},
 	{"directive", "not sent: pending quota", "kvsp_pc_directives_total", []string{`outcome="quota"`}},
 	{"directive", "not accepted by the instance", "kvsp_pc_directives_total", []string{`outcome="failed"`}},
 	{"directive", "deadline passed (the rest recomputed)", "kvsp_instance_directives_total", []string{`state="partial"`}},

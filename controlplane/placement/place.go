@@ -784,6 +784,8 @@ func (c *Controller) placeOn(ctx context.Context, q *kvsp.PlaceRequest, mig *mig
 
 	if chosen.cost.Fetch {
 		out.Directive = c.prefetch(ctx, uri, q, out.Session, keys[:len(replicas)], replicas, chosen.cost)
+	} else if len(replicas) > 0 { // a cached prefix left to recompute: counted, so that it shows
+		c.m.directives.WithLabelValues("recompute").Inc()
 	}
 	c.m.placements.WithLabelValues("placed").Inc()
 	c.m.matched.Observe(float64(len(replicas)))
@@ -920,7 +922,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		placements: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_pc_placements_total",
 			Help: "Placement requests by outcome (placed, migrated, incompatible, no_capacity: refused with 503 once CapacityWait ran out; waited: a status record came while the request waited for room, and it looked again)."}, []string{"outcome"}),
 		directives: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_pc_directives_total",
-			Help: "Prefetch directives by outcome (sent, failed, quota)."}, []string{"outcome"}),
+			Help: "Prefetch directives by outcome: sent; failed (the instance did not accept it); quota (not sent: the instance's pending directives at the limit); recompute (not sent: a cached prefix matched, and recomputing it was estimated cheaper than loading it, or no link to its sources is known)."}, []string{"outcome"}),
 		wakeups: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvsp_pc_wakeups_total", Help: "Sleeping instances woken for a request."}),
 		lookups: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_pc_lookups_total",
 			Help: "IS lookups of placements, by outcome (ok; failed: placed without the cache)."}, []string{"outcome"}),
@@ -932,6 +934,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Reshards by outcome (committed, aborted)."}, []string{"outcome"}),
 		leader: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvsp_pc_leader",
 			Help: "1 while this controller serves (the leader of its group, or alone), 0 while a standby."}),
+	}
+	for _, o := range []string{"sent", "failed", "quota", "recompute"} {
+		m.directives.WithLabelValues(o) // each series exists from the start, at 0
 	}
 	if reg != nil {
 		reg.MustRegister(m.migrations, m.stalls, m.forgotten, m.checkpoints, m.placements, m.directives, m.wakeups, m.lookups, m.matched, m.reshards, m.leader, m.unauthorized)

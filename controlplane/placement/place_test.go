@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 
 	"github.com/kvsp/kvsp"
@@ -536,5 +537,31 @@ func TestRestartedInstanceLosesItsSessions(t *testing.T) {
 	// Asked again: it stays (placed on the current incarnation).
 	if again, err := w.front.Controller(w.srv.URL("/pc/")).Place(context.Background(), q); err != nil || again.Epoch != 2 {
 		t.Fatalf("continue again: %+v %v", again, err)
+	}
+}
+
+// TestPlaceCountsARecomputedPrefix: a request whose cached prefix the
+// chosen instance cannot load (no link to its holder) is placed without a
+// directive, and the decision is counted (kvsp_pc_directives_total
+// outcome="recompute"), so that sharing lost to it shows; a prompt with
+// nothing cached is not counted.
+func TestPlaceCountsARecomputedPrefix(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	w := newWorldWith(t, 4, func(c *placement.Config) { c.Registerer = reg })
+	tokens := prompt(10*bt+5, 1)
+	w.publish(t, tokens, 8)
+	w.status(t, "ii1", 1, 0, kvsp.StateActive) // no link to h1
+	recomputed := func() float64 {
+		return kvsptest.MetricSum(t, reg, "kvsp_pc_directives_total", map[string]string{"outcome": "recompute"})
+	}
+	if out, err := w.place(t, prompt(40, 2)); err != nil || out.Matched != 0 || recomputed() != 0 {
+		t.Fatalf("uncached prompt: %+v %v, counted %v", out, err, recomputed())
+	}
+	out, err := w.place(t, tokens)
+	if err != nil || out.Matched != 8 || out.Directive != nil {
+		t.Fatalf("placed %+v %v: want 8 matched, no directive", out, err)
+	}
+	if n := recomputed(); n != 1 {
+		t.Fatalf("recomputed prefixes counted %v, want 1", n)
 	}
 }
