@@ -69,6 +69,16 @@ func startServe(t *testing.T, cfg, addr string, env ...string) *proc {
 			c.Close()
 			return p
 		}
+		if p.exited() {
+			// A process armed to die at a failpoint may get there before
+			// a dial sees it listening (F15: a PC restarted with a
+			// checkpoint failpoint receives the instance's retried
+			// checkpoint at once): started, it is the caller's.
+			if strings.Contains(logs.String(), `"msg":"serving"`) {
+				return p
+			}
+			t.Fatalf("kvsp serve exited before it listened on %s:\n%s", addr, logs.String())
+		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	t.Fatalf("kvsp serve did not listen on %s:\n%s", addr, logs.String())
