@@ -93,8 +93,9 @@ func (h *offers) Pop() any {
 // is (CodecRaw): the PUT sends the buffer, with no second copy.
 type offloader struct {
 	blockOctets int64
-	hdr         []byte // the containers' header (one geometry, CodecRaw)
-	budget      int64  // octets of copied blocks, waiting or under way
+	h           container.Header // the containers' header (one geometry, CodecRaw)
+	hdr         []byte           // and its octets
+	budget      int64            // octets of copied blocks, waiting or under way
 	bufs        sync.Pool
 
 	mu      sync.Mutex
@@ -118,7 +119,7 @@ func newOffloader(g container.Geometry, budget int64) (*offloader, error) {
 	if budget == 0 {
 		budget = 64 << 20
 	}
-	o := &offloader{blockOctets: n, hdr: hdr, budget: max(budget, 16*n),
+	o := &offloader{blockOctets: n, h: h, hdr: hdr, budget: max(budget, 16*n),
 		waiting: map[offloadKey]bool{}, recent: map[offloadKey]bool{}, ring: make([]offloadKey, recentOffloads)}
 	o.bufs.New = func() any {
 		b := make([]byte, len(hdr)+int(n))
@@ -223,7 +224,7 @@ func (a *Agent) offloadWorker() {
 		}
 		x := heap.Pop(&o.queue).(*offer)
 		o.mu.Unlock()
-		answered := a.store(x.k.scope, x.compat, x.k.key, *x.buf, len(o.hdr))
+		answered := a.store(x.k.scope, x.compat, x.k.key, *x.buf)
 		if answered {
 			a.m.offloadDelay.Observe(time.Since(x.offered).Seconds())
 		}
@@ -235,20 +236,16 @@ func (a *Agent) offloadWorker() {
 	}
 }
 
-// store puts a block (a container in blk: the header, then its layers,
-// K then V of each, from hdrLen on, as offload copied them) at the
+// store puts a block (a container in blk, as offload copied it: the
+// offloader's header, then its layers, K then V of each) at the
 // instance's holder, which publishes the new replica (best effort: the
 // engine has it either way). It reports whether the holder has the block
 // now.
-func (a *Agent) store(scope kvsp.ScopeID, compat kvsp.CompatID, key kvsp.BlockKey, blk []byte, hdrLen int) bool {
-	hdr, err := container.NewHeader(container.CodecRaw, 0, a.g.Layers, a.g)
-	if err != nil {
-		return false
-	}
+func (a *Agent) store(scope kvsp.ScopeID, compat kvsp.CompatID, key kvsp.BlockKey, blk []byte) bool {
 	// The digests, over the bytes as they are (the writer only hashes).
-	w := container.NewWriter(io.Discard, hdr)
+	w := container.NewWriter(io.Discard, a.off.h)
 	sec := int(a.g.RawSectionLen())
-	layers := blk[hdrLen:]
+	layers := blk[len(a.off.hdr):]
 	for l := range int(a.g.Layers) {
 		if w.WriteLayer(layers[2*l*sec:(2*l+1)*sec], layers[(2*l+1)*sec:(2*l+2)*sec]) != nil {
 			return false
