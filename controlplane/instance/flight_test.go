@@ -69,3 +69,46 @@ func TestDirectivesForTheSameBlocksFetchThemOnce(t *testing.T) {
 		t.Errorf("blocks fetched %v, shared %v: want %d fetched, each also waited for by another directive (shared)", fetched, shared, len(keys))
 	}
 }
+
+// TestBlocksPastAFailedOneAreDropped (R-PF-*, A-18): a directive whose
+// first block cannot be loaded (its only source does not have it) loads
+// the blocks after it, which started at once, and then lists them as
+// failed and drops them: past a gap in the chain they cannot be used, and
+// what a directive lists as failed is not resident. With the drop
+// removed, the two loaded blocks stay.
+func TestBlocksPastAFailedOneAreDropped(t *testing.T) {
+	// The first block's GET fails after 200 ms (no holder there: 404), so
+	// the others have started.
+	late := func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/nowhere/") {
+				time.Sleep(200 * time.Millisecond)
+			}
+			h.ServeHTTP(rw, r)
+		})
+	}
+	w := newRig(t, rigOptions{noStore: true, wrap: late})
+	keys := w.fill(t, prompt(3), 3)
+	nowhere := w.url("/nowhere/")
+	d := w.directive(keys, func(i int) []string {
+		if i == 0 {
+			return []string{nowhere}
+		}
+		return []string{w.url("/h1/")}
+	}, 5000)
+	if _, err := w.pc.Prefetch(context.Background(), d); err != nil {
+		t.Fatal(err)
+	}
+	st := w.wait(t, d.Directive)
+	if st.State != kvsp.PrefetchFailed || len(st.Loaded) != 0 || !slices.Equal(st.Failed, keys) {
+		t.Fatalf("%s, loaded %d, failed %d: want failed, every block listed failed", st.State, len(st.Loaded), len(st.Failed))
+	}
+	if got := kvsptest.MetricSum(t, w.reg, "kvsp_instance_prefetch_blocks_total", map[string]string{"outcome": "loaded"}); got != 2 {
+		t.Fatalf("%v blocks fetched, want the two after the gap (else this test proves nothing)", got)
+	}
+	for i, k := range keys {
+		if w.eng.KV().Has(k) {
+			t.Errorf("block %d, listed failed, is resident", i)
+		}
+	}
+}
