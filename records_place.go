@@ -8,12 +8,16 @@ import "fmt"
 
 // PlaceRequest is the body of POST {pc}place.
 type PlaceRequest struct {
-	ScopeID   ScopeID       `json:"scope_id"`
-	CompatID  CompatID      `json:"compat_id"`
-	Tokens    []uint32      `json:"tokens"`
-	Session   *UUID         `json:"session,omitempty"`
-	Sampler   *PlaceSampler `json:"sampler,omitempty"`
-	MaxTokens uint64        `json:"max_tokens"`
+	ScopeID  ScopeID  `json:"scope_id"`
+	CompatID CompatID `json:"compat_id"`
+	Tokens   []uint32 `json:"tokens,omitempty"`
+	// TokensLE32 carries the prompt instead of Tokens (one of the two):
+	// each token id in 4 octets, little-endian, the whole base64 in JSON
+	// (see TokensLE32). Decoding folds it into Tokens.
+	TokensLE32 []byte        `json:"tokens_le32,omitempty"`
+	Session    *UUID         `json:"session,omitempty"`
+	Sampler    *PlaceSampler `json:"sampler,omitempty"`
+	MaxTokens  uint64        `json:"max_tokens"`
 }
 
 // PlaceSampler is the sampler a request asks for.
@@ -27,7 +31,12 @@ type PlaceSampler struct {
 const MaxPlaceTokens = 1 << 20
 
 // Validate implements Validator.
-func (q *PlaceRequest) Validate() error { return q.validate("place") }
+func (q *PlaceRequest) Validate() error {
+	if err := foldTokensLE32("place", &q.Tokens, &q.TokensLE32); err != nil {
+		return err
+	}
+	return q.validate("place")
+}
 
 func (q *PlaceRequest) validate(where string) error {
 	switch {
@@ -79,13 +88,15 @@ func (r *PlaceResponse) Validate() error {
 // as JSON lines (MediaTypeTokens), each labelled with its index and the
 // session's epoch, so a front end can drop what a superseded epoch sent.
 type GenerateRequest struct {
-	Session   UUID          `json:"session"`
-	Epoch     uint64        `json:"epoch"`
-	ScopeID   ScopeID       `json:"scope_id"`
-	CompatID  CompatID      `json:"compat_id"`
-	Tokens    []uint32      `json:"tokens"`
-	MaxTokens uint64        `json:"max_tokens"`
-	Sampler   *PlaceSampler `json:"sampler,omitempty"`
+	Session  UUID     `json:"session"`
+	Epoch    uint64   `json:"epoch"`
+	ScopeID  ScopeID  `json:"scope_id"`
+	CompatID CompatID `json:"compat_id"`
+	Tokens   []uint32 `json:"tokens,omitempty"`
+	// TokensLE32 carries the prompt instead of Tokens, as in PlaceRequest.
+	TokensLE32 []byte        `json:"tokens_le32,omitempty"`
+	MaxTokens  uint64        `json:"max_tokens"`
+	Sampler    *PlaceSampler `json:"sampler,omitempty"`
 	// From, for a resumed session, is the first output index the front
 	// end lacks: tokens the checkpoint holds from there are sent again
 	// before generation continues (a stream cut in flight leaves no gap).
@@ -101,6 +112,9 @@ const MediaTypeTokens = "application/x-ndjson"
 
 // Validate implements Validator.
 func (q *GenerateRequest) Validate() error {
+	if err := foldTokensLE32("generate", &q.Tokens, &q.TokensLE32); err != nil {
+		return err
+	}
 	switch {
 	case q.Session.IsZero():
 		return invalidf("generate: session: required")

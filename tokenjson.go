@@ -2,6 +2,7 @@ package kvsp
 
 import (
 	"bytes"
+	"encoding/binary"
 
 	"github.com/go-json-experiment/json"
 )
@@ -70,4 +71,43 @@ func trimSpace(b []byte) []byte {
 		b = b[:len(b)-1]
 	}
 	return b
+}
+
+// A prompt travels in place and generate bodies either as "tokens", an
+// array of decimal ids, or as "tokens_le32": the ids as 4 octets each,
+// little-endian, base64 (RFC 4648 section 4, padded, as JSON carries
+// octets). The second is what kvsp's client sends. A 15,000 token prompt
+// is about 80 KB either way, but the decimal array is written and read
+// digit by digit, and was a fifth of all the CPU of kvsp demo --speed 24
+// (the front end encodes each prompt for place and for generate, the PC
+// and the instance decode it); as tokens_le32 it encodes 3.5 times and
+// decodes 2.7 times as fast (BenchmarkTokensLE32, both in one run).
+
+// TokensLE32 encodes tokens for a tokens_le32 member.
+func TokensLE32(tokens []uint32) []byte {
+	b := make([]byte, 4*len(tokens))
+	for i, t := range tokens {
+		binary.LittleEndian.PutUint32(b[4*i:], t)
+	}
+	return b
+}
+
+// foldTokensLE32 moves a decoded tokens_le32 member into tokens: a body
+// carries its prompt in one of the two.
+func foldTokensLE32(where string, tokens *[]uint32, le *[]byte) error {
+	if *le == nil {
+		return nil
+	}
+	switch {
+	case *tokens != nil:
+		return invalidf("%s: tokens and tokens_le32: one or the other", where)
+	case len(*le)%4 != 0:
+		return invalidf("%s: tokens_le32: %d octets, not a multiple of 4", where, len(*le))
+	}
+	out := make([]uint32, len(*le)/4)
+	for i := range out {
+		out[i] = binary.LittleEndian.Uint32((*le)[4*i:])
+	}
+	*tokens, *le = out, nil
+	return nil
 }

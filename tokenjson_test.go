@@ -2,6 +2,7 @@ package kvsp
 
 import (
 	"bytes"
+	"errors"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -103,6 +104,86 @@ func BenchmarkTokenJSON(b *testing.B) {
 			for b.Loop() {
 				var out []uint32
 				json.Unmarshal(enc, &out, dopts)
+			}
+		})
+	}
+}
+
+// TestTokensLE32: a prompt sent as tokens_le32 decodes to the same place
+// and generate requests as one sent as tokens; a body with both, or with
+// octets not a multiple of 4, is refused (400); client-side, the client
+// sends tokens_le32 (client tests).
+func TestTokensLE32(t *testing.T) {
+	ts := []uint32{0, 1, 255, 256, 65536, 4294967295, 7}
+	scope, compat := strings.Repeat("cd", 16), strings.Repeat("ab", 32)
+	le, _ := json.Marshal(TokensLE32(ts))
+	arr, _ := json.Marshal(ts)
+	for _, body := range []string{
+		`{"scope_id":"` + scope + `","compat_id":"` + compat + `","tokens_le32":` + string(le) + `,"max_tokens":1}`,
+		`{"scope_id":"` + scope + `","compat_id":"` + compat + `","tokens":` + string(arr) + `,"max_tokens":1}`,
+	} {
+		var q PlaceRequest
+		if err := Decode([]byte(body), &q); err != nil || !slices.Equal(q.Tokens, ts) || q.TokensLE32 != nil {
+			t.Fatalf("place %s: %v %v", body, q.Tokens, err)
+		}
+		g := GenerateRequest{}
+		gb := strings.Replace(body, `{`, `{"session":"`+NewUUID().String()+`","epoch":1,`, 1)
+		if err := Decode([]byte(gb), &g); err != nil || !slices.Equal(g.Tokens, ts) || g.TokensLE32 != nil {
+			t.Fatalf("generate %s: %v %v", gb, g.Tokens, err)
+		}
+	}
+	for _, c := range []struct{ body, want string }{
+		{`"tokens":[1],"tokens_le32":"AQAAAA=="`, "one or the other"},
+		{`"tokens_le32":"AQAA"`, "not a multiple of 4"},
+		{`"tokens_le32":"AQAAAA"`, "tokens_le32"}, // unpadded: not RFC 4648 base64
+		{`"tokens_le32":""`, "tokens: required"},  // no token
+	} {
+		var q PlaceRequest
+		err := Decode([]byte(`{"scope_id":"`+scope+`","compat_id":"`+compat+`",`+c.body+`,"max_tokens":1}`), &q)
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want a 400 naming %q", c.body, err, c.want)
+		}
+	}
+}
+
+// BenchmarkTokensLE32: the same 15,000-token prompt as BenchmarkTokenJSON,
+// as a tokens_le32 member, encoded and decoded (the base64 string, then
+// the fold into ids), against the decimal array in the same run.
+func BenchmarkTokensLE32(b *testing.B) {
+	r := rand.New(rand.NewPCG(3, 4))
+	ts := make([]uint32, 15000)
+	for i := range ts {
+		ts[i] = r.Uint32N(128000)
+	}
+	type body struct {
+		T  []uint32 `json:"tokens,omitempty"`
+		LE []byte   `json:"tokens_le32,omitempty"`
+	}
+	for _, c := range []struct {
+		name string
+		v    body
+	}{{"le32", body{LE: TokensLE32(ts)}}, {"array", body{T: ts}}} {
+		enc, _ := json.Marshal(&c.v)
+		b.Run("encode/"+c.name, func(b *testing.B) {
+			b.SetBytes(int64(len(ts)) * 4)
+			b.ReportAllocs()
+			for b.Loop() {
+				v := c.v
+				if v.LE != nil {
+					v.LE = TokensLE32(ts)
+				}
+				json.Marshal(&v, tokenJSON)
+			}
+		})
+		b.Run("decode/"+c.name, func(b *testing.B) {
+			b.SetBytes(int64(len(ts)) * 4)
+			b.ReportAllocs()
+			for b.Loop() {
+				var v body
+				json.Unmarshal(enc, &v, decodeOptions)
+				if err := foldTokensLE32("bench", &v.T, &v.LE); err != nil || len(v.T) != len(ts) {
+					b.Fatal(err)
+				}
 			}
 		})
 	}

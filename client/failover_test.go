@@ -1,10 +1,13 @@
 package client_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -125,5 +128,64 @@ func TestQUICConnsSpread(t *testing.T) {
 	mu.Unlock()
 	if n != 3 {
 		t.Fatalf("requests came over %d QUIC connections, want 3", n)
+	}
+}
+
+// TestPromptSentAsLE32: Place and Generate send the prompt as
+// tokens_le32 (kvsp.TokensLE32: a third of the CPU of the decimal array
+// at each end), which the server decodes to the caller's tokens; the
+// caller's request is not changed.
+func TestPromptSentAsLE32(t *testing.T) {
+	pki := kvsptest.NewPKI(t)
+	ts := []uint32{3, 1, 4, 1, 5, 9, 2, 6, 4294967295}
+	check := func(r *http.Request, v kvsp.Validator, tokens *[]uint32) error {
+		raw, err := io.ReadAll(r.Body)
+		if err != nil {
+			return err
+		}
+		if !bytes.Contains(raw, []byte(`"tokens_le32":`)) || bytes.Contains(raw, []byte(`"tokens":`)) {
+			t.Errorf("%s body: %s, want the prompt as tokens_le32 only", r.URL.Path, raw)
+		}
+		if err := kvsp.Decode(raw, v); err != nil {
+			return err
+		}
+		if !slices.Equal(*tokens, ts) {
+			t.Errorf("%s: decoded %v, sent %v", r.URL.Path, *tokens, ts)
+		}
+		return nil
+	}
+	srv := kvsptest.StartServer(t, pki, kvsptest.Options{}, func(s *server.Server) {
+		s.Mount("/pc/").Handle("POST", "place", server.Route{}, func(w http.ResponseWriter, r *http.Request) error {
+			var q kvsp.PlaceRequest
+			if err := check(r, &q, &q.Tokens); err != nil {
+				return err
+			}
+			return server.WriteJSON(w, http.StatusOK, &kvsp.PlaceResponse{Session: kvsp.NewUUID(), Epoch: 1, Instance: "https://ii/"})
+		})
+		s.Mount("/ii/").Handle("POST", "generate", server.Route{}, func(w http.ResponseWriter, r *http.Request) error {
+			var q kvsp.GenerateRequest
+			if err := check(r, &q, &q.Tokens); err != nil {
+				return err
+			}
+			w.Header().Set("Content-Type", kvsp.MediaTypeTokens)
+			_, err := w.Write([]byte(`{"index":0,"epoch":1,"token":0,"done":true}` + "\n"))
+			return err
+		})
+	})
+	c, err := client.New(client.Config{TLS: pki.ClientTLS(pki.Leaf(kvsptest.ClientA)), Attempts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	q := &kvsp.PlaceRequest{ScopeID: kvsp.ScopeID{1}, CompatID: kvsp.CompatID{1}, Tokens: ts, MaxTokens: 1}
+	if _, err := c.Controller(srv.URL("/pc/")).Place(context.Background(), q); err != nil {
+		t.Fatal(err)
+	}
+	g := &kvsp.GenerateRequest{Session: kvsp.NewUUID(), Epoch: 1, ScopeID: kvsp.ScopeID{1}, CompatID: kvsp.CompatID{1}, Tokens: ts, MaxTokens: 1}
+	if err := c.Instance(srv.URL("/ii/")).Generate(context.Background(), g, func(kvsp.GeneratedToken) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if q.TokensLE32 != nil || g.TokensLE32 != nil || !slices.Equal(q.Tokens, ts) || !slices.Equal(g.Tokens, ts) {
+		t.Fatal("the caller's request was changed")
 	}
 }

@@ -133,8 +133,12 @@ func (x *Controller) PutStatus(ctx context.Context, s *kvsp.InstanceStatus) (*kv
 // place; not retried at the same PC: each call creates a session).
 func (x *Controller) Place(ctx context.Context, q *kvsp.PlaceRequest) (*kvsp.PlaceResponse, error) {
 	var out kvsp.PlaceResponse
+	wire := *q // the prompt as tokens_le32 (kvsp.TokensLE32)
+	if wire.Tokens != nil && wire.TokensLE32 == nil {
+		wire.Tokens, wire.TokensLE32 = nil, kvsp.TokensLE32(q.Tokens)
+	}
 	err := x.call(ctx, false, func(ctx context.Context, base string) error {
-		_, _, err := x.c.doJSON(ctx, http.MethodPost, join(base, "place"), q, &out)
+		_, _, err := x.c.doJSON(ctx, http.MethodPost, join(base, "place"), &wire, &out)
 		return err
 	})
 	if err != nil {
@@ -210,7 +214,11 @@ func (x *Instance) PrefetchStatus(ctx context.Context, id kvsp.UUID) (*kvsp.Pref
 // returns nil once the stream's done line arrived, an error if the stream
 // ends before it (the front end then resumes elsewhere).
 func (x *Instance) Generate(ctx context.Context, q *kvsp.GenerateRequest, fn func(kvsp.GeneratedToken) error) error {
-	body, err := kvsp.Marshal(q)
+	wire := *q // the prompt as tokens_le32 (kvsp.TokensLE32)
+	if wire.Tokens != nil && wire.TokensLE32 == nil {
+		wire.Tokens, wire.TokensLE32 = nil, kvsp.TokensLE32(q.Tokens)
+	}
+	body, err := kvsp.Marshal(&wire)
 	if err != nil {
 		return err
 	}
