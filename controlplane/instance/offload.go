@@ -4,8 +4,8 @@ import (
 	"bytes"
 	"container/heap"
 	"context"
+	"crypto/sha256"
 	"errors"
-	"io"
 	"math"
 	"sync"
 	"time"
@@ -242,23 +242,18 @@ func (a *Agent) offloadWorker() {
 // engine has it either way). It reports whether the holder has the block
 // now.
 func (a *Agent) store(scope kvsp.ScopeID, compat kvsp.CompatID, key kvsp.BlockKey, blk []byte) bool {
-	// The digests, over the bytes as they are (the writer only hashes).
-	w := container.NewWriter(io.Discard, a.off.h)
-	sec := int(a.g.RawSectionLen())
-	layers := blk[len(a.off.hdr):]
-	for l := range int(a.g.Layers) {
-		if w.WriteLayer(layers[2*l*sec:(2*l+1)*sec], layers[(2*l+1)*sec:(2*l+2)*sec]) != nil {
-			return false
-		}
-	}
-	dg, err := w.Close()
-	if err != nil || w.Written() != int64(len(blk)) {
+	// The buffer is the container, octet for octet: its Repr-Digest is
+	// SHA-256 of it, one pass (container.Writer hashed every octet twice,
+	// for the layer digests too, which the holder computes itself: 3% of
+	// the CPU of kvsp demo --speed 24).
+	if int64(len(blk)) != int64(len(a.off.hdr))+a.off.blockOctets {
 		return false
 	}
+	dg := container.Digest(sha256.Sum256(blk))
 	ctx, cancel := context.WithTimeout(a.stopCtx, 10*time.Second)
 	defer cancel()
 	ref := client.BlockRef{Compat: compat, Scope: scope, Key: key}
-	switch err := a.cfg.Client.Holder(a.cfg.Holder).PutBlock(ctx, ref, bytes.NewReader(blk), int64(len(blk)), dg.Container); {
+	switch err := a.cfg.Client.Holder(a.cfg.Holder).PutBlock(ctx, ref, bytes.NewReader(blk), int64(len(blk)), dg); {
 	case err == nil:
 		a.m.offloads.WithLabelValues("stored").Inc()
 	case errors.Is(err, client.ErrExists):
