@@ -3,6 +3,7 @@ package instance
 import (
 	"container/heap"
 	"testing"
+	"time"
 
 	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/container"
@@ -82,5 +83,41 @@ func TestOffloadQueuePrefixFirst(t *testing.T) {
 	o.mu.Unlock()
 	if outcome, _ := o.admit(key(7), 0); outcome != "duplicate" {
 		t.Fatalf("a block answered lately: %q, want duplicate", outcome)
+	}
+}
+
+// TestPutLimit: offload PUTs answered at the link's round trip raise the
+// limit one per limit's worth, up to maxOffloads; a PUT that waited (over
+// twice the least round trip of the last putWindow) halves it, down to
+// one; once the slow round trips are all the window holds, they are the
+// link's, and the limit rises again.
+func TestPutLimit(t *testing.T) {
+	l := putLimit{limit: 1}
+	ms := time.Millisecond
+	n := 0
+	for l.get() < maxOffloads {
+		l.observe(ms)
+		if n++; n > 100 {
+			t.Fatalf("limit %d after %d PUTs at the link's round trip", l.get(), n)
+		}
+	}
+	if n != 28 { // 1 + 2 + ... + 7: one per limit's worth
+		t.Errorf("maxOffloads after %d PUTs, want 28", n)
+	}
+	for _, want := range []int{4, 2, 1, 1} {
+		l.observe(5 * ms)
+		if l.get() != want {
+			t.Fatalf("after a PUT that waited: limit %d, want %d", l.get(), want)
+		}
+	}
+	for range putWindow - 5 {
+		l.observe(5 * ms) // the last 1 ms round trip is still in the window
+	}
+	if l.get() != 1 {
+		t.Fatalf("limit %d with slow round trips and a fast one in the window", l.get())
+	}
+	l.observe(5 * ms) // now 5 ms is the least the window holds
+	if l.get() != 2 {
+		t.Fatalf("limit %d once the slow round trips are the link's", l.get())
 	}
 }
