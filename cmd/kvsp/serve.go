@@ -340,7 +340,7 @@ func mountRoles(srv *server.Server, cfg *config.Config, log *slog.Logger, reg pr
 		}
 		pc, err := placement.New(placement.Config{Scopes: keys, BlockTokens: blockTokens, Index: pcc.Index(x.Index),
 			Instances: placement.ClientInstances{C: pcc}, OnStatus: statuses.Update, State: state, Logger: log, Registerer: reg,
-			Self: x.Base, Standby: group != nil})
+			Self: x.Base, Standby: group != nil, MinDeadline: time.Duration(x.MinDeadlineMs) * time.Millisecond})
 		if err != nil {
 			closeAll()
 			return nil, err

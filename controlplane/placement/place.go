@@ -86,8 +86,14 @@ type Config struct {
 	CapacityWait time.Duration
 	// MaxDeadline caps a directive's deadline_ms (the longer of twice the
 	// estimated fetch and the recomputation of the matched prefix, at
-	// least 10 ms); default 2s.
+	// least MinDeadline); default 2s.
 	MaxDeadline time.Duration
+	// MinDeadline is the least deadline_ms a directive is given; default
+	// 10 ms. The estimates come from the links' declared rates and round
+	// trips: where the instances' real round trips to holders are longer
+	// or vary (a loaded node, TLS on a busy CPU), a directive of a few
+	// blocks would be recomputed for want of a few milliseconds.
+	MinDeadline time.Duration
 	// State, when set, keeps instance epochs and sessions across restarts
 	// (OpenBoltStore); nil keeps them in memory only.
 	State Store
@@ -194,6 +200,9 @@ func New(cfg Config) (*Controller, error) {
 	}
 	if cfg.MaxDeadline == 0 {
 		cfg.MaxDeadline = 2 * time.Second
+	}
+	if cfg.MinDeadline == 0 {
+		cfg.MinDeadline = 10 * time.Millisecond
 	}
 	if cfg.CapacityWait == 0 {
 		cfg.CapacityWait = time.Second
@@ -883,7 +892,7 @@ func (c *Controller) prefetch(ctx context.Context, uri string, q *kvsp.PlaceRequ
 	// Loading is worth waiting for as long as recomputing the matched
 	// prefix would take (and at least twice the estimated fetch): past
 	// that, the instance recomputes what has not arrived.
-	deadline := time.Duration(max(2*cost.FetchUs, cost.RecomputeAllUs-cost.RecomputeUnmatchedUs, 10e3)) * time.Microsecond
+	deadline := max(time.Duration(max(2*cost.FetchUs, cost.RecomputeAllUs-cost.RecomputeUnmatchedUs))*time.Microsecond, c.cfg.MinDeadline)
 	deadline = min(deadline, c.cfg.MaxDeadline)
 	d.DeadlineMs = uint64((deadline + time.Millisecond - 1) / time.Millisecond)
 	// Pending at the instance until done, at the latest its deadline.

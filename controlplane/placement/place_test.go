@@ -210,6 +210,32 @@ func prompt(n int, seed uint32) []uint32 {
 	return out
 }
 
+// TestDirectiveDeadlineBounds: a directive's deadline_ms is the longer of
+// twice the estimated fetch and the matched prefix's recomputation, held
+// between MinDeadline (10 ms unless configured) and MaxDeadline. On a fast
+// link with an instance that recomputes quickly, the floor decides.
+func TestDirectiveDeadlineBounds(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		min  time.Duration
+		want uint64
+	}{{"default floor", 0, 10}, {"configured floor", 750 * time.Millisecond, 750}, {"floor above the cap", 5 * time.Second, 2000}} {
+		t.Run(c.name, func(t *testing.T) {
+			w := newWorldWith(t, 4, func(cfg *placement.Config) { cfg.MinDeadline = c.min })
+			tokens := prompt(2*bt, 3)
+			w.publish(t, tokens, 2)
+			w.status(t, "ii2", 1, 0, kvsp.StateActive, kvsp.Link{Holder: h1Base, MbitPerS: 200000, RTTUs: 12})
+			out, err := w.place(t, tokens)
+			if err != nil || out.Directive == nil {
+				t.Fatalf("placed %+v, %v; want a directive", out, err)
+			}
+			if d := w.ii[w.base["ii2"]].directives[0]; d.DeadlineMs != c.want {
+				t.Fatalf("deadline_ms %d, want %d", d.DeadlineMs, c.want)
+			}
+		})
+	}
+}
+
 // TestPlaceByCost: R-PLC-9 (the instance with the cached prefix and a
 // link to its holder wins over one without), R-PF-1 (the directive names
 // the matched blocks and their sources, request_ref the session), R-ST-12

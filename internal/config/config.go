@@ -131,6 +131,10 @@ type Controller struct {
 	// Descriptors are the models it places (their block_tokens), beyond
 	// those of the holders and instances of the same process.
 	Descriptors []string `yaml:"descriptors"`
+	// MinDeadlineMs is the least time a prefetch directive gives its
+	// instance to load the blocks (default 10): raise it where the
+	// instances' round trips to holders are slower than their links say.
+	MinDeadlineMs uint64 `yaml:"min_deadline_ms"`
 }
 
 // Holder configures one holder role.
