@@ -68,6 +68,7 @@ type demoConfig struct {
 	transport               string
 	jsonPath, pngPath       string
 	cpuProfile              string
+	minDeadline             time.Duration // the PC's MinDeadline; 0 its default
 	keep                    bool
 	modes                   []string
 	engine                  string       // sim or llamacpp
@@ -224,6 +225,7 @@ func parseDemoFlags(args []string, stderr io.Writer) (*demoConfig, error) {
 	geometry := fs.String("geometry", "", "sim: the simulated model's KV geometry, tiny-2l (the default: 64 KiB per 512-token block) or llama-3-8b (32 layers, 8 KV heads of 128, bf16: 2 MiB per 16-token block)")
 	fs.IntVar(&dc.blockTokens, "block-tokens", 0, "tokens per trace block (hash id), 1..512: prompts shrink by 512/B, the sharing stays (default: the geometry's, 512 or 16, on sim; 4 on llamacpp)")
 	modes := fs.String("modes", "kvsp,local,none", "the modes run, in turn, each with the same requests: kvsp, local (each instance's own cache), none (no cache)")
+	fs.DurationVar(&dc.minDeadline, "min-deadline", 0, "the least time a prefetch directive gives its instance to load blocks (controller.min_deadline_ms; 0: the PC's default, 10ms); past it the instance recomputes")
 	fs.BoolVar(&dc.keep, "keep", false, "keep the working directory (certificates, configuration, logs)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -286,6 +288,8 @@ func parseDemoFlags(args []string, stderr io.Writer) (*demoConfig, error) {
 		return nil, usageError("demo: --instances 1..16, --holders 1..8")
 	case dc.requests < 0 || dc.maxOutput < 1 || dc.prefillRate <= 0 || dc.decodeRate <= 0:
 		return nil, usageError("demo: --requests >= 0, --max-output >= 1, rates > 0")
+	case dc.minDeadline < 0:
+		return nil, usageError("demo: --min-deadline must not be negative")
 	case !slices.Contains([]string{"h2", "h3", "quicbulk"}, dc.transport):
 		return nil, usageError("demo: --transport: want h2, h3 or quicbulk")
 	}
@@ -828,7 +832,7 @@ func demoConfigYAML(dc *demoConfig, addr, maddr, mode string) string {
 	fmt.Fprintf(&s, "listen: %s\nmetrics_listen: %s\nhttp3: %v\nquicbulk: %v\ntransport: %s\n", addr, maddr, dc.transport == "h3", dc.transport == "quicbulk", dc.transport)
 	s.WriteString("tls: {cert: server.pem, key: server.key, client_ca: ca.pem, client_cert: self.pem, client_key: self.key}\npolicy: policy.yaml\nscopes: [{key_file: scope-a.key}]\n")
 	fmt.Fprintf(&s, "index: {base: %s/is/, max_ttl_ms: 3600000, max_lookup_keys: 4096, backend: memory}\n", b)
-	fmt.Fprintf(&s, "controller: {base: %s/pc/, index: %s/is/, state: memory, descriptors: [descriptor.json]}\n", b, b)
+	fmt.Fprintf(&s, "controller: {base: %s/pc/, index: %s/is/, state: memory, descriptors: [descriptor.json], min_deadline_ms: %d}\n", b, b, dc.minDeadline.Milliseconds())
 	holders := dc.holders
 	if mode != "kvsp" {
 		holders = 0
