@@ -27,8 +27,16 @@ import (
 // slicing, a black hole), every directive ends by its deadline (plus a
 // margin) as complete, partial or failed; what it lists as loaded is a
 // prefix of its blocks, resident with exactly the engine's own bytes; no
-// block it lists as failed is resident; and a request admitted meanwhile
-// runs unhindered.
+// block it lists as failed is resident; a request admitted meanwhile runs
+// unhindered. Each case requires what its fault permits: every block
+// where the deadline allows it (a reset source served by the second),
+// none where it does not; leases are released by the agent where their
+// answer can reach it, and expire where it cannot.
+//
+// Not covered: a deadline that falls mid-transfer on a slow link. The
+// directive's blocks are fetched at once and share the link, so none is
+// complete at half the transfer time (measured: 0 of 8 at 2 s of 4 s) and
+// the directive fails where fetching in prefix order would leave half.
 func TestF13_PrefetchUnderBadNetworks(t *testing.T) {
 	holderReg := prometheus.NewRegistry()
 	w := newRig(t, rigOptions{noStore: true, holderReg: holderReg})
@@ -39,17 +47,32 @@ func TestF13_PrefetchUnderBadNetworks(t *testing.T) {
 	}
 	defer p.Close()
 	src := "https://" + p.Addr() + "/h1/"
+	direct := w.url("/h1/")
+	leases := func() float64 { return kvsptest.MetricSum(t, holderReg, "kvsp_holder_active_leases", nil) }
+	// Each case requires what its fault permits: every block where the
+	// deadline allows the transfer under the fault (a reset source is
+	// served by the second one), none where it does not. Where the
+	// lease's answer can reach the agent, the agent releases it: the
+	// holder's active leases are back to 0 within a second, with lease_ms
+	// a minute (not by expiry). Where the fault can hold the lease
+	// request past the deadline, or cut its answer (the holder may grant
+	// it after the agent gave up, or with the answer lost), the lease
+	// expires: lease_ms 1500, checked at the end. Those cases run last.
 	for _, tc := range []struct {
 		name       string
 		f          faultproxy.Faults
 		deadlineMs uint64
+		second     bool   // the holder directly, as the blocks' second source
+		want       string // "all" blocks loaded or "none"
+		released   bool   // the lease released by the agent (else it may only expire)
 	}{
-		{"latency 200±50ms", faultproxy.Faults{Latency: 200 * time.Millisecond, Jitter: 50 * time.Millisecond}, 50},
-		{"latency, long deadline", faultproxy.Faults{Latency: 200 * time.Millisecond, Jitter: 50 * time.Millisecond}, 2000},
-		{"10 MB/s", faultproxy.Faults{BytesPerSecond: 10e6}, 300},
-		{"reset after 3000 octets", faultproxy.Faults{ResetAfter: 3000}, 1000},
-		{"slicer", faultproxy.Faults{SliceBytes: 7, Latency: time.Millisecond}, 2000},
-		{"black hole", faultproxy.Faults{BlackHole: true}, 200},
+		{"latency, long deadline", faultproxy.Faults{Latency: 200 * time.Millisecond, Jitter: 50 * time.Millisecond}, 6000, false, "all", true},
+		{"10 MB/s", faultproxy.Faults{BytesPerSecond: 10e6}, 1000, false, "all", true},
+		{"slicer", faultproxy.Faults{SliceBytes: 7}, 3000, false, "all", true},
+		// A reset can cut a lease's answer after the holder granted it.
+		{"reset after 3000 octets, a second source", faultproxy.Faults{ResetAfter: 3000}, 2000, true, "all", false},
+		{"latency 200±50ms past a 50 ms deadline", faultproxy.Faults{Latency: 200 * time.Millisecond, Jitter: 50 * time.Millisecond}, 50, false, "none", false},
+		{"black hole", faultproxy.Faults{BlackHole: true}, 200, false, "none", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for _, k := range keys {
@@ -57,7 +80,16 @@ func TestF13_PrefetchUnderBadNetworks(t *testing.T) {
 			}
 			p.Set(tc.f)
 			defer p.Set(faultproxy.Faults{})
-			d := w.directive(keys, func(int) []string { return []string{src} }, tc.deadlineMs)
+			d := w.directive(keys, func(int) []string {
+				if tc.second {
+					return []string{src, direct}
+				}
+				return []string{src}
+			}, tc.deadlineMs)
+			d.LeaseMs = 60000
+			if !tc.released {
+				d.LeaseMs = 1500
+			}
 			start := time.Now()
 			if _, err := w.pc.Prefetch(context.Background(), d); err != nil {
 				t.Fatal(err)
@@ -94,6 +126,10 @@ func TestF13_PrefetchUnderBadNetworks(t *testing.T) {
 			case st.State == kvsp.PrefetchComplete && len(st.Loaded) != len(keys),
 				st.State != kvsp.PrefetchComplete && len(st.Failed) == 0:
 				t.Fatalf("state %s with %d loaded", st.State, len(st.Loaded))
+			case tc.want == "all" && st.State != kvsp.PrefetchComplete:
+				t.Fatalf("%s with %d of %d loaded: the fault permits every block by the deadline", st.State, len(st.Loaded), len(keys))
+			case tc.want == "none" && (st.State != kvsp.PrefetchFailed || len(st.Loaded) != 0):
+				t.Fatalf("%s with %d loaded: the fault permits none by the deadline", st.State, len(st.Loaded))
 			}
 			k, v := make([]byte, w.g.RawSectionLen()), make([]byte, w.g.RawSectionLen())
 			wk, wv := make([]byte, len(k)), make([]byte, len(v))
@@ -113,13 +149,19 @@ func TestF13_PrefetchUnderBadNetworks(t *testing.T) {
 					t.Fatal("a block the directive failed is resident")
 				}
 			}
+			if tc.released {
+				for deadline := time.Now().Add(time.Second); leases() != 0; time.Sleep(10 * time.Millisecond) {
+					if time.Now().After(deadline) {
+						t.Fatalf("%v leases live a second after the directive ended (lease_ms %d): not released", leases(), d.LeaseMs)
+					}
+				}
+			}
 			t.Logf("%s: %s, %d of %d loaded in %v", tc.name, st.State, len(st.Loaded), len(keys), took.Round(time.Millisecond))
 		})
 	}
-	// The leases the directives took are released, or expire (lease_ms
-	// 5000, released through the faulty path or not at all): the holders'
-	// counters return to zero.
-	for deadline := time.Now().Add(8 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+	// The leases the last three cases may have left expire (lease_ms 1500):
+	// the holders' counters return to zero.
+	for deadline := time.Now().Add(4 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		n, b := kvsptest.MetricSum(t, holderReg, "kvsp_holder_active_leases", nil), kvsptest.MetricSum(t, holderReg, "kvsp_holder_leased_bytes", nil)
 		if n == 0 && b == 0 {
 			break
