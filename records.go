@@ -199,10 +199,6 @@ type InstanceStatus struct {
 	// Holder, a kvsp extension member, is the holder that stores the
 	// instance's blocks: where peers fetch its shards from (A-26).
 	Holder string `json:"holder,omitzero"`
-	// KVBlocks, a kvsp extension member, is how many blocks the engine's
-	// KV memory holds: the PC estimates from it which blocks it placed
-	// there are still resident (0: unknown, no estimate).
-	KVBlocks uint64 `json:"kv_blocks,omitzero"`
 }
 
 // UnmarshalJSONFrom checks that the members whose zero is meaningful are

@@ -112,12 +112,6 @@ func NewPlan(replicas [][]kvsp.ReplicaRecord) *Plan {
 	return p
 }
 
-// From is the plan of the blocks from the i-th on (an instance that holds
-// the first i already fetches only the rest).
-func (p *Plan) From(i int) *Plan {
-	return &Plan{holders: p.holders, blocks: p.blocks[min(i, len(p.blocks)):]}
-}
-
 // Estimate is Estimate of the package for the plan's replicas.
 func (p *Plan) Estimate(st *kvsp.InstanceStatus, blockTokens int) (fetchUs, recomputeUs uint64, ok bool) {
 	if st.PrefillTokensPerS <= 0 || blockTokens <= 0 {

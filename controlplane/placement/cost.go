@@ -24,34 +24,29 @@ type Cost struct {
 // len(replicas) blocks of blockTokens tokens are cached, at the instance
 // whose status is st and mean service time serviceUs.
 func costAt(st *kvsp.InstanceStatus, serviceUs float64, replicas [][]kvsp.ReplicaRecord, blockTokens, totalTokens int) Cost {
-	return costWith(st, serviceUs, index.NewPlan(replicas), len(replicas), 0, blockTokens, totalTokens)
+	return costWith(st, serviceUs, index.NewPlan(replicas), len(replicas), blockTokens, totalTokens)
 }
 
-// costWith is costAt with the replicas prepared once for every candidate,
-// and the first resident blocks estimated to be in the instance's engine
-// already (affinity): those are neither fetched nor recomputed, and may
-// run past the matched prefix (blocks the IS does not know yet).
-func costWith(st *kvsp.InstanceStatus, serviceUs float64, plan *index.Plan, matched, resident, blockTokens, totalTokens int) Cost {
+// costWith is costAt with the replicas prepared once for every candidate.
+func costWith(st *kvsp.InstanceStatus, serviceUs float64, plan *index.Plan, matched, blockTokens, totalTokens int) Cost {
 	c := Cost{WaitUs: float64(st.Queued) * serviceUs}
 	if st.PrefillTokensPerS <= 0 {
 		c.RecomputeAllUs, c.Total = math.Inf(1), math.Inf(1)
 		return c
 	}
-	prefill := func(tokens int) float64 { return 1e6 * float64(max(0, tokens)) / st.PrefillTokensPerS }
-	held := min(resident*blockTokens, totalTokens)
-	matchedTokens := min(max(matched, resident)*blockTokens, totalTokens)
-	c.RecomputeAllUs = prefill(totalTokens)
-	c.RecomputeUnmatchedUs = prefill(totalTokens - matchedTokens)
-	c.Total = c.WaitUs + prefill(totalTokens-held)
-	if matched <= resident {
+	matchedTokens := min(matched*blockTokens, totalTokens)
+	c.RecomputeAllUs = 1e6 * float64(totalTokens) / st.PrefillTokensPerS
+	c.RecomputeUnmatchedUs = 1e6 * float64(totalTokens-matchedTokens) / st.PrefillTokensPerS
+	c.Total = c.WaitUs + c.RecomputeAllUs
+	if matched == 0 {
 		return c
 	}
-	fetch, _, ok := plan.From(resident).Estimate(st, blockTokens)
+	fetch, _, ok := plan.Estimate(st, blockTokens)
 	if !ok {
 		return c // no link to some source: recompute
 	}
 	c.FetchUs = float64(fetch)
-	if c.FetchUs+c.RecomputeUnmatchedUs < prefill(totalTokens-held) {
+	if c.FetchUs+c.RecomputeUnmatchedUs < c.RecomputeAllUs {
 		c.Fetch = true
 		c.Total = c.WaitUs + c.FetchUs + c.RecomputeUnmatchedUs
 	}

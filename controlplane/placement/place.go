@@ -146,7 +146,6 @@ type Controller struct {
 	mu       sync.Mutex
 	sessions map[SessionKey]*Session
 	maps     map[mapKey]*shardEntry // sequence-sharded contexts by scope and map identifier
-	aff      *affinity              // which blocks each instance's engine holds, from placements
 }
 
 // SessionKey names a session: its id within its scope. Sessions of two
@@ -221,7 +220,7 @@ func New(cfg Config) (*Controller, error) {
 		cfg.SessionIdle = 15 * time.Minute
 	}
 	c := &Controller{cfg: cfg, keys: map[kvsp.ScopeID]kvsp.ScopeKey{}, reg: &Registry{m: map[string]*instance{}, onStatus: cfg.OnStatus}, log: cfg.Logger,
-		m: newMetrics(cfg.Registerer), sessions: map[SessionKey]*Session{}, maps: map[mapKey]*shardEntry{}, aff: newAffinity()}
+		m: newMetrics(cfg.Registerer), sessions: map[SessionKey]*Session{}, maps: map[mapKey]*shardEntry{}}
 	for _, k := range cfg.Scopes {
 		c.keys[k.ID()] = k
 	}
@@ -702,7 +701,7 @@ func (c *Controller) placeOn(ctx context.Context, q *kvsp.PlaceRequest, mig *mig
 			// the instance's last status record (R-PLC-7).
 			st := cd.snap.Status
 			st.Queued = cd.snap.QueuedNow()
-			cd.cost = costWith(&st, c.serviceUs(cd.snap, total, q.MaxTokens), plan, len(replicas), c.aff.resident(&st, keys), bt, total)
+			cd.cost = costWith(&st, c.serviceUs(cd.snap, total, q.MaxTokens), plan, len(replicas), bt, total)
 			// Ties go to the least loaded, then the smallest URI.
 			if best == nil || cd.cost.Total < best.cost.Total ||
 				(cd.cost.Total == best.cost.Total && (cd.snap.Load() < best.snap.Load() ||
@@ -735,7 +734,6 @@ func (c *Controller) placeOn(ctx context.Context, q *kvsp.PlaceRequest, mig *mig
 		return nil, ErrNoCapacity
 	}
 	uri := chosen.snap.Status.Instance
-	c.aff.placed(&chosen.snap.Status, keys) // each of its blocks enters that engine, loaded or computed
 
 	out := &kvsp.PlaceResponse{Epoch: 1, Instance: uri, Matched: len(replicas)}
 	if mig != nil {
