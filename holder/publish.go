@@ -238,6 +238,7 @@ func (h *Holder) apply(op pubOp) error {
 	op.e.mu.Lock()
 	op.e.published = time.Now().Add(time.Duration(got.TTLMs) * time.Millisecond)
 	op.e.mu.Unlock()
+	h.log.Debug("replica published", "scope", rec.ScopeID, "compat", rec.CompatID, "block", rec.BlockKey, "ttl_ms", got.TTLMs)
 	return nil
 }
 

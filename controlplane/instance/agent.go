@@ -510,7 +510,9 @@ func (a *Agent) run(ctx context.Context, x *directive) {
 		close(x.done)
 	}
 	if x.purpose == "prefetch" {
-		a.m.directives.WithLabelValues(string(x.status().State)).Inc()
+		st := x.status()
+		a.m.directives.WithLabelValues(string(st.State)).Inc()
+		a.log.Debug("directive ended", "directive", d.Directive.String(), "scope", d.ScopeID, "state", st.State, "loaded", len(st.Loaded), "failed", len(st.Failed))
 	}
 	a.settle()
 }

@@ -85,6 +85,8 @@ type rigOptions struct {
 	wrapIS func(http.Handler) http.Handler
 	ctlLog *slog.Logger
 	ctlReg prometheus.Registerer
+	// roleLog is the holders' and ii1's agent's logger (S7 scans it).
+	roleLog *slog.Logger
 	// recordTTL is the holders' record TTL (default a minute); holderReg
 	// registers the holders' metrics.
 	recordTTL time.Duration
@@ -209,7 +211,7 @@ func newRig(t testing.TB, o rigOptions) *rig {
 			reg = prometheus.WrapRegistererWith(prometheus.Labels{"holder": base}, o.holderReg)
 		}
 		hcfg := holder.Config{Base: w.url(base), Geometries: map[kvsp.CompatID]container.Geometry{w.compat: w.g}, Capacity: 512 << 20,
-			ReadMbitPerS: 100000, Index: hc.Index(isURL), RecordTTL: recordTTL, Registerer: reg,
+			ReadMbitPerS: 100000, Index: hc.Index(isURL), RecordTTL: recordTTL, Registerer: reg, Logger: o.roleLog,
 			LeaseQuota: holder.LeaseQuota{Octets: 512 << 20, MaxTTL: time.Minute, MaxLeases: 256}}
 		if base == "/h1/" && target != nil {
 			hcfg.RDMA = target
@@ -244,7 +246,7 @@ func newRig(t testing.TB, o rigOptions) *rig {
 	}
 	icfg := instance.Config{Base: w.url("/ii1/"), Engine: eng, Client: mk(agentID), Index: isURL, Holder: own,
 		Controller: w.url("/pc/"), StatusTTL: 300 * time.Millisecond, Scopes: keys, Workers: 4, MaxPending: 4,
-		Links: []kvsp.Link{{Holder: w.url("/h1/"), MbitPerS: 100000, RTTUs: 20}}, Registerer: w.reg}
+		Links: []kvsp.Link{{Holder: w.url("/h1/"), MbitPerS: 100000, RTTUs: 20}}, Registerer: w.reg, Logger: o.roleLog}
 	if o.rdma != nil {
 		icfg.RDMA = o.rdma
 	}

@@ -99,17 +99,20 @@ func leak(forms map[string][]byte, b []byte) string {
 // the whole flow runs (holders publish, the PC places and looks up, the
 // instance prefetches, generates a top-p session with checkpoints and
 // offloads and publishes its blocks) with the IS behind a recorder. No
-// URL, header or body the IS received or sent, no IS or PC log line and no
-// metric (names and labels) of the IS, the PC or the instance holds the
-// scope key in raw, hex, base64 or base64url form. Paired checks keep the
-// test honest: the recorded traffic has publishes and lookups carrying the
-// scope_id, and the scanner finds the key when it is planted.
+// URL, header or body the IS received or sent, no log line of any role
+// (the IS, the PC, the holders, the instance; every server's request
+// lines; at debug level) and no metric (names and labels) of the IS, the
+// PC or the instance holds the scope key in raw, hex, base64 or base64url
+// form. Paired checks keep the test honest: the recorded traffic has
+// publishes and lookups carrying the scope_id, every role wrote log lines,
+// and the scanner finds the key when it is planted.
 func TestS7_ScopeKeyNeverReachesTheIS(t *testing.T) {
 	rec := &isRecorder{}
-	logs := &lockedBuffer{}
+	logs, roleLogs := &lockedBuffer{}, &lockedBuffer{}
 	ctlReg := prometheus.NewRegistry()
+	debug := &slog.HandlerOptions{Level: slog.LevelDebug}
 	w := newRig(t, rigOptions{wrapIS: rec.wrap, ctlReg: ctlReg,
-		ctlLog: slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+		ctlLog: slog.New(slog.NewJSONHandler(logs, debug)), roleLog: slog.New(slog.NewJSONHandler(roleLogs, debug))})
 	w.runAgents(t, "/ii1/")
 	tokens := prompt(3)
 	w.fill(t, tokens, 3)
@@ -150,7 +153,13 @@ func TestS7_ScopeKeyNeverReachesTheIS(t *testing.T) {
 		t.Fatalf("the recorder saw too little to prove anything: %v, %d exchanges with the scope_id", routes, withScopeID)
 	}
 	if f := leak(forms, logs.Bytes()); f != "" {
-		t.Errorf("the scope key (%s) is in the IS's or the PC's logs", f)
+		t.Errorf("the scope key (%s) is in the IS's or the PC's logs, or a server's request lines", f)
+	}
+	if f := leak(forms, roleLogs.Bytes()); f != "" {
+		t.Errorf("the scope key (%s) is in the holders' or the instance's logs", f)
+	}
+	if len(logs.Bytes()) == 0 || len(roleLogs.Bytes()) == 0 {
+		t.Fatalf("logs scanned: %d octets (IS, PC, servers), %d (holders, instance): a role that wrote nothing proves nothing", len(logs.Bytes()), len(roleLogs.Bytes()))
 	}
 	for name, g := range map[string]prometheus.Gatherer{"IS and PC": ctlReg, "instance": w.reg} {
 		mfs, err := g.Gather()
@@ -175,7 +184,7 @@ func TestS7_ScopeKeyNeverReachesTheIS(t *testing.T) {
 			t.Fatalf("the scanner misses the %s form", name)
 		}
 	}
-	t.Logf("%d IS exchanges scanned (%v), %d octets of logs", len(exchanges), routes, len(logs.Bytes()))
+	t.Logf("%d IS exchanges scanned (%v), %d + %d octets of logs", len(exchanges), routes, len(logs.Bytes()), len(roleLogs.Bytes()))
 }
 
 func lastSegment(route string) string {
