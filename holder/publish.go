@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -238,7 +239,9 @@ func (h *Holder) apply(op pubOp) error {
 	op.e.mu.Lock()
 	op.e.published = time.Now().Add(time.Duration(got.TTLMs) * time.Millisecond)
 	op.e.mu.Unlock()
-	h.log.Debug("replica published", "scope", rec.ScopeID, "compat", rec.CompatID, "block", rec.BlockKey, "ttl_ms", got.TTLMs)
+	if h.log.Enabled(ctx, slog.LevelDebug) { // one per record: its arguments are not built for nothing
+		h.log.Debug("replica published", "scope", rec.ScopeID, "compat", rec.CompatID, "block", rec.BlockKey, "ttl_ms", got.TTLMs)
+	}
 	return nil
 }
 

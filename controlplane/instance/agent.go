@@ -512,7 +512,9 @@ func (a *Agent) run(ctx context.Context, x *directive) {
 	if x.purpose == "prefetch" {
 		st := x.status()
 		a.m.directives.WithLabelValues(string(st.State)).Inc()
-		a.log.Debug("directive ended", "directive", d.Directive.String(), "scope", d.ScopeID, "state", st.State, "loaded", len(st.Loaded), "failed", len(st.Failed))
+		if a.log.Enabled(ctx, slog.LevelDebug) { // its arguments are not built for nothing
+			a.log.Debug("directive ended", "directive", d.Directive.String(), "scope", d.ScopeID, "state", st.State, "loaded", len(st.Loaded), "failed", len(st.Failed))
+		}
 	}
 	a.settle()
 }

@@ -192,6 +192,9 @@ func New(cfg Config) (*Controller, error) {
 	if cfg.Index == nil || cfg.Instances == nil {
 		return nil, errors.New("placement: index and instances required")
 	}
+	if cfg.MinDeadline < 0 || cfg.MaxDeadline < 0 {
+		return nil, errors.New("placement: MinDeadline and MaxDeadline must not be negative")
+	}
 	if cfg.MaxPending == 0 {
 		cfg.MaxPending = 64 // the instance agent's default
 	}

@@ -137,6 +137,9 @@ type Controller struct {
 	MinDeadlineMs uint64 `yaml:"min_deadline_ms"`
 }
 
+// maxMinDeadlineMs bounds controller.min_deadline_ms.
+const maxMinDeadlineMs = 60000
+
 // Holder configures one holder role.
 type Holder struct {
 	Base        string     `yaml:"base"`
@@ -556,6 +559,9 @@ func (c *Config) validate() error {
 			if err := checkDescriptor(fmt.Sprintf("controller.descriptors[%d]", j), d); err != nil {
 				return err
 			}
+		}
+		if x.MinDeadlineMs > maxMinDeadlineMs {
+			return fieldErr("controller.min_deadline_ms", "%d: at most %d (a directive's deadline is capped at 2 s anyway)", x.MinDeadlineMs, maxMinDeadlineMs)
 		}
 	}
 	for i := range c.Holders {

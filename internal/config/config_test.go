@@ -54,6 +54,7 @@ index: {base: https://h/is/, max_ttl_ms: 1000, max_lookup_keys: 64}
 		"controller.state_path":        base + "controller: {base: https://h/pc/, index: https://h/is/, state: bolt}\n",
 		"controller.etcd.endpoints":    base + "controller: {base: https://h/pc/, index: https://h/is/, state: etcd}\n",
 		"controller.etcd.endpoints[0]": base + "controller: {base: https://h/pc/, index: https://h/is/, state: etcd, etcd: {endpoints: [127.0.0.1:2379]}}\n",
+		"controller.min_deadline_ms":   base + "controller: {base: https://h/pc/, index: https://h/is/, min_deadline_ms: 60001}\n",
 		"field x_index":                strings.Replace(base, "index:", "x_index:", 1) + "index: {base: https://h/is/, max_ttl_ms: 1, max_lookup_keys: 1}\n",
 		"holders[0].attach_socket": base + "holders: [{base: https://h/h1/, index: https://h/is/, lease_quota: {octets: 1, max_ttl_ms: 1, max_leases: 1}," +
 			" tiers: [{name: host, capacity: 1GiB}], attach_socket: a.sock}]\n",
