@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/kvsp/kvsp"
@@ -66,6 +67,7 @@ func (c *Client) RunSession(ctx context.Context, ctl *Controller, q *kvsp.PlaceR
 		if errors.Is(err, kvsp.ErrInvalid) {
 			return session, err
 		}
+		c.log.Debug("session stream ended early; asking the PC where it continues", "session", session.String(), "instance", at.Instance, "epoch", at.Epoch, "next", next, "err", err)
 		// Where does the session continue? The PC answers the same
 		// instance until it has detected the failure.
 		for {
@@ -76,8 +78,16 @@ func (c *Client) RunSession(ctx context.Context, ctl *Controller, q *kvsp.PlaceR
 			}
 			moved, err := ctl.Place(ctx, &cont)
 			if err == nil && (moved.Epoch > at.Epoch || moved.Instance != at.Instance) {
+				c.log.Debug("session continues", "session", session.String(), "instance", moved.Instance, "epoch", moved.Epoch)
 				at = moved
 				break
+			}
+			if c.log.Enabled(ctx, slog.LevelDebug) {
+				if err != nil {
+					c.log.Debug("session not moved yet", "session", session.String(), "err", err)
+				} else {
+					c.log.Debug("session not moved yet", "session", session.String(), "instance", moved.Instance, "epoch", moved.Epoch)
+				}
 			}
 		}
 	}

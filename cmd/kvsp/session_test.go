@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -387,7 +388,16 @@ holders:
 	c.p1 = c.inst[0]
 	t.Cleanup(func() { c.p1.cmd.Process.Signal(syscall.SIGCONT) }) // a stopped process cannot be killed cleanly
 
-	front, err := client.New(client.Config{TLS: &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: roots, Certificates: []tls.Certificate{pair}}, Attempts: 1})
+	// The front end's debug log (where each session's stream ended and
+	// where it continued) is shown with the processes' on a failure.
+	frontLog := &syncBuffer{}
+	t.Cleanup(func() {
+		if t.Failed() && os.Getenv("KVSP_TEST_LOGS") != "" {
+			t.Logf("the front end's log:\n%s", frontLog.String())
+		}
+	})
+	front, err := client.New(client.Config{TLS: &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: roots, Certificates: []tls.Certificate{pair}}, Attempts: 1,
+		Logger: slog.New(slog.NewTextHandler(frontLog, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -420,6 +420,21 @@ func (c *Controller) continueSession(ctx context.Context, s *Session, q *kvsp.Pl
 	if from, epoch, lost, _ := c.lost(s); lost {
 		return c.migrate(ctx, s.key(), q, from, epoch)
 	}
+	return c.current(ctx, s, q)
+}
+
+// current answers where a session is now, once its instance has accepted
+// the resume of its current epoch: a place never names an epoch above 1
+// that its instance may not serve yet. Two migrations of one session can
+// run at once (the sweep's and a front end's place): the one that finds
+// the session moved meanwhile answers only after the resume went out, and
+// sends it again if it has not been accepted yet (the instance takes the
+// same resume twice as once). Answering at once let a front end ask the
+// new instance before the resume reached it, be told 404 (not resumed
+// here at this epoch), and then be told the same instance and epoch by
+// every later place: the session stopped (RELIABILITY F14, found by
+// TestChaosSessionsSurviveRandomKills).
+func (c *Controller) current(ctx context.Context, s *Session, q *kvsp.PlaceRequest) (*kvsp.PlaceResponse, error) {
 	c.mu.Lock()
 	out := &kvsp.PlaceResponse{Session: s.ID, Epoch: s.Epoch, Instance: s.Instance}
 	pending, cp, fromEpoch := s.resumePending, s.Checkpoint, s.InstanceEpoch
@@ -500,7 +515,7 @@ func (c *Controller) migrate(ctx context.Context, id SessionKey, q *kvsp.PlaceRe
 	if s.Instance != from || s.InstanceEpoch != fromEpoch {
 		out := &kvsp.PlaceResponse{Session: s.ID, Epoch: s.Epoch, Instance: s.Instance}
 		c.mu.Unlock()
-		return out, nil // moved already (the sweep and a front end both noticed)
+		return c.moved(ctx, s, q, out) // the sweep and a front end both noticed
 	}
 	cp := s.Checkpoint
 	c.mu.Unlock()
@@ -530,6 +545,9 @@ func (c *Controller) migrate(ctx context.Context, id SessionKey, q *kvsp.PlaceRe
 	if err != nil {
 		return nil, err
 	}
+	if mig.movedMeanwhile {
+		return c.moved(ctx, s, q, out)
+	}
 	c.m.migrations.Inc()
 	c.log.Info("session migrated", "session", id.ID.String(), "from", from, "to", out.Instance, "epoch", out.Epoch)
 	return &kvsp.PlaceResponse{Session: out.Session, Epoch: out.Epoch, Instance: out.Instance}, nil
@@ -542,6 +560,20 @@ type migration struct {
 	fromEpoch uint64
 	exclude   string // not a candidate (failed)
 	cp        *kvsp.Checkpoint
+	// movedMeanwhile: another migration moved the session while this one
+	// chose an instance; placeOn's answer is where that one put it.
+	movedMeanwhile bool
+}
+
+// moved answers a migration that found its session moved by another: a
+// front end's place (q) gets the session's current instance and epoch
+// once that epoch's resume is accepted (current); the sweep, which has no
+// front end waiting, the session as it is.
+func (c *Controller) moved(ctx context.Context, s *Session, q *kvsp.PlaceRequest, out *kvsp.PlaceResponse) (*kvsp.PlaceResponse, error) {
+	if q == nil {
+		return out, nil
+	}
+	return c.current(ctx, s, q)
 }
 
 // stalled reports whether the PC cannot tell yet an instance whose
@@ -740,11 +772,15 @@ func (c *Controller) placeOn(ctx context.Context, q *kvsp.PlaceRequest, mig *mig
 
 	out := &kvsp.PlaceResponse{Epoch: 1, Instance: uri, Matched: len(replicas)}
 	if mig != nil {
+		// Two migrations of one session may both have chosen by now (the
+		// test of current pauses them here).
+		failpoint.Eval("pc/migration-chosen")
 		// The epoch goes up, durably, before the resume is sent (R-SES-15).
 		c.mu.Lock()
 		s := mig.session
 		if s.Instance != mig.from || s.InstanceEpoch != mig.fromEpoch { // moved meanwhile
 			out.Session, out.Epoch, out.Instance = s.ID, s.Epoch, s.Instance
+			mig.movedMeanwhile = true
 			c.mu.Unlock()
 			return out, nil
 		}

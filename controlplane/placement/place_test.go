@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 	"github.com/kvsp/kvsp/client"
 	"github.com/kvsp/kvsp/controlplane/index"
 	"github.com/kvsp/kvsp/controlplane/placement"
+	"github.com/kvsp/kvsp/internal/failpoint"
 	"github.com/kvsp/kvsp/internal/kvsptest"
 	"github.com/kvsp/kvsp/server"
 )
@@ -38,6 +40,7 @@ type mockII struct {
 	directives []kvsp.PrefetchDirective
 	states     []kvsp.InstanceState
 	resumes    []kvsp.ResumeRequest
+	gate       func() // when set, called before a resume is accepted
 }
 
 func (m *mockII) sent() []kvsp.PrefetchDirective {
@@ -69,6 +72,12 @@ func (m *mockII) mount(r *server.Router) {
 		var q kvsp.ResumeRequest
 		if err := server.DecodeJSON(r, &q); err != nil {
 			return err
+		}
+		m.mu.Lock()
+		gate := m.gate
+		m.mu.Unlock()
+		if gate != nil {
+			gate()
 		}
 		m.mu.Lock()
 		m.resumes = append(m.resumes, q)
@@ -589,5 +598,86 @@ func TestPlaceCountsARecomputedPrefix(t *testing.T) {
 	}
 	if n := recomputed(); n != 1 {
 		t.Fatalf("recomputed prefixes counted %v, want 1", n)
+	}
+}
+
+// TestConcurrentMigrationsAnswerAResumedEpoch (RELIABILITY F14; R-SES-10,
+// R-SES-15): two front ends ask where a session of a failed instance
+// continues, at once, and both migrations have chosen ii2 (failpoint
+// pc/migration-chosen pauses them there). One raises the epoch and sends
+// the resume, which ii2 is slow to accept; the other finds the session
+// moved. Neither answer may name epoch 2 before ii2 has accepted a resume
+// at it: a front end told epoch 2 too early asked ii2, was answered 404,
+// and was then told the same instance and epoch at every later place,
+// and its session stopped (TestChaosSessionsSurviveRandomKills, 1 run in
+// about 50). Mutation: answering the session moved meanwhile at once (as
+// before) fails this.
+func TestConcurrentMigrationsAnswerAResumedEpoch(t *testing.T) {
+	t.Cleanup(failpoint.Reset)
+	w := newWorld(t, 4)
+	w.statusTTL(t, "ii1", 1, 0, kvsp.StateActive, 300)
+	w.status(t, "ii2", 1, 3, kvsp.StateActive)
+	tokens := prompt(3*bt+5, 12)
+	out, err := w.place(t, tokens)
+	if err != nil || out.Instance != w.base["ii1"] {
+		t.Fatalf("place: %+v %v", out, err)
+	}
+	if _, err := w.ctl.PutCheckpoint(context.Background(), w.checkpoint(out.Session, 1, tokens, 8)); err != nil {
+		t.Fatal(err)
+	}
+	// ii2 holds the first resume it is sent until release is closed.
+	ii2 := w.ii[w.base["ii2"]]
+	entered, release := make(chan struct{}), make(chan struct{})
+	var first atomic.Bool
+	ii2.mu.Lock()
+	ii2.gate = func() {
+		if first.CompareAndSwap(false, true) {
+			close(entered)
+			<-release
+		}
+	}
+	ii2.mu.Unlock()
+	time.Sleep(350 * time.Millisecond) // ii1's status expires: failed
+	if err := failpoint.Enable("pc/migration-chosen", "pause"); err != nil {
+		t.Fatal(err)
+	}
+	type answer struct {
+		out     *kvsp.PlaceResponse
+		err     error
+		resumed []kvsp.ResumeRequest // what ii2 had accepted when the answer came
+	}
+	answers := make(chan answer, 2)
+	for range 2 {
+		go func() {
+			q := &kvsp.PlaceRequest{ScopeID: w.scopeKey.ID(), CompatID: compat, Tokens: tokens, MaxTokens: 16, Session: &out.Session}
+			got, err := w.front.Controller(w.srv.URL("/pc/")).Place(context.Background(), q)
+			answers <- answer{got, err, ii2.resumed()}
+		}()
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for failpoint.Hits("pc/migration-chosen") < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("the two migrations did not both choose")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	failpoint.Disable("pc/migration-chosen")
+	<-entered // one resume is at ii2, not accepted yet
+	var a answer
+	select {
+	case a = <-answers:
+	case <-time.After(10 * time.Second):
+		close(release)
+		t.Fatal("no place answered while the first resume was held")
+	}
+	close(release)
+	b := <-answers
+	for _, x := range []answer{a, b} {
+		if x.err != nil || x.out.Epoch != 2 || x.out.Instance != w.base["ii2"] {
+			t.Fatalf("continue: %+v %v", x.out, x.err)
+		}
+	}
+	if len(a.resumed) == 0 || a.resumed[0].Epoch != 2 {
+		t.Fatalf("a place answered epoch 2 on ii2 when ii2 had accepted %d resumes: the front end would be told 404 there", len(a.resumed))
 	}
 }
