@@ -730,16 +730,46 @@ func (a *Agent) fetch(ctx context.Context, x *directive, key kvsp.BlockKey, src 
 }
 
 // loaded finishes a block fetched from src: every layer must be resident,
-// and a copy goes to the instance's own holder (unless it came from
-// there), for the next request here.
+// and a copy goes to the instance's own holder when that is closer than
+// src (copyCloser), for the next request here.
 func (a *Agent) loaded(src string, ref client.BlockRef) error {
 	if !a.cfg.Engine.KV().Has(ref.Key) {
 		return fmt.Errorf("%w: the block's layers are not all resident", kvsp.ErrLayersUnavailable)
 	}
-	if src != a.cfg.Holder {
-		a.offload(ref.Scope, ref.Compat, ref.Key, copyPosition)
+	if src == a.cfg.Holder || a.cfg.Holder == "" {
+		return nil
 	}
+	if !a.copyCloser(src) {
+		a.m.offloads.WithLabelValues("not_closer").Inc()
+		return nil
+	}
+	a.offload(ref.Scope, ref.Compat, ref.Key, copyPosition)
 	return nil
+}
+
+// copyCloser reports whether a block loaded from src is worth a copy at
+// the instance's own holder: that holder's link (as configured) moves a
+// block faster than src's, or the links are not both known. A copy over
+// a link no faster is a PUT (a body sent, hashed twice, stored, published)
+// for no quicker load: in kvsp demo --speed 24, whose instances reach
+// both holders over one loopback, those copies took the CPU that the
+// first copies of computed blocks needed.
+func (a *Agent) copyCloser(src string) bool {
+	var own, from *kvsp.Link
+	for i := range a.cfg.Links {
+		switch l := &a.cfg.Links[i]; l.Holder {
+		case a.cfg.Holder:
+			own = l
+		case src:
+			from = l
+		}
+	}
+	if own == nil || from == nil || own.MbitPerS == 0 || from.MbitPerS == 0 {
+		return true
+	}
+	bits := float64(8 * a.off.blockOctets)
+	us := func(l *kvsp.Link) float64 { return float64(l.RTTUs) + bits/float64(l.MbitPerS) }
+	return us(own) < us(from)
 }
 
 // fetchRDMA loads one block by RDMA READ, verified whole before any of
@@ -795,7 +825,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		prompt: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_instance_prompt_tokens_total",
 			Help: "Prompt tokens of generate requests, by source: cached (KV resident, local or fetched) or computed (prefill)."}, []string{"source"}),
 		offloads: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_instance_offloads_total",
-			Help: "Blocks of the engine's KV offered to the instance's holder, by outcome: stored, exists (the holder had it), duplicate (offered already, not sent again), skipped (the offload buffer was full), evicted (gone from the engine before it was copied), failed."}, []string{"outcome"}),
+			Help: "Blocks of the engine's KV offered to the instance's holder, by outcome: stored, exists (the holder had it), duplicate (offered already, not sent again), skipped (the offload buffer was full), evicted (gone from the engine before it was copied), failed; not_closer: loaded from a holder whose link is no slower than the own holder's, not copied."}, []string{"outcome"}),
 		offloadDelay: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvsp_instance_offload_delay_seconds",
 			Help:    "From a block's offer to its holder's answer (stored or exists): how late the cache learns of what this instance computed.",
 			Buckets: []float64{.001, .005, .02, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}}),

@@ -100,6 +100,8 @@ type rigOptions struct {
 	// nondeterministic: ii1's engine declares itself not batch invariant
 	// (engine.Engine.Deterministic false), as llama.cpp does.
 	nondeterministic bool
+	// linksOf, when set, gives ii1's links (default: h1's only).
+	linksOf func(w *rig) []kvsp.Link
 	// wrap wraps the handler of the server of every role but the IS.
 	wrap func(http.Handler) http.Handler
 }
@@ -250,6 +252,9 @@ func newRig(t testing.TB, o rigOptions) *rig {
 	if o.rdma != nil {
 		icfg.RDMA = o.rdma
 	}
+	if o.linksOf != nil {
+		icfg.Links = o.linksOf(w)
+	}
 	w.agent, err = instance.New(icfg)
 	if err != nil {
 		t.Fatal(err)
@@ -363,6 +368,74 @@ func TestPrefetchByRDMA(t *testing.T) {
 	if stored := testutil.ToFloat64(counterOf(t, w.reg, "kvsp_instance_offloads_total", "stored")); stored != 4 {
 		t.Fatalf("%v blocks stored at the instance's holder, want 4", stored)
 	}
+}
+
+// TestCopyOnlyToACloserHolder: a block loaded from another holder is
+// copied to the instance's own only when the own holder's link moves a
+// block faster; over links alike it is not (counted not_closer), and
+// with no link of its own holder configured it is, as before links were
+// weighed. Mutation: copying whatever the links fails the second case.
+func TestCopyOnlyToACloserHolder(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		links  func(w *rig) []kvsp.Link
+		copied bool
+	}{
+		{"own holder closer", func(w *rig) []kvsp.Link {
+			return []kvsp.Link{{Holder: w.url("/h1/"), MbitPerS: 10000, RTTUs: 200}, {Holder: w.url("/hi/"), MbitPerS: 100000, RTTUs: 20}}
+		}, true},
+		{"links alike", func(w *rig) []kvsp.Link {
+			return []kvsp.Link{{Holder: w.url("/h1/"), MbitPerS: 100000, RTTUs: 20}, {Holder: w.url("/hi/"), MbitPerS: 100000, RTTUs: 20}}
+		}, false},
+		{"own link unknown", nil, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			w := newRig(t, rigOptions{linksOf: c.links})
+			keys := w.fill(t, prompt(4), 4)
+			w.prefetchAll(t, keys[:4], w.url("/h1/"))
+			w.engineHolds(t, keys[:4])
+			notCloser := testutil.ToFloat64(offloadCounter(t, w, "not_closer"))
+			if c.copied {
+				deadline := time.Now().Add(10 * time.Second)
+				for testutil.ToFloat64(offloadCounter(t, w, "stored")) < 4 {
+					if time.Now().After(deadline) {
+						t.Fatalf("%v of 4 loaded blocks copied to the instance's holder", testutil.ToFloat64(offloadCounter(t, w, "stored")))
+					}
+					time.Sleep(10 * time.Millisecond)
+				}
+				if notCloser != 0 {
+					t.Fatalf("%v blocks counted not_closer", notCloser)
+				}
+				return
+			}
+			if notCloser != 4 {
+				t.Fatalf("%v blocks counted not_closer, want 4", notCloser)
+			}
+			for end := time.Now().Add(300 * time.Millisecond); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+				if n := testutil.ToFloat64(offloadCounter(t, w, "stored")); n != 0 {
+					t.Fatalf("%v blocks copied over a link no faster than the source's", n)
+				}
+			}
+		})
+	}
+}
+
+// offloadCounter is kvsp_instance_offloads_total{outcome} of ii1 (0 while
+// the series does not exist).
+func offloadCounter(t *testing.T, w *rig, outcome string) prometheus.Collector {
+	mfs, _ := w.reg.Gather()
+	for _, mf := range mfs {
+		if mf.GetName() != "kvsp_instance_offloads_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if m.GetLabel()[0].GetValue() == outcome {
+				v := m.GetCounter().GetValue()
+				return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "x"}, func() float64 { return v })
+			}
+		}
+	}
+	return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "x"}, func() float64 { return 0 })
 }
 
 // offloadsExisting counts the offloads the instance's holder already had.
