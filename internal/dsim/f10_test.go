@@ -71,30 +71,43 @@ func f10Run(t *testing.T, x *ids, seed uint64) (migrations, kills int) {
 	}
 	type kill struct{ session kvsp.UUID }
 	killc := make(chan kill, 8)
+	restartc := make(chan struct{}, 8) // a crashed instance's time to come back
 	chaosDone := make(chan struct{})
 	var restarts sync.WaitGroup
-	go func() { // the one goroutine that crashes and restarts
+	// The one goroutine that crashes and restarts; it ends once killc is
+	// closed and every restart it scheduled has come (restarts are
+	// scheduled by it alone, so restarts.Go never races restarts.Wait,
+	// which the test calls after it ended).
+	go func() {
 		defer close(chaosDone)
-		for k := range killc {
-			if k.session == (kvsp.UUID{}) {
+		pending := 0
+		for kc := killc; kc != nil || pending > 0; {
+			select {
+			case k, ok := <-kc:
+				if !ok {
+					kc = nil
+					continue
+				}
+				s, ok := w.pc.Session(w.scope.ID(), k.session)
+				if !ok {
+					continue
+				}
+				for _, p := range w.insts {
+					if p.base == s.Instance && p.up {
+						w.crash(p)
+						kills++
+						pending++
+						back := time.Duration(500+w.rng.IntN(2500)) * time.Millisecond
+						restarts.Go(func() {
+							time.Sleep(back)
+							restartc <- struct{}{}
+						})
+					}
+				}
+			case <-restartc:
+				pending--
 				for _, p := range w.insts {
 					w.restart(p)
-				}
-				continue
-			}
-			s, ok := w.pc.Session(w.scope.ID(), k.session)
-			if !ok {
-				continue
-			}
-			for _, p := range w.insts {
-				if p.base == s.Instance && p.up {
-					w.crash(p)
-					kills++
-					back := time.Duration(500+w.rng.IntN(2500)) * time.Millisecond
-					restarts.Go(func() {
-						time.Sleep(back)
-						killc <- kill{} // the zero session: a restart request
-					})
 				}
 			}
 		}
@@ -128,9 +141,9 @@ func f10Run(t *testing.T, x *ids, seed uint64) (migrations, kills int) {
 		})
 	}
 	wg.Wait()
-	restarts.Wait()
 	close(killc)
 	<-chaosDone
+	restarts.Wait()
 	for i, q := range qs {
 		if errs[i] != nil {
 			t.Fatalf("session %d (kills at %v): %d tokens: %v", i, killAt[i], len(outs[i]), errs[i])
