@@ -62,8 +62,8 @@ type Config struct {
 	MaxPending int
 	// OffloadBuffer bounds the octets of computed blocks copied out of
 	// the engine and waiting for their PUT to the instance's holder (a
-	// block offered beyond it is skipped, and counted); default 64 MiB,
-	// and at least 16 blocks.
+	// block offered beyond it is skipped, and counted); default 16 MiB
+	// (defaultOffloadBuffer says why), and at least 16 blocks.
 	OffloadBuffer int64
 	// EpochFile, when set, keeps the instance's epoch above the previous
 	// start's even if the clock went back (R-ST-5's persisted counter).
