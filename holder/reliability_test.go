@@ -223,13 +223,13 @@ func TestB2_CorruptedBlock(t *testing.T) {
 // bytes under the key, with a self-consistent digest (its Repr-Digest,
 // and the layer digests its record would carry, are those of its
 // bytes). Shown first: a consumer that takes h2's digests takes the
-// poison. With the producer's digest, the consumer skips the replica
-// whose digest differs from the producer's and loads from h1; and when
-// h2 lies in its record (the producer's digests) but serves the poison,
-// the layer check against the producer's digests rejects it at the first
-// layer, counts a digest failure, and falls back to h1. The poison is
-// never returned. (The IS half, a 403 to h2's publish, is
-// controlplane/index's.)
+// poison. When h2 lies in its record (the producer's digests) but serves
+// the poison, the layer check against the producer's digests rejects it
+// at the first layer, counts a digest failure, and falls back to h1. The
+// poison is never returned. (The IS's pinning and the instance agent's
+// own check and fallback are controlplane/instance's
+// TestS8_AgentHoldsReplicasToTheProducersDigests; an untrusted holder's
+// publish refused is controlplane/index's TestS8_UntrustedHolderPublishRefused.)
 func TestS8_ProducerDigestRejectsPoisonedReplica(t *testing.T) {
 	f := start(t, 1<<20)
 	h1 := f.hold[kvsptest.ClientA]
@@ -243,35 +243,17 @@ func TestS8_ProducerDigestRejectsPoisonedReplica(t *testing.T) {
 	if err := h2.PutBlock(context.Background(), r, bytes.NewReader(poison), int64(len(poison)), pblk.ContainerDigest()); err != nil {
 		t.Fatal(err)
 	}
-	type record struct {
-		src    *client.Holder
-		digest container.Digest
-		layers []container.Digest
-	}
-	producer := record{digest: gblk.ReplicaDigest(), layers: gblk.LayerDigests()}
-	records := []record{{h2, pblk.ReplicaDigest(), pblk.LayerDigests()}, {h1, gblk.ReplicaDigest(), gblk.LayerDigests()}}
-	got, failures, err := consume(t, []*client.Holder{h2}, r, geom, records[0].layers)
+	producer := gblk.LayerDigests()
+	got, failures, err := consume(t, []*client.Holder{h2}, r, geom, pblk.LayerDigests())
 	if err != nil || failures != 0 || !bytes.Equal(got, poison) {
 		t.Fatalf("the poison is not self-consistent (the test would prove nothing): %d failures, %v", failures, err)
 	}
-	var srcs []*client.Holder
-	for _, rec := range records {
-		if rec.digest == producer.digest {
-			srcs = append(srcs, rec.src)
-		}
-	}
-	if len(srcs) != 1 || srcs[0] != h1 {
-		t.Fatalf("producer-digest mode kept %d replicas", len(srcs))
-	}
-	if got, failures, err = consume(t, srcs, r, geom, producer.layers); err != nil || failures != 0 || !bytes.Equal(got, good) {
-		t.Fatalf("producer-digest mode: %d failures, %v", failures, err)
-	}
 	// h2 claims the producer's digests and serves the poison.
-	got, failures, err = consume(t, []*client.Holder{h2, h1}, r, geom, producer.layers)
+	got, failures, err = consume(t, []*client.Holder{h2, h1}, r, geom, producer)
 	if err != nil || failures != 1 || !bytes.Equal(got, good) {
 		t.Fatalf("a lying record: %d failures, %v, poison used: %v", failures, err, bytes.Equal(got, poison))
 	}
-	if got, _, err := consume(t, []*client.Holder{h2}, r, geom, producer.layers); got != nil || !errors.Is(err, container.ErrDigestMismatch) {
+	if got, _, err := consume(t, []*client.Holder{h2}, r, geom, producer); got != nil || !errors.Is(err, container.ErrDigestMismatch) {
 		t.Fatalf("the poisoned replica alone: %d octets, %v", len(got), err)
 	}
 }

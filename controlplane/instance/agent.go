@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -570,12 +571,34 @@ func (a *Agent) leaseGroups(ctx context.Context, d *kvsp.PrefetchDirective) (map
 	}
 }
 
+// layerSet is what the IS's records say of a directive's blocks' layer
+// digests: each (holder, key)'s own, and for each key the one list every
+// record of it agrees on (with the IS's producer_digests, the producer's).
+type layerSet struct {
+	of     map[string][]container.Digest // holder|key
+	agreed map[kvsp.BlockKey][]container.Digest
+	differ map[kvsp.BlockKey]bool // records disagree: no agreed list
+}
+
+// forSource gives the layer digests to check src's replica of key with:
+// its own record's, or, for a source the IS has no record of (a
+// directive may name any holder), the digests the key's records agree
+// on, so that an unrecorded holder's self-consistent bytes are held to
+// what the recorded replicas are (RELIABILITY S8). Nil: none known, the
+// block is verified whole (Repr-Digest) before any layer is placed.
+func (s layerSet) forSource(src string, key kvsp.BlockKey) []container.Digest {
+	if ds, ok := s.of[src+"|"+key.String()]; ok {
+		return ds
+	}
+	return s.agreed[key]
+}
+
 // layerDigests looks the directive's keys up at the IS for the layer
 // digests of each (holder, key), so layers are verified as they arrive;
 // without them (IS unreachable), blocks are verified whole (Repr-Digest)
 // before any layer is placed.
-func (a *Agent) layerDigests(ctx context.Context, d *kvsp.PrefetchDirective) map[string][]container.Digest {
-	out := map[string][]container.Digest{}
+func (a *Agent) layerDigests(ctx context.Context, d *kvsp.PrefetchDirective) layerSet {
+	out := layerSet{of: map[string][]container.Digest{}, agreed: map[kvsp.BlockKey][]container.Digest{}, differ: map[kvsp.BlockKey]bool{}}
 	if a.cfg.Index == "" {
 		return out
 	}
@@ -594,7 +617,16 @@ func (a *Agent) layerDigests(ctx context.Context, d *kvsp.PrefetchDirective) map
 			for i, l := range r.LayerDigests {
 				ds[i] = container.Digest(l)
 			}
-			out[r.Holder+"|"+r.BlockKey.String()] = ds
+			out.of[r.Holder+"|"+r.BlockKey.String()] = ds
+			k := r.BlockKey
+			switch prev, seen := out.agreed[k]; {
+			case len(ds) == 0 || out.differ[k]:
+			case !seen:
+				out.agreed[k] = ds
+			case !slices.Equal(prev, ds):
+				delete(out.agreed, k)
+				out.differ[k] = true
+			}
 		}
 	}
 	return out
@@ -612,7 +644,7 @@ type flight struct {
 // directives want a block at once, it is fetched once), or from the first
 // source that serves it verified. own reports that this call transferred
 // the block and no other directive waited for it.
-func (a *Agent) load(ctx context.Context, x *directive, b kvsp.PrefetchBlock, digests map[string][]container.Digest, leased bool) (own bool, err error) {
+func (a *Agent) load(ctx context.Context, x *directive, b kvsp.PrefetchBlock, digests layerSet, leased bool) (own bool, err error) {
 	kv := a.cfg.Engine.KV()
 	for !kv.Has(b.BlockKey) {
 		a.mu.Lock()
@@ -646,11 +678,11 @@ func (a *Agent) load(ctx context.Context, x *directive, b kvsp.PrefetchBlock, di
 
 // transfer fetches one block from the first of its sources that serves
 // it verified.
-func (a *Agent) transfer(ctx context.Context, x *directive, b kvsp.PrefetchBlock, digests map[string][]container.Digest, leased bool) error {
+func (a *Agent) transfer(ctx context.Context, x *directive, b kvsp.PrefetchBlock, digests layerSet, leased bool) error {
 	kv := a.cfg.Engine.KV()
 	var errs []error
 	for i, src := range b.Sources {
-		err := a.fetch(ctx, x, b.BlockKey, src, digests[src+"|"+b.BlockKey.String()], leased && i == 0)
+		err := a.fetch(ctx, x, b.BlockKey, src, digests.forSource(src, b.BlockKey), leased && i == 0)
 		if err == nil {
 			a.m.blocks.WithLabelValues("loaded").Inc()
 			return nil

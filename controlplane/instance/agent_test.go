@@ -59,6 +59,7 @@ type rig struct {
 	front    *client.Client   // a front end
 	src      *client.Holder   // h1, as a client that fills it
 	hi       *client.Holder
+	h2       *client.Holder // with rigOptions.h2
 	url      func(string) string
 	reg      *prometheus.Registry // ii1's metrics
 	isURL    string
@@ -104,6 +105,11 @@ type rigOptions struct {
 	linksOf func(w *rig) []kvsp.Link
 	// wrap wraps the handler of the server of every role but the IS.
 	wrap func(http.Handler) http.Handler
+	// h2 adds a third holder, /h2/ (a client of it: rig.h2);
+	// producerDigests runs the IS with producer digests (each key's
+	// digest pinned to its first live replica's).
+	h2              bool
+	producerDigests bool
 }
 
 // nondeterministic is the rig's engine declaring what llama.cpp declares.
@@ -137,7 +143,7 @@ func newRig(t testing.TB, o rigOptions) *rig {
 	p := kvsptest.NewPKI(t)
 	w.mem = index.NewMemory(time.Second)
 	t.Cleanup(func() { w.mem.Close() })
-	svc, _ := index.New(index.Config{MaxTTL: time.Hour, MaxLookupKeys: 4096, Logger: o.ctlLog, Registerer: o.ctlReg}, w.mem)
+	svc, _ := index.New(index.Config{MaxTTL: time.Hour, MaxLookupKeys: 4096, Logger: o.ctlLog, Registerer: o.ctlReg, ProducerDigests: o.producerDigests}, w.mem)
 	var isSrv *kvsptest.Server
 	if o.wrapIS != nil {
 		isSrv = kvsptest.StartServer(t, p, kvsptest.Options{Wrap: o.wrapIS, Logger: o.ctlLog}, func(s *server.Server) { svc.Mount(s.Mount("/is/")) })
@@ -164,7 +170,7 @@ func newRig(t testing.TB, o rigOptions) *rig {
 	}
 	pol := `principals:
   - {id: "` + kvsptest.PC + `", roles: [controller], scopes: [` + scopes + `]}
-  - {id: "` + kvsptest.Holder1 + `", roles: [holder], speaks_for: ["` + w.url("/h1/") + `", "` + w.url("/hi/") + `", "` + w.url("/bad/") + `"], scopes: [` + scopes + `]}
+  - {id: "` + kvsptest.Holder1 + `", roles: [holder], speaks_for: ["` + w.url("/h1/") + `", "` + w.url("/hi/") + `", "` + w.url("/h2/") + `", "` + w.url("/bad/") + `"], scopes: [` + scopes + `]}
   - {id: "` + kvsptest.ClientA + `", roles: [client], scopes: [` + kvsptest.Scope + `]}
   - {id: "` + agentID + `", roles: [instance, client], speaks_for: ["` + w.url("/ii1/") + `", "` + w.url("/ii2/") + `"], scopes: [` + scopes + `]}
 `
@@ -207,7 +213,11 @@ func newRig(t testing.TB, o rigOptions) *rig {
 		t.Cleanup(func() { o.rdma.Reader.Close() })
 	}
 	recordTTL := cmp.Or(o.recordTTL, time.Minute)
-	for _, base := range []string{"/h1/", "/hi/"} {
+	bases := []string{"/h1/", "/hi/"}
+	if o.h2 {
+		bases = append(bases, "/h2/")
+	}
+	for _, base := range bases {
 		var reg prometheus.Registerer
 		if o.holderReg != nil {
 			reg = prometheus.WrapRegistererWith(prometheus.Labels{"holder": base}, o.holderReg)
@@ -274,6 +284,9 @@ func newRig(t testing.TB, o rigOptions) *rig {
 	w.front = mk(kvsptest.ClientA)
 	w.src = w.front.Holder(w.url("/h1/"))
 	w.hi = w.front.Holder(w.url("/hi/"))
+	if o.h2 {
+		w.h2 = w.front.Holder(w.url("/h2/"))
+	}
 	return w
 }
 
