@@ -18,7 +18,7 @@ REQUIRE   := KVSP_REQUIRE_REDIS=1 KVSP_REQUIRE_ETCD=1 KVSP_REQUIRE_CHROMIUM=1 KV
 LLAMACPP  := $(CURDIR)/.cache/llama.cpp
 export KVSP_LLAMACPP_LIB ?= $(LLAMACPP)
 
-.PHONY: chaos soak sim help deps bench-llamacpp bench-holder bench-layers build build-nogpu build-gpu build-rdma ptx test-gpu test vet test-race test-nocgo lint fmt-check staticcheck fuzz bench demo check
+.PHONY: chaos soak sim mutants help deps bench-llamacpp bench-holder bench-layers build build-nogpu build-gpu build-rdma ptx test-gpu test vet test-race test-nocgo lint fmt-check staticcheck fuzz bench demo check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -93,6 +93,9 @@ soak: deps ## reliability row L2: the mixed-workload soak for SOAK (default 30m)
 
 sim: ## the deterministic simulation: DS1 for SEEDS seeds (default 1000) and F10 for F10_SEEDS (default 10000), on the fake clock
 	KVSP_SIM_SEEDS=$(SEEDS) KVSP_F10_SEEDS=$(F10_SEEDS) $(GO) test -tags nogpu -timeout 0 -count 1 -v -run '^(TestDS1_|TestF10_)' ./internal/dsim/ 2>&1 | grep -v -E '^(=== RUN|    --- PASS)'; test $${PIPESTATUS[0]} -eq 0
+
+mutants: deps ## issue 22: each mutation of internal/mutants/mutants.yaml (a reliability row's mechanism removed) applied alone to a scratch copy, the row's test required to fail; killed or survived per mutation, rows without one, report in bin/mutants.json (ROWS=B2,S8 for some rows only)
+	$(REQUIRE) $(GO) run ./internal/mutants $(if $(ROWS),-rows $(ROWS))
 
 test-nocgo: ## tests with CGO_ENABLED=0
 	CGO_ENABLED=0 $(GO) test -tags nogpu,nordma ./...
