@@ -16,6 +16,7 @@ import (
 	"github.com/kvsp/kvsp/client"
 	"github.com/kvsp/kvsp/container"
 	"github.com/kvsp/kvsp/holder"
+	"github.com/kvsp/kvsp/internal/failpoint"
 	"github.com/kvsp/kvsp/internal/faultproxy"
 	"github.com/kvsp/kvsp/internal/kvsptest"
 )
@@ -34,6 +35,11 @@ func TestL4_ConcurrentPutGetOneKey(t *testing.T) {
 		blocks[i], blk = makeBlock(uint64(100+i), 0, 4)
 		digests[blk.ContainerDigest()] = i
 	}
+	// Every PUT that gets past the holder's early existence check waits
+	// there, so that several reach the store at once and the store alone
+	// must let one win.
+	t.Cleanup(failpoint.Reset)
+	failpoint.Enable("holder/put-checked", "16*sleep(200ms)")
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	won, lost := -1, 0
@@ -58,7 +64,13 @@ func TestL4_ConcurrentPutGetOneKey(t *testing.T) {
 			}
 		})
 		wg.Go(func() {
-			for range 20 {
+			// 20 GETs, and on until one has seen the block (the PUTs wait
+			// 200 ms at the failpoint), within 10 s.
+			sawIt := func() bool { mu.Lock(); defer mu.Unlock(); return won >= 0 && seen[won] > 0 }
+			for n, deadline := 0, time.Now().Add(10*time.Second); n < 20 || !sawIt() && time.Now().Before(deadline); n++ {
+				if n >= 20 {
+					time.Sleep(2 * time.Millisecond)
+				}
 				s, err := hc.GetBlock(context.Background(), ref(40), geom, client.GetOptions{})
 				if errors.Is(err, kvsp.ErrNotFound) {
 					mu.Lock()
@@ -103,8 +115,14 @@ func TestL4_ConcurrentPutGetOneKey(t *testing.T) {
 		})
 	}
 	wg.Wait()
+	if hits := failpoint.Hits("holder/put-checked"); hits < 2 {
+		t.Fatalf("%d PUTs got past the early check; the store's own check was not raced", hits)
+	}
 	if won < 0 || lost != 15 {
 		t.Fatalf("winner %d, %d PUTs refused with 412; want one winner and 15", won, lost)
+	}
+	if seen[won] == 0 {
+		t.Fatal("no GET saw the winning block")
 	}
 	for idx := range seen {
 		if idx != won {

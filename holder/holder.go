@@ -499,8 +499,9 @@ func (h *Holder) putBlock(w http.ResponseWriter, r *http.Request) (err error) {
 		return err
 	}
 	if h.store.has(id) {
-		return errExists
+		return errExists // early, before the body; the store decides (L4)
 	}
+	failpoint.Eval("holder/put-checked") // RELIABILITY L4: PUTs of one key all past the early check
 	var want *container.Digest
 	for _, f := range []string{"Repr-Digest", "Content-Digest"} {
 		if v := r.Header.Get(f); v != "" {

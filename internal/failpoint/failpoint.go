@@ -2,7 +2,7 @@
 // crash or a stall could split: between writing a file and renaming it,
 // between persisting an epoch and answering, while a lock is held. The
 // reliability tests (issue 12, ../shared/RELIABILITY.md rows F1, F5, F8,
-// F12, F15) arm them in-process with Enable, or in a subprocess with the
+// F12, F15, L4) arm them in-process with Enable, or in a subprocess with the
 // KVSP_FAILPOINTS environment variable:
 //
 //	KVSP_FAILPOINTS='pc/epoch-persisted=kill;holder/corrupt-on-read=1*return'
