@@ -1,6 +1,10 @@
 package holder
 
-import "io"
+import (
+	"io"
+
+	"github.com/kvsp/kvsp/internal/failpoint"
+)
 
 // bitrot is what the failpoint holder/corrupt-on-read (RELIABILITY F1)
 // puts between a GET's body and the connection: the octet at offset at of
@@ -23,4 +27,35 @@ func (b *bitrot) Write(p []byte) (int, error) {
 	n, err := b.w.Write(p)
 	b.off += int64(n)
 	return n, err
+}
+
+// midway is what the failpoint holder/get-midway (RELIABILITY F3) puts
+// between a GET's body and the connection: once half the body is sent,
+// the failpoint runs (a sleep, a pause) before the rest is read from the
+// block's memory, so that a test can evict the block under a stream that
+// has not read all of it.
+type midway struct {
+	w   io.Writer
+	at  int64
+	off int64
+	hit bool
+}
+
+func (m *midway) Write(p []byte) (int, error) {
+	if m.hit || m.off+int64(len(p)) <= m.at {
+		n, err := m.w.Write(p)
+		m.off += int64(n)
+		return n, err
+	}
+	i := max(0, m.at-m.off)
+	n, err := m.w.Write(p[:i])
+	m.off += int64(n)
+	if err != nil {
+		return n, err
+	}
+	m.hit = true
+	failpoint.Eval("holder/get-midway")
+	k, err := m.w.Write(p[i:])
+	m.off += int64(k)
+	return n + k, err
 }

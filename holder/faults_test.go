@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"slices"
 	"strings"
@@ -17,7 +18,6 @@ import (
 	"github.com/kvsp/kvsp/container"
 	"github.com/kvsp/kvsp/holder"
 	"github.com/kvsp/kvsp/internal/failpoint"
-	"github.com/kvsp/kvsp/internal/faultproxy"
 	"github.com/kvsp/kvsp/internal/kvsptest"
 )
 
@@ -132,11 +132,14 @@ func TestL4_ConcurrentPutGetOneKey(t *testing.T) {
 	t.Logf("PUT %d won; GETs: %d saw it, %d missed before it landed", won, seen[won], misses)
 }
 
-// TestF3_LeaseExpiresDuringSlowGET (RELIABILITY F3): a GET slowed to
-// about a second by a bandwidth toxic, its lease expired and its block
-// evicted half-way, still delivers the whole block, every layer
-// verified: the holder keeps the streamed buffer until the stream ends.
+// TestF3_LeaseExpiresDuringSlowGET (RELIABILITY F3): a GET stopped
+// half-way (the failpoint holder/get-midway pauses the handler before it
+// reads the rest of the block's memory), its lease expired and its block
+// evicted meanwhile by PUTs that take the freed memory, still delivers
+// the whole block, every layer verified: the holder keeps the streamed
+// buffer until the stream ends.
 func TestF3_LeaseExpiresDuringSlowGET(t *testing.T) {
+	t.Cleanup(failpoint.Reset)
 	data, blk := bigBlock(3)
 	f := start(t, 2*int64(len(data)), func(c *holder.Config) {
 		c.Geometries = map[kvsp.CompatID]container.Geometry{compat: geom, bigCompat: bigGeom}
@@ -150,15 +153,32 @@ func TestF3_LeaseExpiresDuringSlowGET(t *testing.T) {
 	if _, err := hc.Lease(context.Background(), &kvsp.LeaseRequest{ScopeID: scope, CompatID: bigCompat, BlockKeys: []kvsp.BlockKey{bref(1).Key}, TTLMs: 300}); err != nil {
 		t.Fatal(err)
 	}
-	p, err := faultproxy.Start(f.srv.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	p.Set(faultproxy.Faults{BytesPerSecond: int64(len(data))}) // about a second
+	failpoint.Enable("holder/get-midway", "1*pause")
+	evicted := make(chan error, 1)
+	go func() { // once the stream has stopped half-way: the lease ends, the block is evicted
+		defer failpoint.Disable("holder/get-midway")
+		for failpoint.Hits("holder/get-midway") == 0 {
+			time.Sleep(time.Millisecond)
+		}
+		time.Sleep(350 * time.Millisecond)
+		for k := byte(4); k < 7; k++ {
+			d, b := bigBlock(k)
+			if err := hc.PutBlock(context.Background(), bref(k), bytes.NewReader(d), int64(len(d)), b.ContainerDigest()); err != nil {
+				evicted <- err
+				return
+			}
+		}
+		_, err := hc.GetBlock(context.Background(), bref(1), bigGeom, client.GetOptions{})
+		if !errors.Is(err, kvsp.ErrNotFound) {
+			err = fmt.Errorf("the block was not evicted: %v", err)
+		} else {
+			err = nil
+		}
+		evicted <- err
+	}()
 	slow, _ := client.New(client.Config{TLS: f.pki.ClientTLS(f.pki.Leaf(kvsptest.ClientA)), Attempts: 1})
 	defer slow.Close()
-	s, err := slow.Holder("https://"+p.Addr()+"/h1/").GetBlock(context.Background(), bref(1), bigGeom, client.GetOptions{LayerDigests: blk.LayerDigests()})
+	s, err := slow.Holder(f.srv.URL("/h1/")).GetBlock(context.Background(), bref(1), bigGeom, client.GetOptions{LayerDigests: blk.LayerDigests()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,18 +194,9 @@ func TestF3_LeaseExpiresDuringSlowGET(t *testing.T) {
 		}
 		got.Write(l.K)
 		got.Write(l.V)
-		if i == 2 { // the lease is over by now: evict the block under the stream
-			time.Sleep(350 * time.Millisecond)
-			for k := byte(2); k < 5; k++ {
-				d, b := bigBlock(k)
-				if err := hc.PutBlock(context.Background(), bref(k), bytes.NewReader(d), int64(len(d)), b.ContainerDigest()); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if _, err := hc.GetBlock(context.Background(), bref(1), bigGeom, client.GetOptions{}); !errors.Is(err, kvsp.ErrNotFound) {
-				t.Fatalf("the block was not evicted: %v", err)
-			}
-		}
+	}
+	if err := <-evicted; err != nil {
+		t.Fatal(err)
 	}
 	_, hl, _ := container.ParseHeader(data, bigGeom)
 	if want := data[hl:]; !bytes.Equal(got.Bytes(), want) {

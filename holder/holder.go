@@ -407,6 +407,9 @@ func (h *Holder) getBlock(w http.ResponseWriter, r *http.Request) error {
 	if failpoint.Armed("holder/corrupt-on-read") { // RELIABILITY F1: bitrot after the stored digest was computed
 		out = &bitrot{w: w, at: body.Len() / 2}
 	}
+	if failpoint.Active("holder/get-midway") { // RELIABILITY F3: the rest of the body read from the block after a pause
+		out = &midway{w: out, at: body.Len() / 2}
+	}
 	n, err := body.WriteTo(out)
 	h.m.gets.Inc()
 	h.m.bytesServed.WithLabelValues(string(p.tier()), r.Proto).Add(float64(n))

@@ -158,6 +158,19 @@ func Eval(name string) error {
 	return eval(name)
 }
 
+// Active reports whether the point is enabled with firings left, without
+// firing it: for a point evaluated later in a step that costs something
+// to set up (a wrapper around a body). It is cheap when no point is armed.
+func Active(name string) bool {
+	if armed.Load() == 0 {
+		return false
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	a, ok := table[name]
+	return ok && a.left != 0
+}
+
 // Armed reports whether the point fired with "return": for points that
 // change a value rather than fail a step (a corrupted byte).
 func Armed(name string) bool {

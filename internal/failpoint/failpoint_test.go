@@ -116,3 +116,21 @@ func TestKillFromEnvironment(t *testing.T) {
 		t.Fatalf("bad specification: %v, want exit 2", err)
 	}
 }
+
+// TestActive: Active reports an enabled point with firings left, without
+// firing it or counting a hit.
+func TestActive(t *testing.T) {
+	t.Cleanup(Reset)
+	if Active("t/active") {
+		t.Fatal("active before Enable")
+	}
+	if err := Enable("t/active", "1*return"); err != nil {
+		t.Fatal(err)
+	}
+	if !Active("t/active") || !Active("t/active") || Hits("t/active") != 0 {
+		t.Fatalf("enabled: active %v, %d hits", Active("t/active"), Hits("t/active"))
+	}
+	if Eval("t/active") == nil || Active("t/active") {
+		t.Fatal("after its one firing it is still active")
+	}
+}
