@@ -155,19 +155,7 @@ func TestF9_EpochFencingPartitionedInstance(t *testing.T) {
 	late := &kvsp.Checkpoint{Session: c.session, Epoch: 1, CompatID: compat, ScopeID: c.sk.ID(), PromptBlocks: keys,
 		PromptTail: append([]uint32{}, c.q.Tokens[len(keys)*16:]...), Generated: got[:201], OutputOffset: 201,
 		Sampler: kvsp.Sampler{Method: c.q.Sampler.Method, Params: c.q.Sampler.Params, Seed: c.q.Sampler.Seed, Step: 201}}
-	pair, err := tls.LoadX509KeyPair(filepath.Join(c.dir, "self.pem"), filepath.Join(c.dir, "self.key"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, _ := os.ReadFile(filepath.Join(c.dir, "ca.pem"))
-	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(ca)
-	b1, err := client.New(client.Config{TLS: &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: roots, Certificates: []tls.Certificate{pair}}, Attempts: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b1.Close()
-	if ack, err := b1.Controller(c.pc).PutCheckpoint(ctx, late); !errors.Is(err, kvsp.ErrStaleEpoch) {
+	if ack, err := c.node(t).Controller(c.pc).PutCheckpoint(ctx, late); !errors.Is(err, kvsp.ErrStaleEpoch) {
 		t.Fatalf("the partitioned instance's checkpoint at epoch 1: %+v, %v; want 409 kvsp-stale-epoch", ack, err)
 	}
 }
