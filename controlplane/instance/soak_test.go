@@ -28,10 +28,22 @@ import (
 // top-p sessions with their placements, prefetches, checkpoints and
 // status records — for KVSP_L2_DURATION (a few seconds in make test, 30
 // minutes in make soak, under -race there). Then the clients stop and two
-// record TTLs pass: goroutines and open files are back to their level
-// after the warm-up, the heap in use too (within 5% and 4 MiB), no lease
-// is live and no octet is leased, and every record the IS returns is
-// served by its holder (no expired or phantom records).
+// record TTLs pass, and what the warm-up left is compared with what the
+// load left: the IS holds exactly as many records (the load's blocks are
+// the warm-up's), the PC no session (each was forgotten after its
+// retention), no lease is live and no octet is leased; goroutines are
+// within 2 of their level and open files within 1; the heap in use
+// within 5%; and every record the IS returns is served by its holder
+// (no expired or phantom records).
+//
+// The heap's 5%, measured: with a 1 s warm-up the heap in use rose by
+// 10.3-12.4% over 5 runs of 4 s (about 1 MiB of 9.3), and by 2.2-2.3%
+// over 2 runs of 16 s (3 s of warm-up): pools and maps still filling, not
+// a leak (four times the operations left less). The warm-up is 3 s now:
+// 5 runs of 4 s then rose by 0.6-2.3%, 2 under -race by 0.6-0.7%. The
+// agent never forgetting a finished directive (a mutation of make
+// mutants) rose by 18.6%, about 2 MiB, which the former tolerance of
+// max(5%, 4 MiB) let pass.
 func TestL2_Soak(t *testing.T) {
 	dur := 4 * time.Second
 	if d, err := time.ParseDuration(os.Getenv("KVSP_L2_DURATION")); err == nil && d > 0 {
@@ -153,10 +165,11 @@ func TestL2_Soak(t *testing.T) {
 	settle := func() { time.Sleep(2*ttl + 500*time.Millisecond) } // leases and records expire
 	// Warm-up: every block stored, connections open, pools filled.
 	start := time.Now()
-	load(min(dur/4, 3*time.Second))
+	load(3 * time.Second)
 	t.Logf("warm-up: %d operations in %v", ops.Load(), time.Since(start))
 	settle()
 	g0, f0, h0 := level()
+	r0 := w.mem.Len()
 	start = time.Now()
 	load(dur)
 	t.Logf("load: %v", time.Since(start))
@@ -167,7 +180,7 @@ func TestL2_Soak(t *testing.T) {
 	// every refresh (a third of the record TTL): goroutines that end with
 	// the pass, not a leak. A leak stays; the pass is over within a
 	// second or two.
-	for deadline := time.Now().Add(3 * time.Second); g1 > g0+max(g0/20, 8) && time.Now().Before(deadline); {
+	for deadline := time.Now().Add(3 * time.Second); g1 > g0+2 && time.Now().Before(deadline); {
 		time.Sleep(100 * time.Millisecond)
 		g1, f1, h1 = level()
 	}
@@ -176,19 +189,26 @@ func TestL2_Soak(t *testing.T) {
 		pprof.WriteHeapProfile(f)
 		f.Close()
 	}
-	t.Logf("%d operations in %v, %d failed, %d leases refused by the client's quota; goroutines %d -> %d, open files %d -> %d, heap in use %.1f -> %.1f MiB",
-		n, dur, failures.Load(), quota.Load(), g0, g1, f0, f1, float64(h0)/(1<<20), float64(h1)/(1<<20))
+	r1, sessions := w.mem.Len(), len(w.ctl.Sessions())
+	t.Logf("%d operations in %v, %d failed, %d leases refused by the client's quota; goroutines %d -> %d, open files %d -> %d, heap in use %.1f -> %.1f MiB (%+.2f%%), IS records %d -> %d, PC sessions %d",
+		n, dur, failures.Load(), quota.Load(), g0, g1, f0, f1, float64(h0)/(1<<20), float64(h1)/(1<<20), 100*(float64(h1)/float64(h0)-1), r0, r1, sessions)
 	if f := failures.Load(); f > 0 {
 		t.Fatalf("%d of %d operations failed, the first: %v", f, n, *firstErr.Load())
 	}
-	if g1 > g0+max(g0/20, 8) {
+	if g1 > g0+2 {
 		t.Errorf("goroutines did not come back: %d after, %d before", g1, g0)
 	}
-	if f1 > f0+max(f0/20, 4) {
+	if f1 > f0+1 {
 		t.Errorf("open files did not come back: %d after, %d before", f1, f0)
 	}
-	if h1 > h0+max(h0/20, 4<<20) {
-		t.Errorf("heap in use did not come back: %d after, %d before", h1, h0)
+	if h1 > h0+h0/20 {
+		t.Errorf("heap in use did not come back: %d after, %d before (+%.1f%%, at most 5%%)", h1, h0, 100*(float64(h1)/float64(h0)-1))
+	}
+	if r1 != r0 {
+		t.Errorf("the IS holds %d records after the load, %d after the warm-up: the same blocks", r1, r0)
+	}
+	if sessions != 0 {
+		t.Errorf("the PC still has %d sessions after their retention", sessions)
 	}
 	if v := kvsptest.MetricSum(t, holderReg, "kvsp_holder_active_leases", nil); v != 0 {
 		t.Errorf("%v leases live after the load and their TTL", v)
