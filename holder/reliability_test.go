@@ -627,9 +627,10 @@ func f4Block() ([]byte, *container.Block) {
 // stream errors quickly (asserted: within 2s of the kill), never ends as
 // complete, and every layer it yielded had the producer's layer digest;
 // the consumer discards that replica and loads the block, verified, from
-// another holder. (The prefetch status partial/failed is the instance
-// agent's, TestPrefetchSourceCutMidTransfer; records and leases of the
-// dead holder expiring by TTL are the IS's and F6's.)
+// another holder. (The instance agent's own discard and fallback, and
+// its prefetch status, are controlplane/instance's
+// TestF4_AgentFallsBackFromACutSource; records and leases of the dead
+// holder expiring by TTL are the IS's and F6's.)
 func TestF4_HolderKilledMidGET(t *testing.T) {
 	proc := kvsptest.StartProcess(t, "TestHolderProcess", "KVSP_HOLDER_PROCESS=f4")
 	c, err := client.New(client.Config{TLS: proc.ClientTLS(t), Attempts: 1})

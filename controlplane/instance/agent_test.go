@@ -970,10 +970,11 @@ func TestGreedyOnNondeterministicEngineHeldForAck(t *testing.T) {
 	}
 }
 
-// TestPrefetchSourceCutMidTransfer: a source whose stream is cut half-way
-// through a block (a holder killed mid-GET) leaves nothing of that block
-// in the engine; the next source serves it, verified.
-func TestPrefetchSourceCutMidTransfer(t *testing.T) {
+// TestF4_AgentFallsBackFromACutSource (RELIABILITY F4, the agent's half;
+// R-IS-10): a source whose stream is cut half-way through a block (a
+// holder killed mid-GET) leaves nothing of that block in the engine; the
+// next source serves it, verified.
+func TestF4_AgentFallsBackFromACutSource(t *testing.T) {
 	bad := &badHolder{hang: map[string]bool{}, cut: map[string][]byte{}, gets: make(chan string, 64)}
 	w := newRig(t, rigOptions{extra: bad.mount})
 	bad.w = w
