@@ -198,8 +198,22 @@ func New(cfg Config) (*Holder, error) {
 		}
 	}
 	h.recover()
+	h.store.startDemoter(h.demoted)
 	go h.publisher()
 	return h, nil
+}
+
+// demoted publishes what left the host tier: the new residency of blocks
+// demoted to local storage, the withdrawal of those evicted.
+func (h *Holder) demoted(demoted, evicted []*entry) {
+	for _, v := range evicted {
+		h.enqueue(v, true)
+	}
+	for _, v := range demoted {
+		h.enqueue(v, false) // new residency: local-storage
+	}
+	h.m.evictions.Add(float64(len(evicted)))
+	h.m.demotions.Add(float64(len(demoted)))
 }
 
 // recover registers the blocks the local-storage tier kept across a
@@ -598,14 +612,7 @@ func (h *Holder) putBlock(w http.ResponseWriter, r *http.Request) (err error) {
 	if err == nil {
 		buf = nil // the store's now
 	}
-	for _, v := range evicted {
-		h.enqueue(v, true)
-	}
-	for _, v := range demoted {
-		h.enqueue(v, false) // new residency: local-storage
-	}
-	h.m.evictions.Add(float64(len(evicted)))
-	h.m.demotions.Add(float64(len(demoted)))
+	h.demoted(demoted, evicted)
 	if err != nil {
 		return err
 	}

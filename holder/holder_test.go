@@ -278,6 +278,17 @@ func TestPutRules(t *testing.T) {
 	}
 }
 
+// waitDemoted waits until n demotions are written: the holder writes
+// them behind the PUT that chose them.
+func waitDemoted(t *testing.T, reg *prometheus.Registry, n float64) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); gather(t, reg, "kvsp_holder_demotions_total") < n; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%v of %v demotions written after 10 s", gather(t, reg, "kvsp_holder_demotions_total"), n)
+		}
+	}
+}
+
 func gather(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	t.Helper()
 	mfs, _ := reg.Gather()
@@ -514,6 +525,7 @@ func TestLocalStorageTier(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, b
 	}
+	waitDemoted(t, regs[0], 1)
 	if st, b := get(1); st != 200 || !bytes.Equal(b, blocks[1]) {
 		t.Fatalf("block 1 from disk: %d", st)
 	}

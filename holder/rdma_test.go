@@ -329,6 +329,7 @@ func TestRDMAFromLocalStorage(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	waitDemoted(t, f.reg, 1)
 	for range 2 {
 		got, release, err := hc.ReadBlockRDMA(context.Background(), ref(21), geom, client.GetOptions{LayerDigests: blk.LayerDigests()}, reader)
 		if err != nil {

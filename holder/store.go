@@ -108,6 +108,14 @@ type store struct {
 	toDisk    []demotion
 	demoting  int64
 	demoteMax int64
+	// The demotion writer, once started (startDemoter): a PUT that chose
+	// demotions wakes it and returns (the files are not its work: a PUT
+	// waiting on another block's fsync held back every instance's
+	// offload), and it reports what it wrote to demoted. Without one (the
+	// store's own tests), each PUT writes the demotions it chose.
+	demoteWake chan struct{}
+	demoteStop chan struct{}
+	demoteDone chan struct{}
 }
 
 // demotion is a block on its way to local storage: its entry and its
@@ -373,8 +381,55 @@ func (p *preload) release() {
 // it matches the device tier's split; nil: copied now).
 func (s *store) putWith(id blockID, blk *container.Block, g container.Geometry, pre *preload) (*entry, []*entry, []*entry, error) {
 	e, evicted, demoted, err := s.putLocked(id, blk, g, pre)
-	dm, ev := s.writeDemotions()
-	return e, append(evicted, ev...), append(demoted, dm...), err
+	if s.demoteWake == nil || s.backlogged() {
+		dm, ev := s.writeDemotions() // no writer, or one behind: this PUT writes too
+		return e, append(evicted, ev...), append(demoted, dm...), err
+	}
+	select {
+	case s.demoteWake <- struct{}{}:
+	default:
+	}
+	return e, evicted, demoted, err
+}
+
+// backlogged reports whether the demotions waiting for the writer hold
+// half of what may be held beyond capacity: PUTs then write them too
+// (before the limit, past which one is written under the lock).
+func (s *store) backlogged() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.demoting > s.demoteMax/2
+}
+
+// startDemoter starts the demotion writer; report is given each batch
+// written (the entries now on local storage, and those evicted instead),
+// from the writer's goroutine. close stops it after a last batch.
+func (s *store) startDemoter(report func(demoted, evicted []*entry)) {
+	if s.disk == nil {
+		return
+	}
+	s.demoteWake, s.demoteStop, s.demoteDone = make(chan struct{}, 1), make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(s.demoteDone)
+		for {
+			stopping := false
+			select {
+			case <-s.demoteWake:
+			case <-s.demoteStop:
+				stopping = true
+			}
+			for {
+				dm, ev := s.writeDemotions()
+				if len(dm)+len(ev) == 0 {
+					break
+				}
+				report(dm, ev)
+			}
+			if stopping {
+				return
+			}
+		}
+	}()
 }
 
 // writeDemotions writes the demotions chosen so far, outside the lock,
@@ -386,8 +441,16 @@ func (s *store) writeDemotions() (demoted, evicted []*entry) {
 	todo := s.toDisk
 	s.toDisk = nil
 	s.mu.Unlock()
-	for _, d := range todo {
-		err := s.disk.Put(d.e.id.name(), d.blk)
+	if len(todo) == 0 {
+		return nil, nil
+	}
+	items := make([]tier.Item, len(todo))
+	for i, d := range todo {
+		items[i] = tier.Item{Name: d.e.id.name(), Block: d.blk}
+	}
+	errs := s.disk.PutAll(items) // one flush for the batch
+	for i, d := range todo {
+		err := errs[i]
 		s.mu.Lock()
 		v := d.e
 		v.demoting = false
@@ -703,6 +766,10 @@ func (s *store) materialize(e *entry, p parts) (*container.Block, func(), error)
 
 // close frees device memory.
 func (s *store) close() {
+	if s.demoteStop != nil {
+		close(s.demoteStop)
+		<-s.demoteDone
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, e := range s.m {

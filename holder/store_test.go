@@ -176,3 +176,65 @@ func TestDemotionWrittenOutsideTheLock(t *testing.T) {
 		t.Fatalf("accounting after the demotion: %d demoting, %d used", s.demoting, s.used)
 	}
 }
+
+// TestPUTDoesNotWaitForTheDemotionItChose: with the demotion writer
+// started, a PUT that makes room by demoting another block answers
+// while that block's file is still being written (stalled before its
+// fsync here), and the writer reports the demotion once it is written,
+// after which the block is served from local storage.
+func TestPUTDoesNotWaitForTheDemotionItChose(t *testing.T) {
+	disk, err := tier.OpenDisk(tier.DiskConfig{Dir: t.TempDir(), Capacity: 64 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newStore(2*(1<<20+64<<10), newLeases(LeaseQuota{}), disk) // room for two blocks
+	reported := make(chan []*entry, 4)
+	s.startDemoter(func(demoted, evicted []*entry) { reported <- append(demoted, evicted...) })
+	t.Cleanup(s.close)
+	id := func(k byte) blockID { return blockID{compat: kvsp.CompatID{1}, key: kvsp.BlockKey{k}} }
+	for k := byte(1); k <= 2; k++ {
+		if _, _, _, err := s.put(id(k), bigBlock(t, s, 0xa0+k), bigGeom); err != nil {
+			t.Fatal(err)
+		}
+	}
+	failpoint.Enable("tier/disk-before-fsync", "pause")
+	t.Cleanup(failpoint.Reset)
+	put := make(chan error, 1)
+	go func() {
+		_, evicted, demoted, err := s.put(id(3), bigBlock(t, s, 0xa3), bigGeom)
+		if err == nil && len(demoted)+len(evicted) != 0 {
+			err = fmt.Errorf("the PUT itself reported %d demotions and %d evictions", len(demoted), len(evicted))
+		}
+		put <- err
+	}()
+	select {
+	case err := <-put:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the PUT waited for the file of the block it demoted")
+	}
+	for failpoint.Hits("tier/disk-before-fsync") == 0 {
+		runtime.Gosched()
+	}
+	select {
+	case <-reported:
+		t.Fatal("a demotion reported before its file was written")
+	default:
+	}
+	failpoint.Disable("tier/disk-before-fsync")
+	select {
+	case got := <-reported:
+		if len(got) != 1 || got[0].id != id(1) || !got[0].onDisk {
+			t.Fatalf("reported %d entries, want block 1 on disk", len(got))
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the demotion was not reported")
+	}
+	p, release, err := s.acquire(s.get(id(1)), bigGeom)
+	if err != nil || !p.fromDisk || p.blk.Bytes()[len(p.blk.Bytes())-1] != 0xa1 {
+		t.Fatalf("block 1 after its demotion: %v, from disk %v", err, p.fromDisk)
+	}
+	release()
+}

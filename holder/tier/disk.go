@@ -12,7 +12,6 @@
 package tier
 
 import (
-	"bytes"
 	"crypto/aes"
 	"crypto/cipher"
 	"crypto/rand"
@@ -65,6 +64,29 @@ type Disk struct {
 	used int64
 	keys map[kvsp.ScopeID]cipher.AEAD
 	size map[Name]int64
+	bufs fileBuffers
+}
+
+// fileBuffers recycles the buffers blocks are sealed into: a fresh one a
+// block (zeroed, then collected) cost as much as the copy into it. One
+// larger than maxPooledFile is not kept.
+type fileBuffers struct{ p sync.Pool }
+
+const maxPooledFile = 64 << 20
+
+func (f *fileBuffers) Get(n int) *[]byte {
+	if b, ok := f.p.Get().(*[]byte); ok && cap(*b) >= n {
+		return b
+	}
+	b := make([]byte, 0, n)
+	return &b
+}
+
+func (f *fileBuffers) Put(b *[]byte) {
+	if cap(*b) <= maxPooledFile {
+		*b = (*b)[:0]
+		f.p.Put(b)
+	}
 }
 
 const (
@@ -227,7 +249,10 @@ func (d *Disk) dataKey(s kvsp.ScopeID, create bool) (cipher.AEAD, error) {
 }
 
 func layerAD(n Name, layer uint32, hdr []byte) []byte {
-	ad := make([]byte, 0, 32+16+32+4+len(hdr))
+	return appendLayerAD(make([]byte, 0, 32+16+32+4+len(hdr)), n, layer, hdr)
+}
+
+func appendLayerAD(ad []byte, n Name, layer uint32, hdr []byte) []byte {
 	ad = append(ad, n.Compat[:]...)
 	ad = append(ad, n.Scope[:]...)
 	ad = append(ad, n.Key[:]...)
@@ -237,51 +262,155 @@ func layerAD(n Name, layer uint32, hdr []byte) []byte {
 
 // Put stores a verified block, encrypted, atomically.
 func (d *Disk) Put(n Name, blk *container.Block) error {
+	return d.PutAll([]Item{{n, blk}})[0]
+}
+
+// Item is a block to store, for PutAll.
+type Item struct {
+	Name  Name
+	Block *container.Block
+}
+
+// PutAll stores blocks as Put does, with one flush for them all (a group
+// commit): each is sealed and written to a temporary file, then the
+// files are made durable together, then each is renamed into place and
+// each directory synced once. errs[i] is item i's. Per file, a flush of
+// its own (an ext4 journal commit each) is most of the CPU a block's
+// demotion costs.
+func (d *Disk) PutAll(items []Item) (errs []error) {
+	errs = make([]error, len(items))
+	type pending struct {
+		i    int
+		f    *os.File
+		path string
+		size int64
+	}
+	var todo []pending
+	defer func() { // whatever was not renamed into place is removed, and its room given back
+		for _, p := range todo {
+			if p.f != nil {
+				p.f.Close()
+				os.Remove(p.f.Name())
+			}
+			if errs[p.i] != nil {
+				d.mu.Lock()
+				d.used -= p.size
+				d.mu.Unlock()
+			}
+		}
+	}()
+	for i, it := range items {
+		buf, err := d.seal(it.Name, it.Block)
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		size := int64(len(*buf))
+		d.mu.Lock()
+		if d.used+size > d.capacity {
+			d.mu.Unlock()
+			d.bufs.Put(buf)
+			errs[i] = fmt.Errorf("%w: local-storage full", kvsp.ErrUnavailable)
+			continue
+		}
+		d.used += size
+		d.mu.Unlock()
+		p := pending{i: i, path: d.path(it.Name), size: size}
+		err = os.MkdirAll(filepath.Dir(p.path), 0o700)
+		if err == nil {
+			p.f, err = os.CreateTemp(filepath.Dir(p.path), tmpPrefix+"*")
+		}
+		if err == nil {
+			_, err = p.f.Write(*buf)
+		}
+		d.bufs.Put(buf)
+		if err != nil {
+			errs[i] = fmt.Errorf("tier: local-storage: %w", err)
+		}
+		todo = append(todo, p)
+	}
+	if len(todo) == 0 {
+		return errs
+	}
+	failpoint.Eval("tier/disk-before-fsync") // RELIABILITY F5: a crash after the write, before fsync
+	var files []*os.File
+	for _, p := range todo {
+		if errs[p.i] == nil {
+			files = append(files, p.f)
+		}
+	}
+	if err := syncFiles(files); err != nil {
+		for _, p := range todo {
+			if errs[p.i] == nil {
+				errs[p.i] = fmt.Errorf("tier: local-storage: %w", err)
+			}
+		}
+	}
+	failpoint.Eval("tier/disk-before-rename") // RELIABILITY F5: a crash after fsync, before rename
+	dirs := map[string]bool{}
+	for k, p := range todo {
+		if errs[p.i] != nil {
+			continue
+		}
+		err := p.f.Close()
+		todo[k].f = nil
+		if err == nil {
+			err = os.Rename(p.f.Name(), p.path)
+		}
+		if err != nil {
+			os.Remove(p.f.Name())
+			errs[p.i] = fmt.Errorf("tier: local-storage: %w", err)
+			continue
+		}
+		dirs[filepath.Dir(p.path)] = true
+		n := items[p.i].Name
+		d.mu.Lock()
+		d.used -= d.size[n] // a rewrite replaces
+		d.size[n] = p.size
+		d.mu.Unlock()
+	}
+	for dir := range dirs {
+		syncDir(dir)
+	}
+	return errs
+}
+
+// seal encodes blk as its file, in a pooled buffer of exactly its size:
+// the magic, the header's length and the header, then each layer's
+// nonce and its K and V sealed together (read in place: a layer's K and
+// V are contiguous in the block).
+func (d *Disk) seal(n Name, blk *container.Block) (*[]byte, error) {
 	k, err := d.dataKey(n.Scope, true)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	h := blk.Header()
 	hdr := blk.Bytes()[:h.Len()]
-	var buf bytes.Buffer
-	buf.WriteString(fileMagic)
-	binary.Write(&buf, binary.BigEndian, uint32(len(hdr)))
-	buf.Write(hdr)
-	nonce := make([]byte, k.NonceSize())
+	size := len(fileMagic) + 4 + len(hdr)
+	for i := range h.Layers {
+		size += k.NonceSize() + int(h.Layers[i].K+h.Layers[i].V) + k.Overhead()
+	}
+	buf := d.bufs.Get(size)
+	b := append((*buf)[:0], fileMagic...)
+	b = binary.BigEndian.AppendUint32(b, uint32(len(hdr)))
+	b = append(b, hdr...)
+	ad := make([]byte, 0, 32+16+32+4+len(hdr))
 	for i := range h.Layers {
 		l := h.FirstLayer + uint32(i)
-		kk, vv, _ := blk.Layer(l)
-		if _, err := io.ReadFull(rand.Reader, nonce); err != nil {
-			return err
+		v, err := blk.Range(l, l)
+		if err != nil {
+			d.bufs.Put(buf)
+			return nil, err
 		}
-		plain := append(append(make([]byte, 0, len(kk)+len(vv)), kk...), vv...)
-		buf.Write(nonce)
-		buf.Write(k.Seal(nil, nonce, plain, layerAD(n, l, hdr)))
+		nonce := b[len(b) : len(b)+k.NonceSize()]
+		if _, err := io.ReadFull(rand.Reader, nonce); err != nil {
+			d.bufs.Put(buf)
+			return nil, err
+		}
+		b = k.Seal(b[:len(b)+len(nonce)], nonce, v.Data(), appendLayerAD(ad[:0], n, l, hdr))
 	}
-	size := int64(buf.Len())
-	d.mu.Lock()
-	if d.used+size > d.capacity {
-		d.mu.Unlock()
-		return fmt.Errorf("%w: local-storage full", kvsp.ErrUnavailable)
-	}
-	d.used += size
-	d.mu.Unlock()
-	p := d.path(n)
-	err = os.MkdirAll(filepath.Dir(p), 0o700)
-	if err == nil {
-		err = writeAtomic(p, buf.Bytes())
-	}
-	if err != nil {
-		d.mu.Lock()
-		d.used -= size
-		d.mu.Unlock()
-		return fmt.Errorf("tier: local-storage: %w", err)
-	}
-	d.mu.Lock()
-	d.used -= d.size[n] // a rewrite replaces
-	d.size[n] = size
-	d.mu.Unlock()
-	return nil
+	*buf = b
+	return buf, nil
 }
 
 // Get reads, decrypts and re-verifies a block (container.OpenBlock); any
@@ -391,9 +520,15 @@ func writeAtomic(path string, data []byte) error {
 	if err := os.Rename(tmp, path); err != nil {
 		return err
 	}
+	syncDir(dir)
+	return nil
+}
+
+// syncDir makes a directory's entries durable (best effort: a directory
+// that cannot be opened has nothing to sync).
+func syncDir(dir string) {
 	if dh, err := os.Open(dir); err == nil {
 		dh.Sync()
 		dh.Close()
 	}
-	return nil
 }

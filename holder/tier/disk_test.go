@@ -358,3 +358,50 @@ func TestDiskWriteFailure(t *testing.T) {
 		t.Fatal("a failed write is listed")
 	}
 }
+
+// TestPutAllOneFlushForTheBatch: PutAll stores a batch with one flush
+// (several files, several scopes' directories), each block read back
+// verified and the same after a restart; a block past the capacity is
+// refused alone, its room not counted, and its temporary file not left.
+func TestPutAllOneFlushForTheBatch(t *testing.T) {
+	dir := t.TempDir()
+	d, _ := OpenDisk(DiskConfig{Dir: dir, Capacity: 1 << 20})
+	one := block(t, 1)
+	probe := t.TempDir()
+	p, _ := OpenDisk(DiskConfig{Dir: probe, Capacity: 1 << 20})
+	p.Put(name(1), one)
+	fileSize := p.used
+	d.capacity = 3 * fileSize
+	other := name(4)
+	other.Scope = kvsp.ScopeID{9}
+	items := []Item{{name(1), block(t, 1)}, {name(2), block(t, 2)}, {other, block(t, 4)}, {name(3), block(t, 3)}}
+	errs := d.PutAll(items)
+	for i, err := range errs[:3] {
+		if err != nil {
+			t.Fatalf("item %d: %v", i, err)
+		}
+	}
+	if !errors.Is(errs[3], kvsp.ErrUnavailable) {
+		t.Fatalf("the item past the capacity: %v", errs[3])
+	}
+	if d.used != 3*fileSize {
+		t.Fatalf("%d octets counted, want %d", d.used, 3*fileSize)
+	}
+	tmps, _ := filepath.Glob(filepath.Join(dir, "blocks", "*", "*", tmpPrefix+"*"))
+	if len(tmps) != 0 {
+		t.Fatalf("temporary files left: %v", tmps)
+	}
+	d2, err := OpenDisk(DiskConfig{Dir: dir, Capacity: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, it := range items[:3] {
+		b, err := d2.Get(it.Name, geom)
+		if err != nil || !bytes.Equal(b.Bytes(), it.Block.Bytes()) {
+			t.Fatalf("%v after the restart: %v", it.Name.Key, err)
+		}
+	}
+	if _, err := d2.Get(name(3), geom); !errors.Is(err, kvsp.ErrNotFound) {
+		t.Fatalf("the refused block: %v", err)
+	}
+}

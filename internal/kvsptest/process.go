@@ -43,9 +43,13 @@ func ServeFromProcess(t testing.TB, url string, p *PKI, profileEnv string) {
 type Process struct {
 	URL   string // what it serves
 	Pid   int
-	dir   string
-	close func()
+	dir    string
+	close  func()
+	exited chan struct{}
 }
+
+// Exited is closed when the process has ended, whatever ended it.
+func (p *Process) Exited() <-chan struct{} { return p.exited }
 
 // Close ends the process (the test's end does too).
 func (p *Process) Close() { p.close() }
@@ -62,14 +66,16 @@ func StartProcess(t testing.TB, test string, env ...string) *Process {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
 	var once sync.Once
-	stop := func() { once.Do(func() { stdin.Close(); cmd.Wait() }) }
+	stop := func() { once.Do(func() { stdin.Close(); <-exited }) }
 	t.Cleanup(stop)
 	sc := bufio.NewScanner(stdout)
 	for sc.Scan() {
 		if f := strings.Fields(sc.Text()); len(f) == 3 && f[0] == "SERVING" {
 			go io.Copy(io.Discard, stdout)
-			return &Process{URL: f[1], Pid: cmd.Process.Pid, dir: f[2], close: stop}
+			return &Process{URL: f[1], Pid: cmd.Process.Pid, dir: f[2], close: stop, exited: exited}
 		}
 	}
 	t.Fatalf("%s did not start serving", test)
