@@ -41,8 +41,8 @@ func ServeFromProcess(t testing.TB, url string, p *PKI, profileEnv string) {
 
 // Process is a server running in a subprocess.
 type Process struct {
-	URL   string // what it serves
-	Pid   int
+	URL    string // what it serves
+	Pid    int
 	dir    string
 	close  func()
 	exited chan struct{}
