@@ -489,8 +489,72 @@ type demoReport struct {
 	// Drops is what each stage of the pipeline dropped or skipped, by
 	// stage and why, from the processes' own counters: where sharing was
 	// lost names itself.
-	Drops    map[string]map[string]float64 `json:"drops"`
-	Counters map[string]float64            `json:"counters"`
+	Drops map[string]map[string]float64 `json:"drops"`
+	// Resources is how busy each resource the kvsp mode shares was over
+	// the replay, measured; Saturated names the one furthest past its
+	// limit (saturatedAt of its capacity, or turnedAwayAt of what was
+	// offered turned away), "" when none reached it.
+	Resources []resourceUse      `json:"resources"`
+	Saturated string             `json:"saturated"`
+	Counters  map[string]float64 `json:"counters"`
+}
+
+// resourceUse is a resource's measured utilisation: the share of its
+// capacity used over the replay (for a queue or a quota, the share of
+// what was offered to it that it turned away).
+type resourceUse struct {
+	Name        string  `json:"name"`
+	Utilisation float64 `json:"utilisation"`
+	What        string  `json:"what"` // how it was measured
+}
+
+// saturatedAt is the utilisation from which a resource is named as
+// saturated; for the queues and quotas that turn work away, the share
+// turned away from which it is.
+const (
+	saturatedAt    = 0.9
+	turnedAwayAt   = 0.1
+	demoLinkMbitPS = 100000
+)
+
+// resources measures the kvsp mode's resources from the process's CPU
+// and its metrics over wall, busiest first, and names the saturated one.
+func resources(dc *demoConfig, cpuUtil float64, m map[string]float64, wall time.Duration) ([]resourceUse, string) {
+	w := wall.Seconds()
+	if w <= 0 {
+		return nil, ""
+	}
+	share := func(a, b float64) float64 {
+		if b <= 0 {
+			return 0
+		}
+		return a / b
+	}
+	offered := metricSum(m, "kvsp_instance_offloads_total", `outcome="stored"`) + metricSum(m, "kvsp_instance_offloads_total", `outcome="skipped"`)
+	directives := metricSum(m, "kvsp_pc_directives_total", `outcome="sent"`) + metricSum(m, "kvsp_pc_directives_total", `outcome="quota"`)
+	placed := metricSum(m, "kvsp_pc_placements_total", `outcome="placed"`) + metricSum(m, "kvsp_pc_placements_total", `outcome="no_capacity"`)
+	rs := []resourceUse{
+		{"CPU", cpuUtil, fmt.Sprintf("the process's CPU time over the wall time and %d CPUs (every role and the front end)", runtime.GOMAXPROCS(0))},
+		{"engine batches", share(m["kvsp_instance_busy_slot_seconds_total"], m["kvsp_instance_batch_slots"]*w),
+			fmt.Sprintf("batch slots held by accepted requests over the slots and the wall time; %.1f requests waited beyond them on average", m["kvsp_instance_waiting_request_seconds_total"]/w)},
+		{"links", share(m["kvsp_instance_fetched_bytes_total"]*8, float64(dc.instances*dc.holders)*demoLinkMbitPS*1e6*w),
+			fmt.Sprintf("octets fetched over the instances' %d links' configured %d Mbit/s", dc.instances*dc.holders, demoLinkMbitPS)},
+		{"placement (instances full)", share(metricSum(m, "kvsp_pc_placements_total", `outcome="no_capacity"`), placed), "placements refused after waiting for room, over those placed or refused"},
+		{"offload queues", share(metricSum(m, "kvsp_instance_offloads_total", `outcome="skipped"`), offered), "blocks skipped (the queue full) over the blocks offered to it"},
+		{"directive quota", share(metricSum(m, "kvsp_pc_directives_total", `outcome="quota"`), directives), "directives not sent for the pending quota over those sent or not sent for it"},
+		{"lease quota", share(m["kvsp_holder_lease_rejections_total"], m["kvsp_holder_lease_rejections_total"]+metricSum(m, "kvsp_instance_prefetch_blocks_total", `outcome="loaded"`)), "leases refused over leases refused and blocks loaded"},
+	}
+	sat, most := "", 1.0
+	for _, r := range rs {
+		limit := turnedAwayAt
+		if r.Name == "CPU" || r.Name == "engine batches" || r.Name == "links" {
+			limit = saturatedAt
+		}
+		if x := r.Utilisation / limit; x >= most {
+			sat, most = r.Name, x
+		}
+	}
+	return rs, sat
 }
 
 // pipelineDrops are the counters of what each stage of the pipeline
@@ -589,6 +653,9 @@ func cmdDemo(args []string, stdout, stderr io.Writer) error {
 	rep, local := summarizeDemo(dc, reqs, main.results, main.m, main.progress, main.wall)
 	rep.CPUSeconds = main.cpu.Seconds()
 	rep.CPUUtilization = main.cpu.Seconds() / (main.wall.Seconds() * float64(runtime.GOMAXPROCS(0)))
+	if runs["kvsp"] != nil {
+		rep.Resources, rep.Saturated = resources(dc, rep.CPUUtilization, main.m, main.wall)
+	}
 	rep.Modes = map[string]*modeReport{}
 	for mode, r := range runs {
 		rep.Modes[mode] = summarizeMode(dc, mode, reqs, r)
@@ -1069,6 +1136,17 @@ func writeDemoTable(w io.Writer, dc *demoConfig, r *demoReport) {
 	row("migrations", fmt.Sprintf("%.0f", r.Counters["kvsp_pc_migrations_total"]))
 	row("dropped or skipped, by stage", dropsLine(r.Drops))
 	row("CPU (every role and the front end)", fmt.Sprintf("%.0f CPU-s in %.0f s: %.0f%% of %d CPUs", r.CPUSeconds, r.WallSeconds, 100*r.CPUUtilization, runtime.GOMAXPROCS(0)))
+	if len(r.Resources) > 0 {
+		fmt.Fprintf(w, "\n  resources, measured over the replay (utilisation; for queues and quotas, the share turned away):\n")
+		for _, x := range r.Resources {
+			fmt.Fprintf(w, "    %-28s %5.1f%%  %s\n", x.Name, 100*x.Utilisation, x.What)
+		}
+		sat := "none (nothing at 90% busy, no queue or quota turning away 10%)"
+		if r.Saturated != "" {
+			sat = r.Saturated
+		}
+		fmt.Fprintf(w, "  saturated: %s\n", sat)
+	}
 	fmt.Fprintf(w, "\n  Measured: every figure but the row marked MODELLED, in each mode on a system started for it, the\n  same requests in each. ")
 	if dc.engine == "llamacpp" {
 		fmt.Fprintf(w, "The instances run llama.cpp (%s) on %s, a generated model of random\n  weights (%d layers, %d wide, %d KV heads of %d), %d thread(s) each on these %d CPUs: prefill and decode\n  are that model's real computation, the KV moved is what llama.cpp produced; prefill tokens/s is the\n  engines' own timing of their prefill steps, and over the wall time. Every trace block is %d tokens.\n\n",

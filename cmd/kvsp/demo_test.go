@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestDemo: kvsp demo starts the whole system (IS, PC, holders with host
@@ -116,7 +117,25 @@ func TestDemo(t *testing.T) {
 	if rep.CPUSeconds <= 0 || rep.CPUUtilization <= 0 || rep.CPUUtilization > 1.01 {
 		t.Errorf("CPU %v s, utilization %v: want the process's CPU time over the replay, within its CPUs", rep.CPUSeconds, rep.CPUUtilization)
 	}
-	for _, want := range []string{"prefix hit ratio", "TTFT p50 / p90 / p99", "no worse than no cache's", "TTFT p50 / p90, measured", "MODELLED", "CPU (every role", "lease rejections", "digest failures", "migrations", "host over HTTP/2.0", "dropped or skipped, by stage"} {
+	// Every resource is measured from what the processes export (a
+	// metric not exported would read 0 and hide a saturation).
+	if len(rep.Resources) != 7 {
+		t.Fatalf("resources %+v: want CPU, engine batches, links, placement, offload queues and the two quotas", rep.Resources)
+	}
+	for _, x := range rep.Resources {
+		if x.Utilisation < 0 || x.Utilisation > 1.01 {
+			t.Errorf("resource %s: utilisation %v", x.Name, x.Utilisation)
+		}
+		if (x.Name == "CPU" || x.Name == "engine batches" || x.Name == "links") && x.Utilisation <= 0 {
+			t.Errorf("resource %s: nothing measured", x.Name)
+		}
+	}
+	for _, k := range []string{"kvsp_instance_busy_slot_seconds_total", "kvsp_instance_batch_slots", "kvsp_instance_waiting_request_seconds_total"} {
+		if !hasSeries(rep.Counters, k) {
+			t.Errorf("no instance exports %s", k)
+		}
+	}
+	for _, want := range []string{"prefix hit ratio", "TTFT p50 / p90 / p99", "no worse than no cache's", "TTFT p50 / p90, measured", "MODELLED", "CPU (every role", "lease rejections", "digest failures", "migrations", "host over HTTP/2.0", "dropped or skipped, by stage", "resources, measured", "saturated: "} {
 		if !strings.Contains(out, want) {
 			t.Errorf("the table lacks %q:\n%s", want, out)
 		}
@@ -380,4 +399,26 @@ func decodePNG(t *testing.T, path string) image.Image {
 		t.Fatal(err)
 	}
 	return img
+}
+
+// TestResourcesNameTheSaturated: the resource furthest past its limit is
+// named (a quota turning away a tenth before a CPU at 95%), none when
+// nothing reached one, and the engine batches' utilisation is their
+// slot-time over the slots and the wall time.
+func TestResourcesNameTheSaturated(t *testing.T) {
+	dc := &demoConfig{instances: 3, holders: 2}
+	m := map[string]float64{"kvsp_instance_busy_slot_seconds_total": 12, "kvsp_instance_batch_slots": 24,
+		`kvsp_pc_placements_total{outcome="placed"}`: 95, `kvsp_pc_placements_total{outcome="no_capacity"}`: 5}
+	rs, sat := resources(dc, 0.5, m, time.Second)
+	if sat != "" || rs[1].Name != "engine batches" || rs[1].Utilisation != 0.5 {
+		t.Fatalf("%q saturated, %+v", sat, rs)
+	}
+	m["kvsp_instance_busy_slot_seconds_total"] = 23
+	if _, sat := resources(dc, 0.5, m, time.Second); sat != "engine batches" {
+		t.Fatalf("batches 96%% busy: %q saturated", sat)
+	}
+	m[`kvsp_pc_placements_total{outcome="no_capacity"}`] = 60
+	if _, sat := resources(dc, 0.95, m, time.Second); sat != "placement (instances full)" {
+		t.Fatalf("placements 40%% refused: %q saturated", sat)
+	}
 }

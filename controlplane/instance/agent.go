@@ -97,6 +97,7 @@ type Agent struct {
 	shards     map[shardKey]*shard
 	flights    map[kvsp.BlockKey]*flight // blocks being transferred now (load)
 	running    int                       // generations in progress
+	occ        occupancy                 // of the engine's batch by running, over time
 	closed     bool                      // Close was called: it serves nothing more
 	stop       context.CancelFunc
 	stopCtx    context.Context
@@ -139,12 +140,21 @@ func New(cfg Config) (*Agent, error) {
 		work: make(chan struct{}, cfg.Workers), state: kvsp.StateActive, directives: map[kvsp.UUID]*directive{}, resumes: map[sessionKey]*resumed{}, shards: map[shardKey]*shard{},
 		flights: map[kvsp.BlockKey]*flight{}}
 	a.stopCtx, a.stop = context.WithCancel(context.Background())
+	a.occ.batch = int(max(1, cfg.Engine.Stats().BatchSize))
 	if reg := cfg.Registerer; reg != nil {
 		eng := cfg.Engine
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvsp_instance_engine_prefilled_tokens_total",
 			Help: "Prompt tokens the engine computed, by its own count."}, func() float64 { return float64(eng.Stats().Prefilled) }),
 			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvsp_instance_engine_prefill_seconds_total",
-				Help: "Time the engine's prefill steps took (prefilled tokens over this: the prefill rate it reached)."}, func() float64 { return eng.Stats().PrefillTime.Seconds() }))
+				Help: "Time the engine's prefill steps took (prefilled tokens over this: the prefill rate it reached)."}, func() float64 { return eng.Stats().PrefillTime.Seconds() }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvsp_instance_batch_slots",
+				Help: "Requests the engine runs at once (its batch)."}, func() float64 { return float64(a.occ.batch) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvsp_instance_busy_slot_seconds_total",
+				Help: "Batch slots held by accepted requests, integrated over time (over the batch and the time: how busy the engine's batch was)."},
+				func() float64 { b, _ := a.occupancy(); return b.Seconds() }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvsp_instance_waiting_request_seconds_total",
+				Help: "Accepted requests beyond the batch (waiting for a slot), integrated over time."},
+				func() float64 { _, w := a.occupancy(); return w.Seconds() }))
 	}
 	if a.off, err = newOffloader(a.g, cfg.OffloadBuffer); err != nil {
 		return nil, err
@@ -154,6 +164,36 @@ func New(cfg Config) (*Agent, error) {
 		a.keys[k.ID()] = k
 	}
 	return a, nil
+}
+
+// occupancy integrates how many of the engine's batch slots accepted
+// requests hold, and how many wait beyond them, over time: the figures
+// that say whether the engine's batch is what saturated.
+type occupancy struct {
+	batch        int
+	at           time.Time
+	busy, queued time.Duration
+}
+
+// change accounts for the time since the last change at running n, as
+// of now (under a.mu).
+func (o *occupancy) change(n int, now time.Time) {
+	if !o.at.IsZero() {
+		d := now.Sub(o.at)
+		o.busy += time.Duration(min(n, o.batch)) * d
+		o.queued += time.Duration(max(0, n-o.batch)) * d
+	}
+	o.at = now
+}
+
+// occupancy returns the slot-time held by accepted requests and the
+// request-time waiting beyond the batch, up to now; the first over the
+// batch and a wall time is the batch's utilisation.
+func (a *Agent) occupancy() (busy, queued time.Duration) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.occ.change(a.running, a.cfg.Now())
+	return a.occ.busy, a.occ.queued
 }
 
 // CompatID is the Compatibility ID of the engine's model.

@@ -130,10 +130,12 @@ func (a *Agent) generate(w http.ResponseWriter, r *http.Request) error {
 		a.mu.Unlock()
 		return fmt.Errorf("%w: the instance is %s", kvsp.ErrInvalidState, st)
 	}
+	a.occ.change(a.running, a.cfg.Now())
 	a.running++
 	a.mu.Unlock()
 	defer func() {
 		a.mu.Lock()
+		a.occ.change(a.running, a.cfg.Now())
 		a.running--
 		a.mu.Unlock()
 		a.settle()
