@@ -401,6 +401,14 @@ func (s *store) backlogged() bool {
 	return s.demoting > s.demoteMax/2
 }
 
+// demotionsWaiting reports whether demotions are chosen and not yet
+// taken by a writer.
+func (s *store) demotionsWaiting() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.toDisk) > 0
+}
+
 // startDemoter starts the demotion writer; report is given each batch
 // written (the entries now on local storage, and those evicted instead),
 // from the writer's goroutine. close stops it after a last batch.
@@ -418,12 +426,10 @@ func (s *store) startDemoter(report func(demoted, evicted []*entry)) {
 			case <-s.demoteStop:
 				stopping = true
 			}
-			for {
-				dm, ev := s.writeDemotions()
-				if len(dm)+len(ev) == 0 {
-					break
+			for s.demotionsWaiting() {
+				if dm, ev := s.writeDemotions(); len(dm)+len(ev) > 0 {
+					report(dm, ev)
 				}
-				report(dm, ev)
 			}
 			if stopping {
 				return

@@ -18,7 +18,6 @@ func TestDevicePartOutlivesDemotionWhileSent(t *testing.T) {
 	d, _ := tier.OpenDevice(0)
 	s := newStore(8<<20, newLeases(LeaseQuota{}), nil)
 	s.dev = &deviceTier{d: d, layers: 2, capacity: 600 << 10, lru: list.New()} // two 256 KiB layers of one block
-	id := func(k byte) blockID { return blockID{compat: kvsp.CompatID{1}, key: kvsp.BlockKey{k}} }
 	a := bigBlock(t, s, 0xaa)
 	want := bytes.Clone(a.Bytes())
 	ea, _, _, err := s.put(id(1), a, bigGeom)

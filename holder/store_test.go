@@ -39,7 +39,6 @@ func bigBlock(t *testing.T, s *store, fill byte) *container.Block {
 // keeps seeing the bytes it started with.
 func TestRecycledMemoryWaitsForReaders(t *testing.T) {
 	s := newStore(1<<20+64<<10, newLeases(LeaseQuota{}), nil) // room for one block
-	id := func(k byte) blockID { return blockID{compat: kvsp.CompatID{1}, key: kvsp.BlockKey{k}} }
 	a := bigBlock(t, s, 0xaa)
 	ea, _, _, err := s.put(id(1), a, bigGeom)
 	if err != nil {
@@ -113,19 +112,7 @@ func TestUnpublishWaitsForReaders(t *testing.T) {
 // latter from its host copy, still held), and once written the block is
 // served from local storage, verified, with the same octets.
 func TestDemotionWrittenOutsideTheLock(t *testing.T) {
-	disk, err := tier.OpenDisk(tier.DiskConfig{Dir: t.TempDir(), Capacity: 64 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := newStore(2*(1<<20+64<<10), newLeases(LeaseQuota{}), disk) // room for two blocks
-	id := func(k byte) blockID { return blockID{compat: kvsp.CompatID{1}, key: kvsp.BlockKey{k}} }
-	for k := byte(1); k <= 2; k++ {
-		if _, _, _, err := s.put(id(k), bigBlock(t, s, 0xa0+k), bigGeom); err != nil {
-			t.Fatal(err)
-		}
-	}
-	failpoint.Enable("tier/disk-before-fsync", "pause")
-	t.Cleanup(failpoint.Reset)
+	s := fullStoreOverDisk(t, nil)
 	put := make(chan error, 1)
 	go func() {
 		_, _, demoted, err := s.put(id(3), bigBlock(t, s, 0xa3), bigGeom)
@@ -183,22 +170,8 @@ func TestDemotionWrittenOutsideTheLock(t *testing.T) {
 // fsync here), and the writer reports the demotion once it is written,
 // after which the block is served from local storage.
 func TestPUTDoesNotWaitForTheDemotionItChose(t *testing.T) {
-	disk, err := tier.OpenDisk(tier.DiskConfig{Dir: t.TempDir(), Capacity: 64 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := newStore(2*(1<<20+64<<10), newLeases(LeaseQuota{}), disk) // room for two blocks
 	reported := make(chan []*entry, 4)
-	s.startDemoter(func(demoted, evicted []*entry) { reported <- append(demoted, evicted...) })
-	t.Cleanup(s.close)
-	id := func(k byte) blockID { return blockID{compat: kvsp.CompatID{1}, key: kvsp.BlockKey{k}} }
-	for k := byte(1); k <= 2; k++ {
-		if _, _, _, err := s.put(id(k), bigBlock(t, s, 0xa0+k), bigGeom); err != nil {
-			t.Fatal(err)
-		}
-	}
-	failpoint.Enable("tier/disk-before-fsync", "pause")
-	t.Cleanup(failpoint.Reset)
+	s := fullStoreOverDisk(t, func(demoted, evicted []*entry) { reported <- append(demoted, evicted...) })
 	put := make(chan error, 1)
 	go func() {
 		_, evicted, demoted, err := s.put(id(3), bigBlock(t, s, 0xa3), bigGeom)
@@ -237,4 +210,32 @@ func TestPUTDoesNotWaitForTheDemotionItChose(t *testing.T) {
 		t.Fatalf("block 1 after its demotion: %v, from disk %v", err, p.fromDisk)
 	}
 	release()
+}
+
+// id is the store tests' block id k.
+func id(k byte) blockID { return blockID{compat: kvsp.CompatID{1}, key: kvsp.BlockKey{k}} }
+
+// fullStoreOverDisk is a store with room for two big blocks over a
+// local-storage tier, holding blocks 1 and 2 (last octets 0xa1, 0xa2),
+// with the demotion writer started when report is set, and
+// tier/disk-before-fsync set to pause until the test disables it.
+func fullStoreOverDisk(t *testing.T, report func(demoted, evicted []*entry)) *store {
+	t.Helper()
+	disk, err := tier.OpenDisk(tier.DiskConfig{Dir: t.TempDir(), Capacity: 64 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newStore(2*(1<<20+64<<10), newLeases(LeaseQuota{}), disk)
+	if report != nil {
+		s.startDemoter(report)
+		t.Cleanup(s.close)
+	}
+	for k := byte(1); k <= 2; k++ {
+		if _, _, _, err := s.put(id(k), bigBlock(t, s, 0xa0+k), bigGeom); err != nil {
+			t.Fatal(err)
+		}
+	}
+	failpoint.Enable("tier/disk-before-fsync", "pause")
+	t.Cleanup(failpoint.Reset)
+	return s
 }
