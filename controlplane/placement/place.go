@@ -312,6 +312,14 @@ func (c *Controller) Session(scope kvsp.ScopeID, id kvsp.UUID) (Session, bool) {
 // (503 with Retry-After).
 var ErrNoCapacity = fmt.Errorf("%w: no instance of this model has capacity", kvsp.ErrUnavailable)
 
+// maxRaces bounds the times a request chooses again after errRoomTaken
+// before it waits for a status record.
+const maxRaces = 4
+
+// errRoomTaken: the room of the instance chosen went to requests placed
+// meanwhile; the request chooses again.
+var errRoomTaken = fmt.Errorf("%w: the instance chosen filled meanwhile", ErrNoCapacity)
+
 // candidate is an instance considered for a request.
 type candidate struct {
 	snap Snapshot
@@ -363,9 +371,16 @@ func (c *Controller) Place(ctx context.Context, q *kvsp.PlaceRequest) (*kvsp.Pla
 		}
 	}
 	var timeout <-chan time.Time
-	for {
+	for races := 0; ; {
 		changed := c.reg.changed()
 		out, err := c.placeOn(ctx, q, nil)
+		if err == errRoomTaken && races < maxRaces { // another instance may have room yet
+			races++
+			continue
+		}
+		if errors.Is(err, ErrNoCapacity) {
+			err = ErrNoCapacity
+		}
 		if err != ErrNoCapacity || c.cfg.CapacityWait < 0 {
 			return out, err
 		}
@@ -769,6 +784,9 @@ func (c *Controller) placeOn(ctx context.Context, q *kvsp.PlaceRequest, mig *mig
 		return nil, ErrNoCapacity
 	}
 	uri := chosen.snap.Status.Instance
+	if mig == nil && !c.reg.admit(uri, c.estimateServiceUs(&chosen.snap.Status, len(q.Tokens), q.MaxTokens)) {
+		return nil, errRoomTaken
+	}
 
 	out := &kvsp.PlaceResponse{Epoch: 1, Instance: uri, Matched: len(replicas)}
 	if mig != nil {
@@ -831,7 +849,6 @@ func (c *Controller) placeOn(ctx context.Context, q *kvsp.PlaceRequest, mig *mig
 	}
 	c.sessions[s.key()] = s
 	c.mu.Unlock()
-	c.reg.observe(uri, c.estimateServiceUs(&chosen.snap.Status, len(q.Tokens), q.MaxTokens))
 
 	if chosen.cost.Fetch {
 		out.Directive = c.prefetch(ctx, uri, q, out.Session, keys[:len(replicas)], replicas, chosen.cost)

@@ -419,6 +419,48 @@ func TestPlaceCountsWhatItPlaced(t *testing.T) {
 	}
 }
 
+// TestPlaceConcurrentBurstTakesTheRoomOnce (R-PLC-7): requests placed at
+// once (those one status record wakes, each having seen the same room)
+// take an instance's room once between them: the room is reserved when
+// an instance is chosen, not counted after the request was placed.
+// Counting after (the race this closes) placed every one of the 64 here,
+// four times the batch and its queue, and under load queued twice a batch
+// at each instance, where the blocks loaded for the waiting requests were
+// evicted before their prefill.
+func TestPlaceConcurrentBurstTakesTheRoomOnce(t *testing.T) {
+	w := newWorldWith(t, 0, func(c *placement.Config) { c.CapacityWait = -1 })
+	tokens := prompt(2*bt, 4)
+	link := kvsp.Link{Holder: h1Base, MbitPerS: 200000, RTTUs: 12}
+	w.status(t, "ii1", 1, 0, kvsp.StateActive, link) // idle, batch 8: room for 16
+	q := &kvsp.PlaceRequest{ScopeID: w.scopeKey.ID(), CompatID: compat, Tokens: tokens, MaxTokens: 16}
+	// One first, so that the others' lookups share the PC's connection to
+	// the IS (concurrent first dials leave one the test server's shutdown
+	// waits for).
+	if _, err := w.pc.Place(context.Background(), q); err != nil {
+		t.Fatal(err)
+	}
+	placed, refused := atomic.Int64{}, atomic.Int64{}
+	placed.Add(1)
+	var wg sync.WaitGroup
+	for range 63 {
+		wg.Go(func() {
+			_, err := w.pc.Place(context.Background(), q)
+			switch {
+			case err == nil:
+				placed.Add(1)
+			case errors.Is(err, kvsp.ErrUnavailable):
+				refused.Add(1)
+			default:
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	if placed.Load() != 16 || refused.Load() != 48 {
+		t.Fatalf("64 requests at once on room for 16: %d placed, %d refused", placed.Load(), refused.Load())
+	}
+}
+
 // TestPlacePendingQuota: R-PF-13: beyond MaxPending directives pending at
 // an instance, requests are still placed but without a directive.
 func TestPlacePendingQuota(t *testing.T) {

@@ -241,17 +241,28 @@ func (r *Registry) reserve(uri string, max int, deadline time.Time) bool {
 	return true
 }
 
-// observe records a request placed on the instance and folds its
-// estimated service time into the instance's mean (EWMA, weight 1/8).
-func (r *Registry) observe(uri string, us float64) {
+// admit reserves the instance's room for one request (R-PLC-7): under
+// the registry's lock, so that requests choosing at once (those a status
+// record woke, each having seen the same room) do not all pile onto it.
+// It reports false when the queue, counting what was placed since the
+// last record, is a batch already; otherwise the request counts as placed
+// and its estimated service time folds into the instance's mean (EWMA,
+// weight 1/8).
+func (r *Registry) admit(uri string, us float64) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if in := r.m[uri]; in != nil {
-		in.placed++
-		if in.serviceUs == 0 {
-			in.serviceUs = us
-		} else {
-			in.serviceUs += (us - in.serviceUs) / 8
-		}
+	in := r.m[uri]
+	if in == nil {
+		return false
 	}
+	if snap := in.snapshot(time.Now()); snap.QueuedNow() >= max(1, snap.Status.BatchSize) {
+		return false
+	}
+	in.placed++
+	if in.serviceUs == 0 {
+		in.serviceUs = us
+	} else {
+		in.serviceUs += (us - in.serviceUs) / 8
+	}
+	return true
 }
