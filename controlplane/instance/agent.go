@@ -341,6 +341,25 @@ type directive struct {
 	loaded    []kvsp.BlockKey
 	failed    []kvsp.BlockKey
 	doneAt    time.Time
+	// pins are the loaded blocks a prefetch directive keeps resident for
+	// the request it was sent for (within the agent's pin budget): the
+	// request takes them over when it starts (takePins), or they go
+	// lease_ms after the directive finished (hold).
+	pins  []kvsp.BlockKey
+	taken bool // the request took the pins: no more are added
+	hold  *time.Timer
+}
+
+// takePins hands the directive's pins to the caller, who unpins them.
+func (d *directive) takePins() []kvsp.BlockKey {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	pins := d.pins
+	d.pins, d.taken = nil, true
+	if d.hold != nil {
+		d.hold.Stop()
+	}
+	return pins
 }
 
 func (d *directive) status() kvsp.PrefetchStatus {
@@ -416,55 +435,91 @@ func (a *Agent) Prefetch(d *kvsp.PrefetchDirective, body []byte) error {
 	return nil
 }
 
+// pinKey pins a resident block within the pin budget: a quarter of the
+// engine's KV (nothing is pinned when its capacity is not known), so that
+// running requests always have room.
+func (a *Agent) pinKey(k kvsp.BlockKey) bool {
+	if a.pinned.Load() >= int64(a.cfg.Engine.Stats().KVBlocks/4) || !a.cfg.Engine.KV().Pin(k) {
+		return false
+	}
+	a.pinned.Add(1)
+	return true
+}
+
+// unpinKeys undoes pinKey for each of keys.
+func (a *Agent) unpinKeys(keys []kvsp.BlockKey) {
+	kv := a.cfg.Engine.KV()
+	for _, k := range keys {
+		kv.Unpin(k)
+	}
+	a.pinned.Add(-int64(len(keys)))
+}
+
 // pinReady pins the leading resident blocks of keys (those the prefill
 // will use) and returns their count and a function that unpins them
-// (once). Pins are bounded to a quarter of the engine's KV (nothing is
-// pinned when its capacity is not known), so that running requests
-// always have room.
-func (a *Agent) pinReady(keys []kvsp.BlockKey) (int, func()) {
+// (once). held are pins taken over from the request's prefetch
+// directives: they become the request's where keys use them and are
+// released otherwise, so that what a directive loaded stays resident from
+// its load to the prefill.
+func (a *Agent) pinReady(keys, held []kvsp.BlockKey) (int, func()) {
 	kv := a.cfg.Engine.KV()
-	limit := int64(a.cfg.Engine.Stats().KVBlocks / 4)
+	own := make(map[kvsp.BlockKey]int, len(held))
+	for _, k := range held {
+		own[k]++
+	}
 	var pinned []kvsp.BlockKey
 	ready := 0
 	for _, k := range keys {
-		if a.pinned.Load() < limit && kv.Pin(k) {
-			a.pinned.Add(1)
+		switch {
+		case own[k] > 0:
+			own[k]--
 			pinned = append(pinned, k)
-		} else if !kv.Has(k) {
-			break
+		case a.pinKey(k):
+			pinned = append(pinned, k)
+		case !kv.Has(k):
+			return ready, a.unpinOnce(pinned, own)
 		}
 		ready++
 	}
-	return ready, sync.OnceFunc(func() {
-		for _, k := range pinned {
-			kv.Unpin(k)
+	return ready, a.unpinOnce(pinned, own)
+}
+
+// unpinOnce releases what pinReady did not use at once and returns the
+// function that releases the rest (once).
+func (a *Agent) unpinOnce(pinned []kvsp.BlockKey, unused map[kvsp.BlockKey]int) func() {
+	for k, n := range unused {
+		for ; n > 0; n-- {
+			a.unpinKeys([]kvsp.BlockKey{k})
 		}
-		a.pinned.Add(-int64(len(pinned)))
-	})
+	}
+	return sync.OnceFunc(func() { a.unpinKeys(pinned) })
 }
 
 // awaitPrefetch waits until the prefetch directives sent for a request
 // (request_ref: its session; of its scope) have finished, within their
-// own deadlines, so the request's prefill finds what they loaded.
-// Another scope's directives are never waited for (S11: no timing tells
-// a session id of another scope).
-func (a *Agent) awaitPrefetch(ctx context.Context, scope kvsp.ScopeID, session kvsp.UUID) {
+// own deadlines, so the request's prefill finds what they loaded, and
+// returns the pins they hold for it (the caller's to release). Another
+// scope's directives are never waited for (S11: no timing tells a session
+// id of another scope).
+func (a *Agent) awaitPrefetch(ctx context.Context, scope kvsp.ScopeID, session kvsp.UUID) []kvsp.BlockKey {
 	ref := session.String()
 	a.mu.Lock()
-	var waits []chan struct{}
+	var waits []*directive
 	for _, x := range a.directives {
 		if x.d.RequestRef == ref && x.d.ScopeID == scope && x.done != nil {
-			waits = append(waits, x.done)
+			waits = append(waits, x)
 		}
 	}
 	a.mu.Unlock()
-	for _, w := range waits {
+	var pins []kvsp.BlockKey
+	for _, x := range waits {
 		select {
-		case <-w:
+		case <-x.done:
 		case <-ctx.Done():
-			return
 		}
+		pins = append(pins, x.takePins()...) // one still running (ctx ended) pins nothing more
 	}
+	return pins
 }
 
 // prefetchStatus reads a directive's state and scope: its status
@@ -526,6 +581,13 @@ func (a *Agent) run(ctx context.Context, x *directive) {
 				return
 			}
 			ok[i], mine[i] = true, own
+			if x.purpose == "prefetch" && d.RequestRef != "" {
+				x.mu.Lock()
+				if !x.taken && a.pinKey(b.BlockKey) {
+					x.pins = append(x.pins, b.BlockKey)
+				}
+				x.mu.Unlock()
+			}
 			for next < n && ok[next] {
 				x.mu.Lock()
 				x.loaded = append(x.loaded, d.Blocks[next].BlockKey)
@@ -537,6 +599,28 @@ func (a *Agent) run(ctx context.Context, x *directive) {
 	wg.Wait()
 	x.mu.Lock()
 	kv := a.cfg.Engine.KV()
+	// Only the leading run of pinned blocks is sure to be used (keys
+	// chain): pins past it, or past the loaded prefix, go now, to leave the
+	// budget to other requests' prefixes.
+	pinned := make(map[kvsp.BlockKey]bool, len(x.pins))
+	for _, k := range x.pins {
+		pinned[k] = true
+	}
+	var kept []kvsp.BlockKey
+	for _, k := range x.loaded {
+		if !pinned[k] {
+			break
+		}
+		kept = append(kept, k)
+		delete(pinned, k)
+	}
+	for k := range pinned {
+		a.unpinKeys([]kvsp.BlockKey{k})
+	}
+	x.pins = kept
+	if len(kept) > 0 { // the request that does not come does not hold them long
+		x.hold = time.AfterFunc(time.Duration(d.LeaseMs)*time.Millisecond, func() { a.unpinKeys(x.takePins()) })
+	}
 	for i, b := range d.Blocks[len(x.loaded):] {
 		x.failed = append(x.failed, b.BlockKey)
 		// Loaded past a block that was not, it cannot be used (keys

@@ -323,6 +323,87 @@ func TestGenerateWaitsForItsPrefetch(t *testing.T) {
 	}
 }
 
+// floodKV writes n blocks no request uses into the rig's engine, enough
+// to evict everything unpinned from its 256-block KV.
+func (w *rig) floodKV(t *testing.T, n int) {
+	t.Helper()
+	k, v := make([]byte, w.g.RawSectionLen()), make([]byte, w.g.RawSectionLen())
+	for i := range n {
+		var key kvsp.BlockKey
+		key[0], key[1], key[2] = 0xef, byte(i), byte(i>>8)
+		for l := uint32(0); l < w.g.Layers; l++ {
+			if err := w.eng.KV().WriteLayer(key, l, k, v); err != nil {
+				t.Fatalf("filling the KV: %v", err)
+			}
+		}
+	}
+}
+
+// TestPrefetchedBlocksStayForTheirRequest: what a directive loaded for a
+// request (request_ref) stays resident until that request's prefill, even
+// when other prefills fill the engine's KV meanwhile (as a queue of them
+// does under load). Removing the directive's pins fails it: the flood
+// evicts the loaded blocks and the request computes its whole prompt.
+func TestPrefetchedBlocksStayForTheirRequest(t *testing.T) {
+	w := newRig(t, rigOptions{})
+	tokens := prompt(4)
+	session, d := w.prefetchForSession(t, tokens)
+	if st := w.wait(t, d.Directive); st.State != kvsp.PrefetchComplete {
+		t.Fatalf("directive %s", st.State)
+	}
+	w.floodKV(t, 600)
+	var cached uint64
+	err := w.front.Instance(w.url("/ii1/")).Generate(context.Background(), &kvsp.GenerateRequest{Session: session, Epoch: 1, ScopeID: w.scopeKey.ID(),
+		CompatID: w.compat, Tokens: tokens, MaxTokens: 2}, func(t kvsp.GeneratedToken) error {
+		if t.Prefill != nil {
+			cached = t.Prefill.CachedTokens
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cached != 64 {
+		t.Fatalf("cached %d prompt tokens after the flood; want 64 (the 4 blocks the directive loaded)", cached)
+	}
+	// The request has them now: the directive holds no pin any more.
+	for i, k := range d.Blocks {
+		if stillPinned(w.eng.KV(), k.BlockKey) {
+			t.Fatalf("block %d still pinned after its request ended", i)
+		}
+	}
+}
+
+// TestPrefetchPinsGoWithoutTheirRequest: a directive whose request never
+// comes does not hold its blocks for longer than its lease_ms.
+func TestPrefetchPinsGoWithoutTheirRequest(t *testing.T) {
+	w := newRig(t, rigOptions{})
+	tokens := prompt(4)
+	keys := w.fill(t, tokens, 4)
+	d := w.directive(keys[:4], func(int) []string { return []string{w.url("/h1/")} }, 5000)
+	d.RequestRef, d.LeaseMs = kvsp.NewUUID().String(), 100
+	if _, err := w.pc.Prefetch(context.Background(), d); err != nil {
+		t.Fatal(err)
+	}
+	if st := w.wait(t, d.Directive); st.State != kvsp.PrefetchComplete {
+		t.Fatalf("directive %s", st.State)
+	}
+	if !stillPinned(w.eng.KV(), keys[0]) {
+		t.Fatal("the directive does not keep what it loaded for its request")
+	}
+	waitFor(t, "the directive's pins to go after lease_ms", func() bool { return !stillPinned(w.eng.KV(), keys[0]) })
+	w.floodKV(t, 600)
+	if w.eng.KV().Has(keys[0]) {
+		t.Fatal("a block loaded for a request that never came survived the flood")
+	}
+}
+
+// stillPinned reports whether someone pins key, leaving its pins as they
+// were.
+func stillPinned(kv engine.KV, key kvsp.BlockKey) bool {
+	return kv.Pin(key) && kv.Unpin(key)
+}
+
 // counterOf finds the counter name{source=label} in reg.
 func counterOf(t *testing.T, reg *prometheus.Registry, name, label string) prometheus.Collector {
 	t.Helper()

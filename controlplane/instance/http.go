@@ -143,10 +143,10 @@ func (a *Agent) generate(w http.ResponseWriter, r *http.Request) error {
 	}()
 	// The blocks the PC's directive for this request is loading are
 	// worth waiting for: the directive's deadline bounds the wait (R-PF-*).
-	a.awaitPrefetch(r.Context(), q.ScopeID, q.Session)
+	held := a.awaitPrefetch(r.Context(), q.ScopeID, q.Session)
 	// What is resident now stays until the prefill uses it: the request
 	// may wait for a place in the batch while others' prefills evict it.
-	ready, unpin := a.pinReady(keys)
+	ready, unpin := a.pinReady(keys, held)
 	defer unpin()
 	req := engine.Request{Tokens: q.Tokens, Keys: keys, MaxTokens: int(q.MaxTokens), Sampler: engine.Sampler{Method: engine.Greedy}}
 	var prefill atomic.Pointer[kvsp.PrefillInfo] // for the first line sent
