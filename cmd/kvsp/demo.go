@@ -789,7 +789,9 @@ type modeReport struct {
 	Requests int     `json:"requests"`
 	Errors   int     `json:"errors"`
 	HitRatio float64 `json:"hit_ratio"` // cached / all prompt tokens, as the instances reported
-	// TTFT is wall clock from POST place to the first token, in ms.
+	// TTFT is wall clock from the request's arrival (its time in the
+	// trace, sped up) to its first token, in ms: waits for a place in flight
+	// and for capacity count.
 	TTFT struct {
 		P50 float64 `json:"p50"`
 		P90 float64 `json:"p90"`
@@ -840,7 +842,7 @@ func summarizeMode(dc *demoConfig, mode string, reqs []traceRequest, r *modeRun)
 // ttftChart is the second panel: each mode's TTFT distribution (the
 // fraction of requests whose first token came within x ms).
 func ttftChart(dc *demoConfig, runs map[string]*modeRun) *chart.Chart {
-	c := &chart.Chart{Title: "TTFT in each mode: measured, POST place to the first token", XLabel: "TTFT (ms)", YLabel: "share",
+	c := &chart.Chart{Title: "TTFT in each mode: measured, arrival to the first token", XLabel: "TTFT (ms)", YLabel: "share",
 		LogX: true, XTick: func(x float64) string { return fmt.Sprint(int(x)) }}
 	for _, mode := range dc.modes {
 		var ms []float64

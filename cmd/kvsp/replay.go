@@ -85,7 +85,7 @@ func (rp *replayer) run(ctx context.Context, reqs []traceRequest, stderr io.Writ
 		wg.Add(1)
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			r := rp.one(ctx, &reqs[i])
+			r := rp.one(ctx, &reqs[i], at)
 			results[i] = r
 			if r.err == nil {
 				cached.Add(int64(r.cached))
@@ -109,8 +109,10 @@ func (rp *replayer) run(ctx context.Context, reqs []traceRequest, stderr io.Writ
 }
 
 // one places a request with the PC and runs it on the instance chosen,
-// timing its first token.
-func (rp *replayer) one(ctx context.Context, q *traceRequest) replayResult {
+// timing its first token from arrival, the time the trace gives it: a
+// request that waited for a place in flight (the replay's own bound) or
+// for capacity waited as a user would.
+func (rp *replayer) one(ctx context.Context, q *traceRequest, arrival time.Time) replayResult {
 	var r replayResult
 	vocab := rp.vocab
 	if vocab == 0 {
@@ -118,7 +120,6 @@ func (rp *replayer) one(ctx context.Context, q *traceRequest) replayResult {
 	}
 	tokens := demoTokens(q, vocab)
 	out := uint64(max(1, min(q.OutputLength, rp.maxOutput)))
-	t0 := time.Now()
 	var at *kvsp.PlaceResponse
 	var err error
 	for try := 0; ; try++ { // no capacity: the PC says when to come back
@@ -136,7 +137,7 @@ func (rp *replayer) one(ctx context.Context, q *traceRequest) replayResult {
 	err = rp.c.Instance(at.Instance).Generate(ctx, &kvsp.GenerateRequest{Session: at.Session, Epoch: at.Epoch, ScopeID: rp.scope, CompatID: rp.compat,
 		Tokens: tokens, MaxTokens: out}, func(t kvsp.GeneratedToken) error {
 		if first {
-			r.ttft, first = time.Since(t0), false
+			r.ttft, first = time.Since(arrival), false
 			r.computed = q.InputLength
 			if t.Prefill != nil {
 				r.cached, r.computed = int(t.Prefill.CachedTokens), int(t.Prefill.ComputedTokens)
@@ -401,7 +402,7 @@ func writeReplayRows(w io.Writer, s *replaySummary) {
 	row("requests (failed)", fmt.Sprintf("%d (%d)", s.Requests, s.Errors))
 	row("prefix hit ratio (prompt tokens)", fmt.Sprintf("%.3f: %.2f of the infinite-cache bound %.3f (per-instance LRU caches, MODELLED: %.3f)", s.HitRatio, s.HitRatio/max(s.BoundRatio, 1e-9), s.BoundRatio, s.LocalRatio))
 	row("prompt tokens cached / computed", fmt.Sprintf("%d / %d", s.CachedTokens, s.Computed))
-	row("TTFT p50 / p90, measured", fmt.Sprintf("%.0f / %.0f ms (wall clock, POST place to the first token)", s.TTFT["measured"][0], s.TTFT["measured"][1]))
+	row("TTFT p50 / p90, measured", fmt.Sprintf("%.0f / %.0f ms (wall clock, from the request's arrival in the trace to its first token)", s.TTFT["measured"][0], s.TTFT["measured"][1]))
 	if t, ok := s.TTFT["modelled_kvsp"]; ok {
 		row("TTFT p50 / p90, MODELLED", fmt.Sprintf("KVSP %.0f / %.0f ms, local caches only %.0f / %.0f ms, no cache %.0f / %.0f ms (--prefill-rate applied to the tokens each computes; not run)",
 			t[0], t[1], s.TTFT["modelled_local_only"][0], s.TTFT["modelled_local_only"][1], s.TTFT["modelled_no_cache"][0], s.TTFT["modelled_no_cache"][1]))

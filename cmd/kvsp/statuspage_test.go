@@ -28,7 +28,7 @@ func TestStatusPage(t *testing.T) {
 	q := traceRequest{InputLength: 700, OutputLength: 2, HashIDs: []int64{1, 2}}
 	var r replayResult
 	for deadline := time.Now().Add(10 * time.Second); ; { // until the instances have reported
-		if r = rp.one(context.Background(), &q); r.err == nil || time.Now().After(deadline) {
+		if r = rp.one(context.Background(), &q, time.Now()); r.err == nil || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(50 * time.Millisecond)
