@@ -602,20 +602,22 @@ func (a *Agent) run(ctx context.Context, x *directive) {
 	// Only the leading run of pinned blocks is sure to be used (keys
 	// chain): pins past it, or past the loaded prefix, go now, to leave the
 	// budget to other requests' prefixes.
-	pinned := make(map[kvsp.BlockKey]bool, len(x.pins))
+	pinned := make(map[kvsp.BlockKey]int, len(x.pins)) // counted: a key listed twice is pinned twice
 	for _, k := range x.pins {
-		pinned[k] = true
+		pinned[k]++
 	}
 	var kept []kvsp.BlockKey
 	for _, k := range x.loaded {
-		if !pinned[k] {
+		if pinned[k] == 0 {
 			break
 		}
 		kept = append(kept, k)
-		delete(pinned, k)
+		pinned[k]--
 	}
-	for k := range pinned {
-		a.unpinKeys([]kvsp.BlockKey{k})
+	for k, n := range pinned {
+		for ; n > 0; n-- {
+			a.unpinKeys([]kvsp.BlockKey{k})
+		}
 	}
 	x.pins = kept
 	if len(kept) > 0 { // the request that does not come does not hold them long
