@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"slices"
@@ -14,6 +15,7 @@ import (
 	"testing"
 
 	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/internal/figures"
 )
 
 // The helpers of TestS6_BlockKeyVectorsAndDomainSeparation (RELIABILITY.md
@@ -271,4 +273,7 @@ func s6NoCollision(t *testing.T) {
 		}
 	}
 	t.Logf("%d distinct inputs, %d distinct keys", n, len(keys))
+	figures.Report(t, figures.Row{Row: "S6", Inputs: int64(n),
+		Held:   fmt.Sprintf("the spec's Block Key vectors; %d distinct inputs over 4 scope and model contexts, %d distinct keys", n, len(keys)),
+		Detail: map[string]float64{"samples": float64(n)}})
 }

@@ -29,6 +29,7 @@ import (
 	"github.com/kvsp/kvsp/holder/tier"
 	"github.com/kvsp/kvsp/internal/failpoint"
 	"github.com/kvsp/kvsp/internal/faultproxy"
+	"github.com/kvsp/kvsp/internal/figures"
 	"github.com/kvsp/kvsp/internal/kvsptest"
 	"github.com/kvsp/kvsp/server"
 )
@@ -543,6 +544,10 @@ func TestF2_EvictionRacingLeases(t *testing.T) {
 		}
 		return true
 	})
+	figures.Report(t, figures.Row{Row: "F2", Faults: int64(evictions), Requests: leasedGets.Load() + gets.Load() + puts.Load(),
+		Held: fmt.Sprintf("%v of eviction racing leases: %d leased and %d unleased GETs, %d PUTs, %.0f evictions, 0 leased block evicted, every GET the key's verified bytes or 404",
+			dur, leasedGets.Load(), gets.Load(), puts.Load(), evictions),
+		Detail: map[string]float64{"seconds": dur.Seconds(), "leased_gets": float64(leasedGets.Load()), "gets": float64(gets.Load()), "puts": float64(puts.Load()), "evictions": evictions}})
 }
 
 // TestHolderProcess is not a test: TestF4_HolderKilledMidGET and

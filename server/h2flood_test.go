@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"runtime"
@@ -16,6 +17,7 @@ import (
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 
+	"github.com/kvsp/kvsp/internal/figures"
 	"github.com/kvsp/kvsp/internal/kvsptest"
 	"github.com/kvsp/kvsp/server"
 )
@@ -235,6 +237,9 @@ func TestB7_HTTP2RapidResetAndContinuationFlood(t *testing.T) {
 		if n, bound := peakG.Load(), int64(base)+int64(min(maxStreams, maxStreamsCap))+slack; n > bound {
 			t.Errorf("goroutines peaked at %d, above baseline %d + MAX_CONCURRENT_STREAMS %d (at most %d) + %d", n, base, maxStreams, maxStreamsCap, slack)
 		}
+		figures.Report(t, figures.Row{Row: "B7", Inputs: int64(sent),
+			Held:   fmt.Sprintf("%d streams opened and reset: at most %d handlers at once (MAX_CONCURRENT_STREAMS %d); CONTINUATION floods closed with GOAWAY", sent, peakRunning.Load(), maxStreams),
+			Detail: map[string]float64{"reset_streams": float64(sent), "peak_handlers": float64(peakRunning.Load())}})
 	})
 
 	t.Run("CONTINUATION flood", func(t *testing.T) {

@@ -120,18 +120,19 @@ func (l *countingListener) Accept() (net.Conn, error) {
 		return nil, err
 	}
 	l.open.Add(1)
-	cc := &countedConn{Conn: c, open: l.open, done: make(chan struct{})}
+	cc := &countedConn{Conn: c, open: l.open, accepted: time.Now(), done: make(chan struct{})}
 	l.closed.Store(c.RemoteAddr().String(), cc)
 	return cc, nil
 }
 
 type countedConn struct {
 	net.Conn
-	open *atomic.Int64
-	read atomic.Int64 // octets the server read, TLS records included
-	at   atomic.Int64 // when the server closed it, Unix nanoseconds
-	done chan struct{}
-	once sync.Once
+	open     *atomic.Int64
+	accepted time.Time    // when the server accepted it
+	read     atomic.Int64 // octets the server read, TLS records included
+	at       atomic.Int64 // when the server closed it, Unix nanoseconds
+	done     chan struct{}
+	once     sync.Once
 }
 
 func (c *countedConn) Read(p []byte) (int, error) {
@@ -160,6 +161,15 @@ func (r *rig) ServerClosed(addr string) <-chan struct{} {
 func (r *rig) ServerClosedAt(addr string) time.Time {
 	if c := r.serverConn(addr); c != nil && c.at.Load() != 0 {
 		return time.Unix(0, c.at.Load())
+	}
+	return time.Time{}
+}
+
+// ServerAcceptedAt returns when the server accepted the client connection
+// whose local address is addr (zero: not accepted).
+func (r *rig) ServerAcceptedAt(addr string) time.Time {
+	if c := r.serverConn(addr); c != nil {
+		return c.accepted
 	}
 	return time.Time{}
 }

@@ -28,6 +28,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/internal/figures"
 	"github.com/kvsp/kvsp/internal/kvsptest"
 	"github.com/kvsp/kvsp/internal/mtls"
 	"github.com/kvsp/kvsp/internal/pki"
@@ -476,6 +477,21 @@ func TestOversizedBody(t *testing.T) {
 // baseline (gosec G112: a peer cannot hold server resources without
 // bound). The attack connections are opened first, 8 at a time; the probe
 // measures the stalled steady state that follows.
+//
+// Each cut is timed on the server's own clock, from the event that starts
+// its timeout (the connection's accept for handshake stallers and header
+// tricklers, the handler's start for slow readers) to the server's close
+// of the connection, so that a loaded machine (make chaos runs other
+// packages' rows beside this one) delays the start of a timeout without
+// being counted as the server holding a connection past it. The failure
+// issue 25 saw (a slow reader open 8.06 s against its 3 s deadline) was
+// the server's: crypto/tls closes a connection by sending close_notify
+// under a fresh 5 s write deadline, which a peer that has stopped reading
+// may never let through; the route now closes the raw connection at the
+// deadline (server/handler.go). That wait needs the send buffer to be
+// full at the close, a race this test loses only now and then (3 runs in
+// 13 before the cut, 0 in 5 with it removed since), so the row's mutation
+// is the header timeout's.
 func TestB6_SlowlorisAndSlowReaders(t *testing.T) {
 	const (
 		headerTimeout = 3 * time.Second
@@ -487,9 +503,11 @@ func TestB6_SlowlorisAndSlowReaders(t *testing.T) {
 		blockSize     = 16 << 20
 	)
 	p := kvsptest.NewPKI(t)
+	var began sync.Map // a slow reader's address -> when its handler began
 	r := startRig(t, p, rigOptions{ReadHeaderTimeout: headerTimeout}, func(s *server.Server) {
 		echoRoutes(s)
 		s.Mount("/s/").Handle("GET", "block", server.Route{Timeout: blockTimeout}, func(w http.ResponseWriter, req *http.Request) error {
+			began.Store(req.RemoteAddr, time.Now())
 			w.Header().Set("Content-Type", "application/kvsp-block")
 			w.Header().Set("Content-Length", strconv.Itoa(blockSize))
 			chunk := make([]byte, 32<<10)
@@ -594,7 +612,9 @@ func TestB6_SlowlorisAndSlowReaders(t *testing.T) {
 		t.Fatalf("%d attack connections failed to open, e.g. %v", len(fails), fails[0])
 	}
 	allClosed := make(chan struct{})
-	worst := map[string]time.Duration{}
+	unserved := 0                       // slow readers whose handler never began
+	worst := map[string]time.Duration{} // the server's clock: timeout start to close
+	wall := map[string]time.Duration{}  // the client's: connection up to close
 	count := map[string]int{}
 	go func() {
 		defer close(allClosed)
@@ -606,7 +626,19 @@ func TestB6_SlowlorisAndSlowReaders(t *testing.T) {
 			select {
 			case <-st.closed:
 				mu.Lock()
-				worst[st.kind] = max(worst[st.kind], r.ServerClosedAt(st.c.LocalAddr().String()).Sub(st.up))
+				addr := st.c.LocalAddr().String()
+				at := r.ServerClosedAt(addr)
+				from := r.ServerAcceptedAt(addr)
+				if st.kind == "slow reader" {
+					b, ok := began.Load(addr)
+					if !ok {
+						unserved++
+						break
+					}
+					from = b.(time.Time)
+				}
+				worst[st.kind] = max(worst[st.kind], at.Sub(from))
+				wall[st.kind] = max(wall[st.kind], at.Sub(st.up))
 				count[st.kind]++
 				mu.Unlock()
 			case <-deadline:
@@ -649,8 +681,12 @@ probing:
 		t.Fatalf("only %d probe requests", len(lat))
 	}
 	p99 := lat[(len(lat)*99+99)/100-1]
-	t.Logf("%d connections opened in %v; closed by the server after at most: slowloris %v, handshake stallers %v, slow readers %v; probe: %d requests, p50 %v, p99 %v, max %v",
-		len(all), dialPhase, worst["slowloris"], worst["handshake staller"], worst["slow reader"], len(lat), lat[len(lat)/2], p99, lat[len(lat)-1])
+	t.Logf("%d connections opened in %v; closed by the server, from the start of their timeout, after at most: slowloris %v, handshake stallers %v, slow readers %v (from the client's connection: %v, %v, %v); probe: %d requests, p50 %v, p99 %v, max %v",
+		len(all), dialPhase, worst["slowloris"], worst["handshake staller"], worst["slow reader"], wall["slowloris"], wall["handshake staller"], wall["slow reader"],
+		len(lat), lat[len(lat)/2], p99, lat[len(lat)-1])
+	if unserved > 0 {
+		t.Errorf("%d slow readers closed before their handler began", unserved)
+	}
 	if probeFailures > 0 {
 		t.Errorf("%d probe requests failed", probeFailures)
 	}
@@ -670,6 +706,10 @@ probing:
 	if n := settleGoroutines(base, 5*time.Second); n > base {
 		t.Errorf("%d goroutines, baseline %d", n, base)
 	}
+	figures.Report(t, figures.Row{Row: "B6", Inputs: int64(len(all)),
+		Held: fmt.Sprintf("%d hostile connections (%d header tricklers, %d stalled handshakes, %d 1 KiB/s readers) each closed within %v of its timeout; probe p99 %v, 0 failed",
+			len(all), nSlowloris, nHandshake, nSlowReaders, max(worst["slowloris"]-headerTimeout, worst["handshake staller"]-headerTimeout, worst["slow reader"]-blockTimeout).Round(time.Millisecond), p99.Round(100*time.Microsecond)),
+		Detail: map[string]float64{"connections": float64(len(all)), "probe_p99_ms": float64(p99.Microseconds()) / 1000}})
 }
 
 // TestGracefulShutdown: Shutdown lets an in-flight stream finish.
@@ -926,6 +966,9 @@ func TestS4_CertificateRotationUnderLoad(t *testing.T) {
 	if rotations < 2 || ok < 50 {
 		t.Errorf("too little exercised: %d rotations, %d requests", rotations, ok)
 	}
+	figures.Report(t, figures.Row{Row: "S4", Faults: int64(rotations), Requests: int64(ok),
+		Held:   fmt.Sprintf("%v of certificate rotation under load: %d rotations, %d requests, 0 failed", duration, rotations, ok),
+		Detail: map[string]float64{"seconds": duration.Seconds(), "rotations": float64(rotations), "requests": float64(ok)}})
 }
 
 // s4Duration and s4Rotate size row S4 for make test; each side is swapped

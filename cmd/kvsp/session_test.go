@@ -24,6 +24,7 @@ import (
 	"github.com/kvsp/kvsp/engine"
 	"github.com/kvsp/kvsp/engine/llamacpp"
 	"github.com/kvsp/kvsp/engine/sim"
+	"github.com/kvsp/kvsp/internal/figures"
 	"github.com/kvsp/kvsp/internal/kvsptest"
 )
 
@@ -613,6 +614,9 @@ func TestChaosSessionsSurviveRandomKills(t *testing.T) {
 			t.Errorf("session %d (%v): %d tokens delivered, not its uninterrupted output (%d)", k, qs[k].Sampler, len(outs[k]), len(want))
 		}
 	}
+	figures.Report(t, figures.Row{Row: "chaos", Faults: int64(len(killed)), Requests: sessions,
+		Held:   fmt.Sprintf("%d instance processes SIGKILLed under %d sessions: every output its uninterrupted run", len(killed), sessions),
+		Detail: map[string]float64{"kills": float64(len(killed)), "sessions": sessions}})
 }
 
 func isDone(ch chan struct{}) bool {

@@ -10,6 +10,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"net/http"
@@ -30,6 +31,7 @@ import (
 	"github.com/kvsp/kvsp/container"
 	"github.com/kvsp/kvsp/controlplane/index"
 	"github.com/kvsp/kvsp/holder"
+	"github.com/kvsp/kvsp/internal/figures"
 	"github.com/kvsp/kvsp/internal/kvsptest"
 	"github.com/kvsp/kvsp/server"
 )
@@ -838,4 +840,7 @@ func TestS9_NoAuthorizationOracleInLookups(t *testing.T) {
 	if _, ps := kvsptest.KSTwoSample(hit, shifted); ps >= 0.01 {
 		t.Errorf("the test cannot see a shift of a quarter of the median (p %.4g): too few or too noisy samples", ps)
 	}
+	figures.Report(t, figures.Row{Row: "S9", Inputs: int64(len(hit) + len(miss)),
+		Held:   fmt.Sprintf("%d+%d unauthorized lookups of existing and absent keys: 0 backend calls, latencies indistinguishable (KS p %.2f)", len(hit), len(miss), p),
+		Detail: map[string]float64{"lookups": float64(len(hit) + len(miss)), "ks_p": p, "backend_calls": float64(pc.calls.Load())}})
 }

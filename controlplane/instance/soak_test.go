@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"os"
@@ -19,6 +20,7 @@ import (
 	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/client"
 	"github.com/kvsp/kvsp/container"
+	"github.com/kvsp/kvsp/internal/figures"
 	"github.com/kvsp/kvsp/internal/kvsptest"
 )
 
@@ -231,6 +233,10 @@ func TestL2_Soak(t *testing.T) {
 			}
 		}
 	}
+	figures.Report(t, figures.Row{Row: "L2", Requests: n,
+		Held: fmt.Sprintf("%v of mixed load: %d operations, 0 failed; goroutines %d -> %d, open files %d -> %d, heap in use %.1f -> %.1f MiB, 0 live leases, no record without its block",
+			dur.Round(time.Second), n, g0, g1, f0, f1, float64(h0)/(1<<20), float64(h1)/(1<<20)),
+		Detail: map[string]float64{"seconds": dur.Seconds(), "operations": float64(n), "heap_growth_pct": 100 * (float64(h1)/float64(h0) - 1)}})
 }
 
 // getVerified GETs a block and checks every layer and the whole.

@@ -19,6 +19,7 @@ import (
 	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/container"
 	"github.com/kvsp/kvsp/internal/failpoint"
+	"github.com/kvsp/kvsp/internal/figures"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -247,6 +248,9 @@ func TestS10_EncryptionAtRest(t *testing.T) {
 		}
 	}
 	t.Logf("%d blocks, %d files scanned, %d patterns, %d nonces", n, files, len(patterns), len(nonces))
+	figures.Report(t, figures.Row{Row: "S10", Inputs: int64(len(patterns)),
+		Held:   fmt.Sprintf("%d blocks at rest: %d plaintext patterns searched in %d files, none found; %d nonces, all distinct; swaps, truncations and a deleted key refused", n, len(patterns), files, len(nonces)),
+		Detail: map[string]float64{"blocks": float64(n), "files": float64(files), "patterns": float64(len(patterns)), "nonces": float64(len(nonces))}})
 }
 
 // TestDiskWriterProcess is not a test: TestF5_DiskKilledMidWrite runs the

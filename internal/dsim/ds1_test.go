@@ -16,6 +16,7 @@ import (
 	"github.com/kvsp/kvsp/client"
 	"github.com/kvsp/kvsp/container"
 	"github.com/kvsp/kvsp/controlplane/placement"
+	"github.com/kvsp/kvsp/internal/figures"
 	"github.com/kvsp/kvsp/internal/kvsptest"
 	"github.com/kvsp/kvsp/internal/simnet"
 )
@@ -58,6 +59,11 @@ func TestDS1_Simulation(t *testing.T) {
 		}
 	}
 	t.Logf("%+v", total)
+	s := total
+	figures.Report(t, figures.Row{Row: "DS1", Faults: int64(s.InstanceCrashes + s.HolderCrashes + s.PCCrashes + s.FaultPeriods), Requests: int64(s.Requests),
+		Held: fmt.Sprintf("%d seeds, %d sessions: %d tokens delivered exactly once through %d instance, %d holder and %d PC crashes, %d lossy periods and %d reshards (%d committed); %d requests (%d dropped, %d refused by a host that was down); 0 invariant broken",
+			s.Seeds, s.Sessions, s.Tokens, s.InstanceCrashes, s.HolderCrashes, s.PCCrashes, s.FaultPeriods, s.Reshards, s.Committed, s.Requests, s.Dropped, s.Refused),
+		Detail: map[string]float64{"seeds": float64(s.Seeds), "tokens": float64(s.Tokens), "reshards": float64(s.Reshards), "dropped": float64(s.Dropped)}})
 }
 
 type ds1Stats struct {

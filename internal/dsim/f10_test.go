@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/internal/figures"
 )
 
 // TestF10_ExactlyOnceAcrossMigrations (RELIABILITY F10; R-SES-5, R-SES-6,
@@ -44,6 +45,9 @@ func TestF10_ExactlyOnceAcrossMigrations(t *testing.T) {
 		t.Fatalf("%d kills and %d migrations: the runs did not exercise migration", kills, migrations)
 	}
 	t.Logf("%d kills of serving instances, %d migrations; every output exactly once and equal to its uninterrupted run", kills, migrations)
+	figures.Report(t, figures.Row{Row: "F10", Faults: int64(kills),
+		Held:   fmt.Sprintf("%d seeds: %d kills of the serving instance, %d migrations, every output exactly once and equal to its uninterrupted run", len(seedList("KVSP_F10_SEEDS", 100)), kills, migrations),
+		Detail: map[string]float64{"kills": float64(kills), "migrations": float64(migrations)}})
 }
 
 func f10Run(t *testing.T, x *ids, seed uint64) (migrations, kills int) {
