@@ -18,7 +18,7 @@ REQUIRE   := KVSP_REQUIRE_REDIS=1 KVSP_REQUIRE_ETCD=1 KVSP_REQUIRE_CHROMIUM=1 KV
 LLAMACPP  := $(CURDIR)/.cache/llama.cpp
 export KVSP_LLAMACPP_LIB ?= $(LLAMACPP)
 
-.PHONY: chaos soak sim mutants help deps bench-llamacpp bench-holder bench-layers build build-nogpu build-gpu build-rdma ptx test-gpu test vet test-race test-nocgo lint fmt-check staticcheck fuzz bench demo check
+.PHONY: chaos soak sim nightly mutants help deps bench-llamacpp bench-holder bench-layers build build-nogpu build-gpu build-rdma ptx test-gpu test vet test-race test-nocgo lint fmt-check staticcheck fuzz bench demo check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -82,17 +82,30 @@ test-race: ## go test -race over every package (shuffled); Redis tests are requi
 	$(REQUIRE) $(GO) test -tags nogpu,purego -run 'Transpose|Exact|StateConversion' ./engine/llamacpp/
 	$(GO) test -race ./gpu/ # the CUDA build of gpu: without a driver it must say so
 
-chaos: deps ## the reliability plan's fault, security and load rows at full size (../shared/RELIABILITY.md; about an hour), then the process chaos test ten times, all under -race
-	mkdir -p $(BIN)
+chaos: deps ## the reliability plan's fault, security and load rows at full size (../shared/RELIABILITY.md; about ten minutes), then the process chaos test ten times, all under -race; the last line names any failed row (bin/chaos.log, bin/chaos.json)
+	@mkdir -p $(BIN); start=$$(date +%s); \
 	KVSP_F2_DURATION=5m KVSP_S4_DURATION=60s KVSP_S10_BLOCKS=10000 KVSP_S9_PAIRS=6000 KVSP_S6_SAMPLES=1000000 $(REQUIRE) \
-		$(GO) test -race -tags nogpu -timeout 0 -count 1 -v -run '^Test(B|S|F|L)[0-9]+_' ./... 2>&1 | tee $(BIN)/chaos.log | grep -E '^(=== RUN|--- |ok|FAIL|PASS)' ; test $${PIPESTATUS[0]} -eq 0
-	$(GO) test -race -tags nogpu -timeout 0 -count 10 -run '^TestChaosSessionsSurviveRandomKills$$' ./cmd/kvsp/
+		$(GO) test -race -tags nogpu -timeout 0 -count 1 -v -run '^Test(B|S|F|L)[0-9]+_' ./... 2>&1 | tee $(BIN)/chaos.log | grep -E '^(=== RUN|--- |ok|FAIL|PASS)'; st=$${PIPESTATUS[0]}; \
+	$(GO) test -race -tags nogpu -timeout 0 -count 10 -v -run '^TestChaosSessionsSurviveRandomKills$$' ./cmd/kvsp/ 2>&1 | tee -a $(BIN)/chaos.log | grep -E '^(--- |ok|FAIL)'; s2=$${PIPESTATUS[0]}; \
+	[ $$st -ne 0 ] || st=$$s2; \
+	$(GO) build -o $(BIN)/kvsp-nightly ./internal/nightly && $(BIN)/kvsp-nightly verdict -stage chaos -command 'make chaos' -status $$st -start $$start -out $(BIN) $(BIN)/chaos.log
 
-soak: deps ## reliability row L2: the mixed-workload soak for SOAK (default 30m) under -race, then the leak checks
-	KVSP_L2_DURATION=$(SOAK) $(GO) test -race -tags nogpu -timeout 0 -count 1 -v -run '^TestL2_' ./controlplane/instance/
+soak: deps ## reliability row L2: the mixed-workload soak for SOAK (default 30m) under -race, then the leak checks; the last line says whether it held (bin/soak.log, bin/soak.json)
+	@mkdir -p $(BIN); start=$$(date +%s); \
+	KVSP_L2_DURATION=$(SOAK) $(GO) test -race -tags nogpu -timeout 0 -count 1 -v -run '^TestL2_' ./controlplane/instance/ 2>&1 | tee $(BIN)/soak.log; st=$${PIPESTATUS[0]}; \
+	$(GO) build -o $(BIN)/kvsp-nightly ./internal/nightly && $(BIN)/kvsp-nightly verdict -stage soak -command 'make soak SOAK=$(SOAK)' -status $$st -start $$start -out $(BIN) $(BIN)/soak.log
 
-sim: ## the deterministic simulation: DS1 for SEEDS seeds (default 1000) and F10 for F10_SEEDS (default 10000), on the fake clock
-	KVSP_SIM_SEEDS=$(SEEDS) KVSP_F10_SEEDS=$(F10_SEEDS) $(GO) test -tags nogpu -timeout 0 -count 1 -v -run '^(TestDS1_|TestF10_)' ./internal/dsim/ 2>&1 | grep -v -E '^(=== RUN|    --- PASS)'; test $${PIPESTATUS[0]} -eq 0
+sim: ## the deterministic simulation: DS1 for SEEDS seeds (default 1000) and F10 for F10_SEEDS (default 10000), on the fake clock; the last line names a failed row (bin/sim.log, bin/sim.json)
+	@mkdir -p $(BIN); start=$$(date +%s); \
+	KVSP_SIM_SEEDS=$(SEEDS) KVSP_F10_SEEDS=$(F10_SEEDS) $(GO) test -tags nogpu -timeout 0 -count 1 -v -run '^(TestDS1_|TestF10_)' ./internal/dsim/ 2>&1 | tee $(BIN)/sim.log | grep -v -E '^(=== RUN|    --- PASS)'; st=$${PIPESTATUS[0]}; \
+	$(GO) build -o $(BIN)/kvsp-nightly ./internal/nightly && $(BIN)/kvsp-nightly verdict -stage sim -command 'make sim SEEDS=$(SEEDS) F10_SEEDS=$(F10_SEEDS)' -status $$st -start $$start -out $(BIN) $(BIN)/sim.log
+
+nightly: deps ## make chaos, make soak and make sim in sequence (about 50 minutes), then one dated report of them in bin/ (nightly-DATE.json and .md); the last line names any failed stage and row. go run ./internal/nightly install bin/nightly-DATE.json puts a passing report in docs/nightly/ and the README
+	@rm -f $(BIN)/chaos.json $(BIN)/soak.json $(BIN)/sim.json
+	-@$(MAKE) --no-print-directory chaos
+	-@$(MAKE) --no-print-directory soak
+	-@$(MAKE) --no-print-directory sim
+	@$(GO) build -o $(BIN)/kvsp-nightly ./internal/nightly && $(BIN)/kvsp-nightly report -out $(BIN) $(BIN)/chaos.json $(BIN)/soak.json $(BIN)/sim.json
 
 mutants: deps ## issue 22: each mutation of internal/mutants/mutants.yaml (a reliability row's mechanism removed) applied alone to a scratch copy, the row's test required to fail; killed or survived per mutation, rows without one, report in bin/mutants.json (ROWS=B2,S8 for some rows only)
 	$(REQUIRE) $(GO) run ./internal/mutants $(if $(ROWS),-rows $(ROWS))
