@@ -51,7 +51,7 @@ func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
 // TestDependencyDirections enforces the layout rules of STYLE.md section 1:
 //   - kvsp and container are leaves: standard library (and, for kvsp, the
 //     JSON and JCS modules) only, and never net/http;
-//   - only holder/tier and cmd/... import gpu or rdma; only cmd/...
+//   - only tier and cmd/... import gpu or rdma; only cmd/...
 //     imports quicbulk, which imports kvsp and internal/udpbuf only;
 //   - everything outside gpu, rdma and cmd builds with CGO_ENABLED=0;
 //   - no production package imports testing or internal/kvsptest.
@@ -91,8 +91,8 @@ func TestDependencyDirections(t *testing.T) {
 				t.Errorf("quicbulk imports %s: it imports kvsp and internal/udpbuf only", d)
 			}
 			if (strings.HasSuffix(d, mod+"/gpu") || strings.HasSuffix(d, mod+"/rdma")) &&
-				!under(p.ImportPath, "holder/tier") && !under(p.ImportPath, "cmd") {
-				t.Errorf("%s imports %s: only holder/tier and cmd may", p.ImportPath, d)
+				!under(p.ImportPath, "tier") && !under(p.ImportPath, "cmd") {
+				t.Errorf("%s imports %s: only tier and cmd may", p.ImportPath, d)
 			}
 		}
 		if !under(p.ImportPath, "gpu") && !under(p.ImportPath, "rdma") && !under(p.ImportPath, "cmd") && len(p.CgoFiles) > 0 {

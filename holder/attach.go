@@ -12,7 +12,7 @@ import (
 	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/container"
 	"github.com/kvsp/kvsp/engine/attach"
-	"github.com/kvsp/kvsp/holder/tier"
+	"github.com/kvsp/kvsp/tier"
 )
 
 // Serving an attached engine's memory (package attach, docs/engine-attach.md):

@@ -17,8 +17,8 @@ import (
 	"github.com/kvsp/kvsp/container"
 	"github.com/kvsp/kvsp/engine/attach"
 	"github.com/kvsp/kvsp/holder"
-	"github.com/kvsp/kvsp/holder/tier"
 	"github.com/kvsp/kvsp/internal/kvsptest"
+	"github.com/kvsp/kvsp/tier"
 )
 
 // TestAttachedEngineServesFromItsPages (nogpu stand-in: the pool is a

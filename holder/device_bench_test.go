@@ -13,9 +13,9 @@ import (
 	"github.com/kvsp/kvsp/client"
 	"github.com/kvsp/kvsp/container"
 	"github.com/kvsp/kvsp/holder"
-	"github.com/kvsp/kvsp/holder/tier"
 	"github.com/kvsp/kvsp/internal/kvsptest"
 	"github.com/kvsp/kvsp/server"
+	"github.com/kvsp/kvsp/tier"
 )
 
 // BenchmarkDeviceGet: GETs of 2 MiB blocks held whole on the device tier,

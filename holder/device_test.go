@@ -14,8 +14,8 @@ import (
 	"github.com/kvsp/kvsp/client"
 	"github.com/kvsp/kvsp/container"
 	"github.com/kvsp/kvsp/holder"
-	"github.com/kvsp/kvsp/holder/tier"
 	"github.com/kvsp/kvsp/internal/kvsptest"
+	"github.com/kvsp/kvsp/tier"
 )
 
 // residency waits for the IS record of key k to have the wanted residency.

@@ -19,9 +19,9 @@ import (
 	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/client"
 	"github.com/kvsp/kvsp/container"
-	"github.com/kvsp/kvsp/holder/tier"
 	"github.com/kvsp/kvsp/internal/failpoint"
 	"github.com/kvsp/kvsp/server"
+	"github.com/kvsp/kvsp/tier"
 )
 
 // Config configures a holder.

@@ -27,9 +27,9 @@ import (
 	"github.com/kvsp/kvsp/container"
 	"github.com/kvsp/kvsp/controlplane/index"
 	"github.com/kvsp/kvsp/holder"
-	"github.com/kvsp/kvsp/holder/tier"
 	"github.com/kvsp/kvsp/internal/kvsptest"
 	"github.com/kvsp/kvsp/server"
+	"github.com/kvsp/kvsp/tier"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

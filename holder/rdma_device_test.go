@@ -13,9 +13,9 @@ import (
 	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/client"
 	"github.com/kvsp/kvsp/holder"
-	"github.com/kvsp/kvsp/holder/tier"
 	"github.com/kvsp/kvsp/internal/kvsptest"
 	"github.com/kvsp/kvsp/rdma"
+	"github.com/kvsp/kvsp/tier"
 )
 
 // TestRDMAFromDeviceTier: blocks on the device tier are read by RDMA too

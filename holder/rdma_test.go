@@ -13,9 +13,9 @@ import (
 	"github.com/kvsp/kvsp/client"
 	"github.com/kvsp/kvsp/container"
 	"github.com/kvsp/kvsp/holder"
-	"github.com/kvsp/kvsp/holder/tier"
 	"github.com/kvsp/kvsp/internal/kvsptest"
 	"github.com/kvsp/kvsp/rdma"
+	"github.com/kvsp/kvsp/tier"
 )
 
 // rdmaFixture is a holder whose blocks can be read by RDMA over an

@@ -26,12 +26,12 @@ import (
 	"github.com/kvsp/kvsp/client"
 	"github.com/kvsp/kvsp/container"
 	"github.com/kvsp/kvsp/holder"
-	"github.com/kvsp/kvsp/holder/tier"
 	"github.com/kvsp/kvsp/internal/failpoint"
 	"github.com/kvsp/kvsp/internal/faultproxy"
 	"github.com/kvsp/kvsp/internal/figures"
 	"github.com/kvsp/kvsp/internal/kvsptest"
 	"github.com/kvsp/kvsp/server"
+	"github.com/kvsp/kvsp/tier"
 )
 
 // addHolder mounts another holder (no IS: its records are not needed) at

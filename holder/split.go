@@ -5,7 +5,7 @@ import (
 	"io"
 
 	"github.com/kvsp/kvsp/container"
-	"github.com/kvsp/kvsp/holder/tier"
+	"github.com/kvsp/kvsp/tier"
 )
 
 // layerSpan is layers [i, j) (indexes in the block) of a stored block: the

@@ -8,8 +8,8 @@ import (
 
 	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/container"
-	"github.com/kvsp/kvsp/holder/tier"
 	"github.com/kvsp/kvsp/internal/failpoint"
+	"github.com/kvsp/kvsp/tier"
 )
 
 // blockID names a block resource: blocks/{compat}/{scope}/{block_key}.

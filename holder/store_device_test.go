@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/kvsp/kvsp"
-	"github.com/kvsp/kvsp/holder/tier"
+	"github.com/kvsp/kvsp/tier"
 )
 
 // TestDevicePartOutlivesDemotionWhileSent: a GET that is sending a split

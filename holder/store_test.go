@@ -10,8 +10,8 @@ import (
 
 	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/container"
-	"github.com/kvsp/kvsp/holder/tier"
 	"github.com/kvsp/kvsp/internal/failpoint"
+	"github.com/kvsp/kvsp/tier"
 )
 
 // bigGeom makes 1 MiB blocks: pooled sizes.

@@ -37,12 +37,12 @@ import (
 	"github.com/kvsp/kvsp/engine/llamacpp"
 	"github.com/kvsp/kvsp/engine/sim"
 	"github.com/kvsp/kvsp/holder"
-	"github.com/kvsp/kvsp/holder/tier"
 	"github.com/kvsp/kvsp/internal/config"
 	"github.com/kvsp/kvsp/internal/mtls"
 	"github.com/kvsp/kvsp/quicbulk"
 	"github.com/kvsp/kvsp/rdma"
 	"github.com/kvsp/kvsp/server"
+	"github.com/kvsp/kvsp/tier"
 )
 
 // cmdServe runs `kvsp serve --config FILE` until SIGTERM or SIGINT.

@@ -19,7 +19,7 @@ import (
 	"github.com/kvsp/kvsp/container"
 	"github.com/kvsp/kvsp/engine"
 	"github.com/kvsp/kvsp/engine/attach"
-	"github.com/kvsp/kvsp/holder/tier"
+	"github.com/kvsp/kvsp/tier"
 )
 
 // ErrNotAttached: no engine is attached (or none lent pages).

@@ -18,7 +18,7 @@ import (
 	"github.com/kvsp/kvsp/engine/attach"
 	"github.com/kvsp/kvsp/engine/connected"
 	"github.com/kvsp/kvsp/engine/sim"
-	"github.com/kvsp/kvsp/holder/tier"
+	"github.com/kvsp/kvsp/tier"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

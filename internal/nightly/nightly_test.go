@@ -27,7 +27,7 @@ ok  	github.com/kvsp/kvsp/server	9.799s
 FAIL
 FAIL	github.com/kvsp/kvsp/holder	301.2s
 panic: runtime error: index out of range
-FAIL	github.com/kvsp/kvsp/holder/tier	0.2s
+FAIL	github.com/kvsp/kvsp/tier	0.2s
 FAIL	github.com/kvsp/kvsp/rdma [build failed]
 === RUN   TestChaosSessionsSurviveRandomKills
     session_test.go:617: kvsp-figures {"row":"chaos","faults":4,"requests":6,"held":"4 kills"}
@@ -57,7 +57,7 @@ func TestStageVerdict(t *testing.T) {
 	if s.OK {
 		t.Fatal("a stage with a failed row passed")
 	}
-	want := "chaos: FAILED: F2 (TestF2_EvictionRacingLeases); package github.com/kvsp/kvsp/holder/tier; package github.com/kvsp/kvsp/rdma [build failed]"
+	want := "chaos: FAILED: F2 (TestF2_EvictionRacingLeases); package github.com/kvsp/kvsp/tier; package github.com/kvsp/kvsp/rdma [build failed]"
 	if got := s.Verdict(); got != want {
 		t.Errorf("verdict\n got %s\nwant %s", got, want)
 	}
