@@ -12,6 +12,10 @@ import (
 // MediaType is the media type of KVSP JSON bodies (R-HTTP-7, R-REG-1).
 const MediaType = "application/kvsp+json"
 
+// MediaTypeBlock is the media type of block data, a KVB1 container
+// (R-REG-2).
+const MediaTypeBlock = "application/kvsp-block"
+
 // MaxJSONInt is the largest integer KVSP accepts in JSON: 2^53-1, the I-JSON
 // range of RFC 7493 (decision A-33).
 const MaxJSONInt = 1<<53 - 1

@@ -122,11 +122,11 @@ func newPeer(t *testing.T, http3 bool) (*peer, *client.Client) {
 			case strings.Repeat("0e", 32): // a wrong Repr-Digest
 				d[0] ^= 1
 			case strings.Repeat("0d", 32): // none
-				w.Header().Set("Content-Type", client.MediaTypeBlock)
+				w.Header().Set("Content-Type", kvsp.MediaTypeBlock)
 				v.WriteTo(w)
 				return nil
 			}
-			w.Header().Set("Content-Type", client.MediaTypeBlock)
+			w.Header().Set("Content-Type", kvsp.MediaTypeBlock)
 			w.Header().Set("Repr-Digest", container.ReprDigest(d))
 			_, err := v.WriteTo(w)
 			return err

@@ -13,9 +13,6 @@ import (
 	"github.com/kvsp/kvsp/container"
 )
 
-// MediaTypeBlock is the media type of block data (R-REG-2).
-const MediaTypeBlock = "application/kvsp-block"
-
 // Holder is a client of a holder's blocks and leases.
 type Holder struct {
 	c    *Client
@@ -82,7 +79,7 @@ func (h *Holder) GetBlock(ctx context.Context, b BlockRef, g container.Geometry,
 		q += "codec=" + strconv.FormatUint(uint64(o.Codec), 10)
 	}
 	resp, err := h.c.doOn(h.c.bulk, ctx, http.MethodGet, url+q, http.Header{
-		"Accept":          {MediaTypeBlock + ", " + kvsp.MediaTypeProblem},
+		"Accept":          {kvsp.MediaTypeBlock + ", " + kvsp.MediaTypeProblem},
 		"Accept-Encoding": {"identity"},
 	}, nil)
 	if err != nil {
@@ -91,7 +88,7 @@ func (h *Holder) GetBlock(ctx context.Context, b BlockRef, g container.Geometry,
 	if resp.StatusCode != http.StatusOK {
 		return nil, ProblemFrom(resp)
 	}
-	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt != MediaTypeBlock {
+	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt != kvsp.MediaTypeBlock {
 		resp.Body.Close()
 		return nil, fmt.Errorf("%w: block answered with Content-Type %q", kvsp.ErrInvalid, mt)
 	}
@@ -129,7 +126,7 @@ func (h *Holder) PutBlock(ctx context.Context, b BlockRef, body io.Reader, size 
 		return fmt.Errorf("client: %w", err)
 	}
 	req.ContentLength = size
-	req.Header.Set("Content-Type", MediaTypeBlock)
+	req.Header.Set("Content-Type", kvsp.MediaTypeBlock)
 	req.Header.Set("If-None-Match", "*")
 	req.Header.Set("Repr-Digest", container.ReprDigest(digest))
 	resp, err := h.c.bulk.Do(req)

@@ -374,7 +374,7 @@ func (h *Holder) getBlock(w http.ResponseWriter, r *http.Request) error {
 	}
 	e.mu.Unlock()
 	wh := w.Header()
-	wh.Set("Content-Type", client.MediaTypeBlock)
+	wh.Set("Content-Type", kvsp.MediaTypeBlock)
 	wh.Set("Cache-Control", "private, immutable, max-age="+strconv.Itoa(maxAge))
 	if codec != 0 && codec != hdr.Codec && !g.Unknown() { // transcoding needs the geometry
 		blk, done, err := h.store.materialize(e, p)
@@ -508,7 +508,7 @@ func (h *Holder) putBlock(w http.ResponseWriter, r *http.Request) (err error) {
 	if r.Header.Get("If-None-Match") != "*" {
 		return fmt.Errorf("%w: PUT needs If-None-Match: * (A-10)", kvsp.ErrPreconditionRequired)
 	}
-	if err := server.RequireMediaType(r, client.MediaTypeBlock); err != nil {
+	if err := server.RequireMediaType(r, kvsp.MediaTypeBlock); err != nil {
 		return err
 	}
 	g, err := h.geometry(id.compat)

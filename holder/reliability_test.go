@@ -113,7 +113,7 @@ func (*taken) Error() string { return "taken" }
 // reprPut PUTs body as a block with its own, recomputed Repr-Digest.
 func (f *fixture) reprPut(t *testing.T, r client.BlockRef, body []byte) (int, []byte) {
 	t.Helper()
-	st, hdr, resp := f.raw(t, kvsptest.ClientA, "PUT", path(r), map[string]string{"If-None-Match": "*", "Content-Type": client.MediaTypeBlock,
+	st, hdr, resp := f.raw(t, kvsptest.ClientA, "PUT", path(r), map[string]string{"If-None-Match": "*", "Content-Type": kvsp.MediaTypeBlock,
 		"Repr-Digest": container.ReprDigest(sha256.Sum256(body))}, body)
 	if st >= 400 && !strings.HasPrefix(hdr.Get("Content-Type"), kvsp.MediaTypeProblem) {
 		t.Errorf("a %d without a problem: %s", st, hdr.Get("Content-Type"))
@@ -861,7 +861,7 @@ func TestB5_OversizedBodies(t *testing.T) {
 		req, _ := http.NewRequest(a.method, f.srv.URL(a.p), rd)
 		req.ContentLength = a.declared
 		if a.method == "PUT" {
-			req.Header.Set("Content-Type", client.MediaTypeBlock)
+			req.Header.Set("Content-Type", kvsp.MediaTypeBlock)
 			req.Header.Set("If-None-Match", "*")
 		} else {
 			req.Header.Set("Content-Type", kvsp.MediaType)
@@ -961,7 +961,7 @@ func TestS9_NoAuthorizationOracleInGETs(t *testing.T) {
 		req, _ := http.NewRequest(method, f.srv.URL(path(ref(k))), body)
 		if method == "PUT" {
 			req.Header.Set("If-None-Match", "*")
-			req.Header.Set("Content-Type", client.MediaTypeBlock)
+			req.Header.Set("Content-Type", kvsp.MediaTypeBlock)
 		}
 		t0 := time.Now()
 		resp, err := c.Do(req)

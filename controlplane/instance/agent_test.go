@@ -797,7 +797,7 @@ func (b *badHolder) mount(r *server.Router) {
 			return req.Context().Err()
 		}
 		if body := b.cut[key]; body != nil { // a holder killed mid-transfer
-			rw.Header().Set("Content-Type", client.MediaTypeBlock)
+			rw.Header().Set("Content-Type", kvsp.MediaTypeBlock)
 			rw.Header().Set("Repr-Digest", container.ReprDigest(container.Digest(sha256.Sum256(body))))
 			rw.Header().Set("Content-Length", strconv.Itoa(len(body)))
 			rw.Write(body[:len(body)/2])
@@ -805,7 +805,7 @@ func (b *badHolder) mount(r *server.Router) {
 			panic(http.ErrAbortHandler)
 		}
 		body, d := b.w.blockBytes(nil, prompt(2), 0) // another prefix's block
-		rw.Header().Set("Content-Type", client.MediaTypeBlock)
+		rw.Header().Set("Content-Type", kvsp.MediaTypeBlock)
 		rw.Header().Set("Repr-Digest", container.ReprDigest(d.Container))
 		rw.Write(body)
 		return nil

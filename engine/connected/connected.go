@@ -111,7 +111,7 @@ func (e *Engine) Attach(s *attach.Session, h *attach.Hello, fd int) error {
 	}
 	if h.CompatID != e.compat {
 		closeFD()
-		return fmt.Errorf("this instance serves compat_id %s", e.compat)
+		return fmt.Errorf("connected: this instance serves compat_id %s", e.compat)
 	}
 	if err := h.Pool.Check(int(e.g.Layers), e.row); err != nil {
 		closeFD()
@@ -119,13 +119,13 @@ func (e *Engine) Attach(s *attach.Session, h *attach.Hello, fd int) error {
 	}
 	if kind := e.dev.IPCKind(); h.Pool.Memory != kind {
 		closeFD()
-		return fmt.Errorf("this instance's device takes %s memory, not %s", kind, h.Pool.Memory)
+		return fmt.Errorf("connected: this instance's device takes %s memory, not %s", kind, h.Pool.Memory)
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.sess != nil {
 		closeFD()
-		return errors.New("an engine is attached already")
+		return errors.New("connected: an engine is attached already")
 	}
 	buf, err := e.dev.Import(h.Pool.Handle, fd, h.Pool.Offset, h.Pool.Size)
 	if err != nil {
@@ -139,12 +139,12 @@ func (e *Engine) Attach(s *attach.Session, h *attach.Hello, fd int) error {
 // Publish implements attach.Handler: blocks are published at the holder's
 // socket, not the agent's.
 func (e *Engine) Publish(*attach.Session, kvsp.ScopeID, []attach.Placement) error {
-	return errors.New("publish blocks at the holder's attach socket")
+	return errors.New("connected: publish blocks at the holder's attach socket")
 }
 
 // Unpublish implements attach.Handler.
 func (e *Engine) Unpublish(*attach.Session, []kvsp.BlockKey) error {
-	return errors.New("unpublish blocks at the holder's attach socket")
+	return errors.New("connected: unpublish blocks at the holder's attach socket")
 }
 
 // Detach implements attach.Handler: everything lent is forgotten.
@@ -174,7 +174,7 @@ func (e *Engine) Lend(s *attach.Session, pages []int) error {
 	})
 	for _, p := range pages {
 		if p < 0 || p >= e.pool.Pages || inUse[p] {
-			return fmt.Errorf("page %d is outside the pool or lent already", p)
+			return fmt.Errorf("connected: page %d is outside the pool or lent already", p)
 		}
 		inUse[p] = true
 	}
@@ -202,11 +202,11 @@ func (e *Engine) Report(s *attach.Session, st attach.Stats) error {
 	finite := func(f float64) bool { return f >= 0 && !math.IsInf(f, 0) }
 	switch {
 	case !(st.KVUtilization >= 0 && st.KVUtilization <= 1):
-		return errors.New("kv_utilization must be in [0, 1]")
+		return errors.New("connected: kv_utilization must be in [0, 1]")
 	case !finite(st.PrefillTokensPerS) || !finite(st.DecodeTokensPerS):
-		return errors.New("prefill_tokens_per_s and decode_tokens_per_s must be finite, non-negative numbers")
+		return errors.New("connected: prefill_tokens_per_s and decode_tokens_per_s must be finite, non-negative numbers")
 	case st.Running > kvsp.MaxJSONInt || st.Queued > kvsp.MaxJSONInt || st.BatchSize > kvsp.MaxJSONInt:
-		return fmt.Errorf("running, queued and batch_size are at most %d", uint64(kvsp.MaxJSONInt))
+		return fmt.Errorf("connected: running, queued and batch_size are at most %d", uint64(kvsp.MaxJSONInt))
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
