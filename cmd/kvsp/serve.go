@@ -471,6 +471,11 @@ func newInstance(x *config.Instance, c *client.Client, keys []kvsp.ScopeKey, log
 	}
 	icfg := instance.Config{Base: x.Base, Engine: eng, Client: c, Controller: x.Controller, Controllers: x.Controllers, Index: x.Index, Holder: x.Holder,
 		Links: links, Scopes: keys, EpochFile: x.EpochFile, Logger: log, Registerer: reg}
+	// The agent's Fetcher: a GET through the process's block transport
+	// (HTTPS, or quicbulk where transport is quicbulk: processClient),
+	// or an RDMA READ that falls back to that GET.
+	get := instance.GetFetcher{Client: c}
+	icfg.Fetcher = get
 	if x.RDMA != nil {
 		v, err := rdma.OpenVerbs(x.RDMA.Device)
 		if err != nil {
@@ -478,7 +483,7 @@ func newInstance(x *config.Instance, c *client.Client, keys []kvsp.ScopeKey, log
 			return nil, nil, fmt.Errorf("rdma: %w", err)
 		}
 		r := rdma.NewReader(v)
-		icfg.RDMA = r
+		icfg.Fetcher = instance.RDMAFetcher{Client: c, Reader: r, Fallback: get, Logger: log}
 		engStop := stop
 		stop = func() { engStop(); r.Close(); v.Close() }
 		if err := registerReaderMetrics(reg, r); err != nil {

@@ -260,7 +260,8 @@ func newRig(t testing.TB, o rigOptions) *rig {
 		Controller: w.url("/pc/"), StatusTTL: 300 * time.Millisecond, Scopes: keys, Workers: 4, MaxPending: 4,
 		Links: []kvsp.Link{{Holder: w.url("/h1/"), MbitPerS: 100000, RTTUs: 20}}, Registerer: w.reg, Logger: o.roleLog}
 	if o.rdma != nil {
-		icfg.RDMA = o.rdma
+		get := instance.GetFetcher{Client: icfg.Client}
+		icfg.Fetcher = instance.RDMAFetcher{Client: icfg.Client, Reader: o.rdma, Fallback: get, Logger: o.roleLog}
 	}
 	if o.linksOf != nil {
 		icfg.Links = o.linksOf(w)

@@ -186,10 +186,14 @@ func memTotal() string {
 }
 
 func writeJSON(path string, v any) error {
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false) // "->" as it is, in a report people read
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
 		return err
 	}
+	b := bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
 	if err := os.MkdirAll(path[:max(strings.LastIndexByte(path, '/'), 0)+1], 0o755); err != nil {
 		return err
 	}
