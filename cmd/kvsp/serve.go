@@ -16,8 +16,6 @@ import (
 	"os"
 	"os/signal"
 	"reflect"
-	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -32,7 +30,6 @@ import (
 	"github.com/kvsp/kvsp/controlplane/instance"
 	"github.com/kvsp/kvsp/controlplane/placement"
 	"github.com/kvsp/kvsp/engine"
-	"github.com/kvsp/kvsp/engine/attach"
 	"github.com/kvsp/kvsp/engine/connected"
 	"github.com/kvsp/kvsp/engine/llamacpp"
 	"github.com/kvsp/kvsp/engine/sim"
@@ -163,235 +160,6 @@ func serve(ctx context.Context, args []string, stderr io.Writer, hup <-chan os.S
 	return err
 }
 
-// mountRoles mounts the handlers of every role the configuration names.
-// Roles whose handlers have not landed yet (placement, instance)
-// get their base path only, which answers authenticated 404 problem
-// details.
-// mounted is what mountRoles built that serve needs afterwards.
-type mounted struct {
-	pc *placement.Controller // the placement controller, for the status page
-}
-
-func mountRoles(srv *server.Server, cfg *config.Config, log *slog.Logger, reg prometheus.Registerer, out *mounted) (func(), error) {
-	var closers []func()
-	closeAll := func() {
-		for _, c := range closers {
-			c()
-		}
-	}
-	blockTokens, layers, err := descriptorSizes(cfg)
-	if err != nil {
-		return nil, err
-	}
-	statuses := index.NewStatusTable()
-	if x := cfg.Index; x != nil {
-		backend, err := indexBackend(cfg)
-		if err != nil {
-			closeAll()
-			return nil, err
-		}
-		closers = append(closers, func() { backend.Close() })
-		if mem, ok := backend.(*index.Memory); ok && x.Snapshot != "" {
-			n, err := mem.LoadSnapshotFile(x.Snapshot)
-			if err != nil {
-				closeAll()
-				return nil, fmt.Errorf("index.snapshot: %w", err)
-			}
-			log.Info("index snapshot loaded", "records", n)
-			closers = append([]func(){func() {
-				n, err := mem.SaveSnapshotFile(x.Snapshot)
-				if err != nil {
-					log.Error("index snapshot not written", "err", err)
-					return
-				}
-				log.Info("index snapshot written", "records", n)
-			}}, closers...)
-		}
-		svc, err := index.New(index.Config{
-			MaxTTL:           time.Duration(x.MaxTTLMs) * time.Millisecond,
-			MaxLookupKeys:    x.MaxLookupKeys,
-			ProducerDigests:  x.ProducerDigests,
-			MaxHolderRecords: x.MaxHolderRecords,
-			MaxResponseBytes: int(x.MaxResponseBytes),
-			Status:           statuses, // fed by a co-located PC
-			BlockTokens: func(c kvsp.CompatID) (int, bool) {
-				b, ok := blockTokens[c]
-				return b, ok
-			},
-			Layers: func(c kvsp.CompatID) (int, bool) { // a record lists at most the model's layers (B9)
-				n, ok := layers[c]
-				return n, ok
-			},
-			Logger:     log,
-			Registerer: reg,
-		}, backend)
-		if err != nil {
-			closeAll()
-			return nil, err
-		}
-		if err := svc.Mount(srv.Mount(basePath(x.Base))); err != nil {
-			closeAll()
-			return nil, err
-		}
-		log.Info("role mounted", "role", "index", "base", x.Base, "backend", x.Backend)
-	}
-	if len(cfg.Holders) > 0 {
-		hc, err := processClient(cfg, log)
-		if err != nil {
-			closeAll()
-			return nil, err
-		}
-		closers = append(closers, hc.Close)
-		for i := range cfg.Holders {
-			hcfg := &cfg.Holders[i]
-			var target *rdma.Target
-			if hcfg.RDMA != nil {
-				v, err := rdma.OpenVerbs(hcfg.RDMA.Device)
-				if err != nil {
-					closeAll()
-					return nil, fmt.Errorf("holders[%d].rdma: %w", i, err)
-				}
-				target = rdma.NewTarget(v)
-				closers = append([]func(){func() { target.Close(); v.Close() }}, closers...)
-				log.Info("RDMA reads", "base", hcfg.Base, "device", v.Name())
-			}
-			hreg := prometheus.WrapRegistererWith(prometheus.Labels{"holder": hcfg.Base}, reg)
-			if target != nil {
-				if err := registerTargetMetrics(hreg, target); err != nil {
-					closeAll()
-					return nil, fmt.Errorf("holders[%d]: %w", i, err)
-				}
-			}
-			h, err := newHolder(cfg, hcfg, hc, target, log, hreg)
-			if err != nil {
-				closeAll()
-				return nil, fmt.Errorf("holders[%d]: %w", i, err)
-			}
-			closers = append([]func(){func() {
-				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				defer cancel()
-				h.Close(ctx) // withdraws its records
-			}}, closers...)
-			if sock := hcfg.AttachSocket; sock != "" {
-				os.Remove(sock) // a previous run's
-				ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
-				if err == nil {
-					err = os.Chmod(sock, 0o600)
-				}
-				if err != nil {
-					closeAll()
-					return nil, fmt.Errorf("holders[%d].attach_socket: %w", i, err)
-				}
-				as := &attach.Server{Handler: h.AttachHandler()}
-				done := make(chan struct{})
-				go func() { as.Serve(ln); close(done) }()
-				closers = append([]func(){func() { as.Close(); <-done; os.Remove(sock) }}, closers...)
-				log.Info("engines attach here", "socket", sock, "holder", hcfg.Base)
-			}
-			if err := h.Mount(srv.Mount(basePath(hcfg.Base))); err != nil {
-				closeAll()
-				return nil, err
-			}
-			log.Info("role mounted", "role", "holder", "base", hcfg.Base)
-		}
-	}
-	if x := cfg.Controller; x != nil {
-		pcc, err := processClient(cfg, log)
-		if err != nil {
-			closeAll()
-			return nil, err
-		}
-		closers = append(closers, pcc.Close)
-		var keys []kvsp.ScopeKey
-		for _, e := range cfg.ScopeKeys {
-			keys = append(keys, e.Key)
-		}
-		var (
-			state placement.Store
-			group *placement.EtcdStore
-		)
-		switch x.State {
-		case "bolt":
-			st, err := placement.OpenBoltStore(x.StatePath)
-			if err != nil {
-				closeAll()
-				return nil, err
-			}
-			state = st
-			closers = append(closers, func() { st.Close() })
-		case "etcd":
-			ec := placement.EtcdConfig{Endpoints: x.Etcd.Endpoints, Prefix: x.Etcd.Prefix, SessionTTL: time.Duration(x.Etcd.SessionTTLMs) * time.Millisecond}
-			if strings.HasPrefix(x.Etcd.Endpoints[0], "https://") {
-				creds, err := mtls.LoadCredentials(mtls.TLSFiles{Cert: cfg.TLS.ClientCert, Key: cfg.TLS.ClientKey, ClientCA: cfg.TLS.ClientCA}, log)
-				if err != nil {
-					closeAll()
-					return nil, fmt.Errorf("config: tls.client_cert: %w", err)
-				}
-				ec.TLS = mtls.ClientTLSConfig(creds)
-				ec.TLS.NextProtos = []string{"h2"} // gRPC
-			}
-			st, err := placement.OpenEtcdStore(ec)
-			if err != nil {
-				closeAll()
-				return nil, err
-			}
-			state, group = st, st
-			closers = append(closers, func() { st.Close() })
-		}
-		pc, err := placement.New(placement.Config{Scopes: keys, BlockTokens: blockTokens, Index: pcc.Index(x.Index),
-			Instances: placement.ClientInstances{C: pcc}, OnStatus: statuses.Update, State: state, Logger: log, Registerer: reg,
-			Self: x.Base, Standby: group != nil, MinDeadline: time.Duration(x.MinDeadlineMs) * time.Millisecond})
-		if err != nil {
-			closeAll()
-			return nil, err
-		}
-		out.pc = pc
-		pcCtx, pcCancel := context.WithCancel(context.Background())
-		var pcDone sync.WaitGroup
-		pcDone.Go(func() { pc.Run(pcCtx, 250*time.Millisecond) })
-		if group != nil {
-			pcDone.Go(func() { pc.RunHA(pcCtx, group, x.Base) })
-		}
-		closers = append([]func(){func() { pcCancel(); pcDone.Wait() }}, closers...)
-		if err := pc.Mount(srv.Mount(basePath(x.Base))); err != nil {
-			closeAll()
-			return nil, err
-		}
-		log.Info("role mounted", "role", "controller", "base", x.Base)
-	}
-	if len(cfg.Instances) > 0 {
-		ic, err := processClient(cfg, log)
-		if err != nil {
-			closeAll()
-			return nil, err
-		}
-		closers = append(closers, ic.Close)
-		var keys []kvsp.ScopeKey
-		for _, e := range cfg.ScopeKeys {
-			keys = append(keys, e.Key)
-		}
-		for i := range cfg.Instances {
-			x := &cfg.Instances[i]
-			a, stop, err := newInstance(x, ic, keys, log, prometheus.WrapRegistererWith(prometheus.Labels{"ii": x.Base}, reg))
-			if err != nil {
-				closeAll()
-				return nil, fmt.Errorf("instances[%d]: %w", i, err)
-			}
-			closers = append([]func(){stop}, closers...)
-			if err := a.Mount(srv.Mount(basePath(x.Base))); err != nil {
-				closeAll()
-				return nil, err
-			}
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan struct{})
-			go func() { a.Run(ctx); close(done) }()
-			closers = append([]func(){func() { cancel(); <-done }}, closers...)
-			log.Info("role mounted", "role", "instance", "base", x.Base, "engine", x.Engine.Kind)
-		}
-	}
-	return closeAll, nil
-}
-
 // newInstance builds an instance agent over its engine: the simulated
 // engine, or a real one that attaches at the engine's socket (package
 // connected); stop ends what it started.
@@ -444,19 +212,12 @@ func newInstance(x *config.Instance, c *client.Client, keys []kvsp.ScopeKey, log
 			return nil, nil, err
 		}
 		sock := x.Engine.AttachSocket
-		os.Remove(sock) // a previous run's
-		ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
-		if err == nil {
-			err = os.Chmod(sock, 0o600)
-		}
+		stopAttach, err := serveAttach(sock, ce)
 		if err != nil {
 			dev.Close()
 			return nil, nil, fmt.Errorf("engine.attach_socket: %w", err)
 		}
-		as := &attach.Server{Handler: ce}
-		done := make(chan struct{})
-		go func() { as.Serve(ln); close(done) }()
-		stop = func() { as.Close(); <-done; os.Remove(sock); dev.Close() } // sessions end (their pools unmapped) before the device
+		stop = func() { stopAttach(); dev.Close() } // sessions end (their pools unmapped) before the device
 		log.Info("the engine attaches here", "socket", sock, "instance", x.Base)
 		eng = ce
 	default:
