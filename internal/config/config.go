@@ -429,7 +429,73 @@ func checkFile(field, p string) error {
 	return nil
 }
 
+// validate checks the configuration section by section, in the order
+// its errors are reported, and fills the defaults; each section has its
+// own method.
 func (c *Config) validate() error {
+	if err := c.validateProcess(); err != nil {
+		return err
+	}
+	if c.Redis != nil {
+		if err := c.Redis.validate(); err != nil {
+			return err
+		}
+	}
+	if c.Index == nil && c.Controller == nil && len(c.Holders) == 0 && len(c.Instances) == 0 {
+		return errors.New("no role: configure at least one of index, controller, holders, instances")
+	}
+	if err := c.loadScopes(); err != nil {
+		return err
+	}
+	bases := basePaths{}
+	if c.Index != nil {
+		if err := c.Index.validate(bases, c.Redis); err != nil {
+			return err
+		}
+	}
+	if c.Controller != nil {
+		if err := c.Controller.validate(bases); err != nil {
+			return err
+		}
+	}
+	sockets := map[string]string{} // attach socket -> the field that has it
+	for i := range c.Holders {
+		f := fmt.Sprintf("holders[%d]", i)
+		if err := c.Holders[i].validate(f, bases); err != nil {
+			return err
+		}
+		if sock := c.Holders[i].AttachSocket; sock != "" {
+			sockets[sock] = f + ".attach_socket"
+		}
+	}
+	for i := range c.Instances {
+		if err := c.Instances[i].validate(fmt.Sprintf("instances[%d]", i), bases, sockets); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// basePaths are the base paths the roles claimed, by the field that
+// claimed each: two roles of one process cannot share one.
+type basePaths map[string]string
+
+func (bases basePaths) claim(field, base string) error {
+	u := strings.SplitN(strings.TrimPrefix(base, "https://"), "/", 2)
+	path := "/"
+	if len(u) == 2 {
+		path += u[1]
+	}
+	if prev, dup := bases[path]; dup {
+		return fieldErr(field, "base path %s is already used by %s", path, prev)
+	}
+	bases[path] = field
+	return nil
+}
+
+// validateProcess checks what the process itself listens and calls
+// with: its addresses, transport and TLS files.
+func (c *Config) validateProcess() error {
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil || c.Listen == "" {
 		return fieldErr("listen", "want host:port")
 	}
@@ -457,39 +523,31 @@ func (c *Config) validate() error {
 			return err
 		}
 	}
-	if c.Redis != nil {
-		for i, a := range c.Redis.Addrs {
-			if _, _, err := net.SplitHostPort(a); err != nil {
-				return fieldErr(fmt.Sprintf("redis.addrs[%d]", i), "want host:port")
-			}
-		}
-		if c.Redis.PasswordFile != "" {
-			if err := checkFile("redis.password_file", c.Redis.PasswordFile); err != nil {
-				return err
-			}
-		}
-		if c.Redis.TLSCA != "" {
-			if err := checkFile("redis.tls_ca", c.Redis.TLSCA); err != nil {
-				return err
-			}
+	return nil
+}
+
+// validate checks the Redis section (the addresses and files it names).
+func (r *Redis) validate() error {
+	for i, a := range r.Addrs {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return fieldErr(fmt.Sprintf("redis.addrs[%d]", i), "want host:port")
 		}
 	}
-	if c.Index == nil && c.Controller == nil && len(c.Holders) == 0 && len(c.Instances) == 0 {
-		return errors.New("no role: configure at least one of index, controller, holders, instances")
-	}
-	bases := map[string]string{}
-	claim := func(field, base string) error {
-		u := strings.SplitN(strings.TrimPrefix(base, "https://"), "/", 2)
-		path := "/"
-		if len(u) == 2 {
-			path += u[1]
+	if r.PasswordFile != "" {
+		if err := checkFile("redis.password_file", r.PasswordFile); err != nil {
+			return err
 		}
-		if prev, dup := bases[path]; dup {
-			return fieldErr(field, "base path %s is already used by %s", path, prev)
-		}
-		bases[path] = field
-		return nil
 	}
+	if r.TLSCA != "" {
+		if err := checkFile("redis.tls_ca", r.TLSCA); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// loadScopes reads the scope keys.
+func (c *Config) loadScopes() error {
 	for i, s := range c.Scopes {
 		f := fmt.Sprintf("scopes[%d].key_file", i)
 		data, err := os.ReadFile(s.KeyFile)
@@ -502,220 +560,223 @@ func (c *Config) validate() error {
 		}
 		c.ScopeKeys = append(c.ScopeKeys, ScopeEntry{ID: k.ID(), Key: k})
 	}
-	if x := c.Index; x != nil {
-		if err := checkBase("index.base", x.Base, true); err != nil {
-			return err
+	return nil
+}
+
+// validate checks the index; a Redis backend needs redis.
+func (x *Index) validate(bases basePaths, redis *Redis) error {
+	if err := checkBase("index.base", x.Base, true); err != nil {
+		return err
+	}
+	if err := bases.claim("index.base", x.Base); err != nil {
+		return err
+	}
+	if x.MaxTTLMs == 0 || x.MaxTTLMs > kvsp.MaxJSONInt {
+		return fieldErr("index.max_ttl_ms", "required, 1..2^53-1")
+	}
+	if x.MaxLookupKeys <= 0 {
+		return fieldErr("index.max_lookup_keys", "required, at least 1 (R-SEC-14: the lookup size quota is REQUIRED)")
+	}
+	switch x.Backend {
+	case "", "memory":
+		x.Backend = "memory"
+	case "redis":
+		if redis == nil || len(redis.Addrs) == 0 {
+			return fieldErr("index.backend", "redis needs redis.addrs")
 		}
-		if err := claim("index.base", x.Base); err != nil {
-			return err
+	default:
+		return fieldErr("index.backend", "%q: want memory or redis", x.Backend)
+	}
+	return nil
+}
+
+// validate checks the controller and fills its defaults.
+func (x *Controller) validate(bases basePaths) error {
+	if err := checkBase("controller.base", x.Base, true); err != nil {
+		return err
+	}
+	if err := bases.claim("controller.base", x.Base); err != nil {
+		return err
+	}
+	if err := checkBase("controller.index", x.Index, true); err != nil {
+		return err
+	}
+	switch x.State {
+	case "", "memory":
+		x.State = "memory"
+	case "bolt":
+		if x.StatePath == "" {
+			return fieldErr("controller.state_path", "required with state: bolt")
 		}
-		if x.MaxTTLMs == 0 || x.MaxTTLMs > kvsp.MaxJSONInt {
-			return fieldErr("index.max_ttl_ms", "required, 1..2^53-1")
+	case "etcd":
+		if x.Etcd == nil || len(x.Etcd.Endpoints) == 0 {
+			return fieldErr("controller.etcd.endpoints", "required with state: etcd")
 		}
-		if x.MaxLookupKeys <= 0 {
-			return fieldErr("index.max_lookup_keys", "required, at least 1 (R-SEC-14: the lookup size quota is REQUIRED)")
-		}
-		switch x.Backend {
-		case "", "memory":
-			x.Backend = "memory"
-		case "redis":
-			if c.Redis == nil || len(c.Redis.Addrs) == 0 {
-				return fieldErr("index.backend", "redis needs redis.addrs")
+		for j, e := range x.Etcd.Endpoints {
+			if !strings.HasPrefix(e, "https://") && !strings.HasPrefix(e, "http://") {
+				return fieldErr(fmt.Sprintf("controller.etcd.endpoints[%d]", j), "%q: want an http or https URL", e)
 			}
-		default:
-			return fieldErr("index.backend", "%q: want memory or redis", x.Backend)
+		}
+	default:
+		return fieldErr("controller.state", "%q: want memory, bolt or etcd", x.State)
+	}
+	for j, d := range x.Descriptors {
+		if err := checkDescriptor(fmt.Sprintf("controller.descriptors[%d]", j), d); err != nil {
+			return err
 		}
 	}
-	if x := c.Controller; x != nil {
-		if err := checkBase("controller.base", x.Base, true); err != nil {
+	if x.MinDeadlineMs > maxMinDeadlineMs {
+		return fieldErr("controller.min_deadline_ms", "%d: at most %d (a directive's deadline is capped at 2 s anyway)", x.MinDeadlineMs, maxMinDeadlineMs)
+	}
+	return nil
+}
+
+// validate checks the holder at field f and fills its defaults.
+func (h *Holder) validate(f string, bases basePaths) error {
+	if err := checkBase(f+".base", h.Base, true); err != nil {
+		return err
+	}
+	if err := bases.claim(f+".base", h.Base); err != nil {
+		return err
+	}
+	if err := checkBase(f+".index", h.Index, true); err != nil {
+		return err
+	}
+	if h.RecordTTLMs == 0 {
+		h.RecordTTLMs = 60000
+	}
+	for j, d := range h.Descriptors {
+		if err := checkDescriptor(fmt.Sprintf("%s.descriptors[%d]", f, j), d); err != nil {
 			return err
-		}
-		if err := claim("controller.base", x.Base); err != nil {
-			return err
-		}
-		if err := checkBase("controller.index", x.Index, true); err != nil {
-			return err
-		}
-		switch x.State {
-		case "", "memory":
-			x.State = "memory"
-		case "bolt":
-			if x.StatePath == "" {
-				return fieldErr("controller.state_path", "required with state: bolt")
-			}
-		case "etcd":
-			if x.Etcd == nil || len(x.Etcd.Endpoints) == 0 {
-				return fieldErr("controller.etcd.endpoints", "required with state: etcd")
-			}
-			for j, e := range x.Etcd.Endpoints {
-				if !strings.HasPrefix(e, "https://") && !strings.HasPrefix(e, "http://") {
-					return fieldErr(fmt.Sprintf("controller.etcd.endpoints[%d]", j), "%q: want an http or https URL", e)
-				}
-			}
-		default:
-			return fieldErr("controller.state", "%q: want memory, bolt or etcd", x.State)
-		}
-		for j, d := range x.Descriptors {
-			if err := checkDescriptor(fmt.Sprintf("controller.descriptors[%d]", j), d); err != nil {
-				return err
-			}
-		}
-		if x.MinDeadlineMs > maxMinDeadlineMs {
-			return fieldErr("controller.min_deadline_ms", "%d: at most %d (a directive's deadline is capped at 2 s anyway)", x.MinDeadlineMs, maxMinDeadlineMs)
 		}
 	}
-	for i := range c.Holders {
-		h := &c.Holders[i]
-		f := fmt.Sprintf("holders[%d]", i)
-		if err := checkBase(f+".base", h.Base, true); err != nil {
-			return err
+	if len(h.Tiers) == 0 {
+		return fieldErr(f+".tiers", "at least one tier")
+	}
+	seen := map[kvsp.Tier]bool{}
+	for j, t := range h.Tiers {
+		tf := fmt.Sprintf("%s.tiers[%d]", f, j)
+		if !t.Name.Valid() {
+			return fieldErr(tf+".name", "%q is not in the KVSP Storage Tiers registry", t.Name)
 		}
-		if err := claim(f+".base", h.Base); err != nil {
-			return err
+		if seen[t.Name] {
+			return fieldErr(tf+".name", "%s listed twice", t.Name)
 		}
-		if err := checkBase(f+".index", h.Index, true); err != nil {
-			return err
+		seen[t.Name] = true
+		if t.Capacity == 0 {
+			return fieldErr(tf+".capacity", "required")
 		}
-		if h.RecordTTLMs == 0 {
-			h.RecordTTLMs = 60000
+		if t.Name.IsStorage() && t.Path == "" {
+			return fieldErr(tf+".path", "required for %s", t.Name)
 		}
-		for j, d := range h.Descriptors {
-			if err := checkDescriptor(fmt.Sprintf("%s.descriptors[%d]", f, j), d); err != nil {
-				return err
-			}
+		if t.Name != kvsp.TierDevice && (t.Device != 0 || t.Layers != 0) {
+			return fieldErr(tf, "device and layers belong to the device tier only")
 		}
-		if len(h.Tiers) == 0 {
-			return fieldErr(f+".tiers", "at least one tier")
+		if t.Layers < 0 || t.Device < 0 {
+			return fieldErr(tf, "device and layers cannot be negative")
 		}
-		seen := map[kvsp.Tier]bool{}
-		for j, t := range h.Tiers {
-			tf := fmt.Sprintf("%s.tiers[%d]", f, j)
-			if !t.Name.Valid() {
-				return fieldErr(tf+".name", "%q is not in the KVSP Storage Tiers registry", t.Name)
-			}
-			if seen[t.Name] {
-				return fieldErr(tf+".name", "%s listed twice", t.Name)
-			}
-			seen[t.Name] = true
-			if t.Capacity == 0 {
-				return fieldErr(tf+".capacity", "required")
-			}
-			if t.Name.IsStorage() && t.Path == "" {
-				return fieldErr(tf+".path", "required for %s", t.Name)
-			}
-			if t.Name != kvsp.TierDevice && (t.Device != 0 || t.Layers != 0) {
-				return fieldErr(tf, "device and layers belong to the device tier only")
-			}
-			if t.Layers < 0 || t.Device < 0 {
-				return fieldErr(tf, "device and layers cannot be negative")
-			}
-		}
-		if h.AttachSocket != "" {
-			hasDevice := false
-			for _, t := range h.Tiers {
-				hasDevice = hasDevice || t.Name == kvsp.TierDevice
-			}
-			if !hasDevice {
-				return fieldErr(f+".attach_socket", "an engine's memory is served by the device tier: configure one")
-			}
-		}
-		q := &h.LeaseQuota
-		var host Size
+	}
+	if h.AttachSocket != "" {
+		hasDevice := false
 		for _, t := range h.Tiers {
-			if t.Name == kvsp.TierHost {
-				host = t.Capacity
-			}
+			hasDevice = hasDevice || t.Name == kvsp.TierDevice
 		}
-		switch {
-		case q.MaxLeases < 0:
-			return fieldErr(f+".lease_quota.max_leases", "at least 1 (R-LS-5, R-LS-6)")
-		case q.MaxTTLMs > kvsp.MaxJSONInt:
-			return fieldErr(f+".lease_quota.max_ttl_ms", "1..2^53-1")
-		}
-		if q.Octets == 0 {
-			q.Octets = max(host/4, 1)
-		}
-		if q.MaxTTLMs == 0 {
-			q.MaxTTLMs = 60000
-		}
-		if q.MaxLeases == 0 {
-			q.MaxLeases = 1024
+		if !hasDevice {
+			return fieldErr(f+".attach_socket", "an engine's memory is served by the device tier: configure one")
 		}
 	}
-	sockets := map[string]string{}
-	for i, h := range c.Holders {
-		if h.AttachSocket != "" {
-			sockets[h.AttachSocket] = fmt.Sprintf("holders[%d].attach_socket", i)
+	q := &h.LeaseQuota
+	var host Size
+	for _, t := range h.Tiers {
+		if t.Name == kvsp.TierHost {
+			host = t.Capacity
 		}
 	}
-	for i := range c.Instances {
-		x := &c.Instances[i]
-		f := fmt.Sprintf("instances[%d]", i)
-		if sock := x.Engine.AttachSocket; sock != "" {
-			if prev, dup := sockets[sock]; dup {
-				return fieldErr(f+".engine.attach_socket", "%s is %s already", sock, prev)
-			}
-			sockets[sock] = f + ".engine.attach_socket"
+	switch {
+	case q.MaxLeases < 0:
+		return fieldErr(f+".lease_quota.max_leases", "at least 1 (R-LS-5, R-LS-6)")
+	case q.MaxTTLMs > kvsp.MaxJSONInt:
+		return fieldErr(f+".lease_quota.max_ttl_ms", "1..2^53-1")
+	}
+	if q.Octets == 0 {
+		q.Octets = max(host/4, 1)
+	}
+	if q.MaxTTLMs == 0 {
+		q.MaxTTLMs = 60000
+	}
+	if q.MaxLeases == 0 {
+		q.MaxLeases = 1024
+	}
+	return nil
+}
+
+// validate checks the instance at field f; sockets are the attach
+// sockets taken already, to which it adds its engine's.
+func (x *Instance) validate(f string, bases basePaths, sockets map[string]string) error {
+	if sock := x.Engine.AttachSocket; sock != "" {
+		if prev, dup := sockets[sock]; dup {
+			return fieldErr(f+".engine.attach_socket", "%s is %s already", sock, prev)
 		}
-		for _, b := range []struct {
-			name string
-			v    string
-		}{{".base", x.Base}, {".controller", x.Controller}, {".index", x.Index}, {".holder", x.Holder}} {
-			// An instance without a holder of its own stores nothing it
-			// computes (kvsp demo's local and none modes).
-			if err := checkBase(f+b.name, b.v, b.name != ".holder"); err != nil {
-				return err
-			}
-		}
-		if err := claim(f+".base", x.Base); err != nil {
+		sockets[sock] = f + ".engine.attach_socket"
+	}
+	for _, b := range []struct {
+		name string
+		v    string
+	}{{".base", x.Base}, {".controller", x.Controller}, {".index", x.Index}, {".holder", x.Holder}} {
+		// An instance without a holder of its own stores nothing it
+		// computes (kvsp demo's local and none modes).
+		if err := checkBase(f+b.name, b.v, b.name != ".holder"); err != nil {
 			return err
 		}
-		for j, pc := range x.Controllers {
-			if err := checkBase(fmt.Sprintf("%s.controllers[%d]", f, j), pc, true); err != nil {
-				return err
+	}
+	if err := bases.claim(f+".base", x.Base); err != nil {
+		return err
+	}
+	for j, pc := range x.Controllers {
+		if err := checkBase(fmt.Sprintf("%s.controllers[%d]", f, j), pc, true); err != nil {
+			return err
+		}
+	}
+	if x.Engine.PrefixCache != nil && x.Engine.Kind == "connected" {
+		return fieldErr(f+".engine.prefix_cache", "a connected engine's prefix cache is the engine's own (kind: sim and llamacpp can run without theirs)")
+	}
+	switch x.Engine.Kind {
+	case "sim":
+		if x.Engine.PrefillTokensPerS <= 0 || x.Engine.DecodeTokensPerS <= 0 {
+			return fieldErr(f+".engine", "prefill_tokens_per_s and decode_tokens_per_s must be positive")
+		}
+	case "connected":
+		if x.Engine.AttachSocket == "" {
+			return fieldErr(f+".engine.attach_socket", "required with kind: connected")
+		}
+	case "llamacpp":
+		if x.Engine.Model == "" {
+			return fieldErr(f+".engine.model", "required with kind: llamacpp (a GGUF file)")
+		}
+		for _, n := range []struct {
+			name string
+			v    int
+		}{{"context_tokens", x.Engine.ContextTokens}, {"batch_size", x.Engine.BatchSize}, {"prefill_chunk", x.Engine.PrefillChunk},
+			{"threads", x.Engine.Threads}, {"kv_capacity", x.Engine.KVCapacity}, {"block_tokens", x.Engine.BlockTokens}} {
+			if n.v < 0 {
+				return fieldErr(f+".engine."+n.name, "must not be negative")
 			}
 		}
-		if x.Engine.PrefixCache != nil && x.Engine.Kind == "connected" {
-			return fieldErr(f+".engine.prefix_cache", "a connected engine's prefix cache is the engine's own (kind: sim and llamacpp can run without theirs)")
+	default:
+		return fieldErr(f+".engine.kind", "%q: want sim, connected or llamacpp", x.Engine.Kind)
+	}
+	if x.Engine.Kind != "llamacpp" || x.Engine.Descriptor != "" {
+		if err := checkDescriptor(f+".engine.descriptor", x.Engine.Descriptor); err != nil {
+			return err
 		}
-		switch x.Engine.Kind {
-		case "sim":
-			if x.Engine.PrefillTokensPerS <= 0 || x.Engine.DecodeTokensPerS <= 0 {
-				return fieldErr(f+".engine", "prefill_tokens_per_s and decode_tokens_per_s must be positive")
-			}
-		case "connected":
-			if x.Engine.AttachSocket == "" {
-				return fieldErr(f+".engine.attach_socket", "required with kind: connected")
-			}
-		case "llamacpp":
-			if x.Engine.Model == "" {
-				return fieldErr(f+".engine.model", "required with kind: llamacpp (a GGUF file)")
-			}
-			for _, n := range []struct {
-				name string
-				v    int
-			}{{"context_tokens", x.Engine.ContextTokens}, {"batch_size", x.Engine.BatchSize}, {"prefill_chunk", x.Engine.PrefillChunk},
-				{"threads", x.Engine.Threads}, {"kv_capacity", x.Engine.KVCapacity}, {"block_tokens", x.Engine.BlockTokens}} {
-				if n.v < 0 {
-					return fieldErr(f+".engine."+n.name, "must not be negative")
-				}
-			}
-		default:
-			return fieldErr(f+".engine.kind", "%q: want sim, connected or llamacpp", x.Engine.Kind)
+	}
+	for j, l := range x.Links {
+		lf := fmt.Sprintf("%s.links[%d]", f, j)
+		if err := checkBase(lf+".holder", l.Holder, true); err != nil {
+			return err
 		}
-		if x.Engine.Kind != "llamacpp" || x.Engine.Descriptor != "" {
-			if err := checkDescriptor(f+".engine.descriptor", x.Engine.Descriptor); err != nil {
-				return err
-			}
-		}
-		for j, l := range x.Links {
-			lf := fmt.Sprintf("%s.links[%d]", f, j)
-			if err := checkBase(lf+".holder", l.Holder, true); err != nil {
-				return err
-			}
-			if l.MbitPerS == 0 {
-				return fieldErr(lf+".mbit_per_s", "required, at least 1")
-			}
+		if l.MbitPerS == 0 {
+			return fieldErr(lf+".mbit_per_s", "required, at least 1")
 		}
 	}
 	return nil
