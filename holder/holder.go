@@ -352,7 +352,7 @@ func (h *Holder) getBlock(w http.ResponseWriter, r *http.Request) error {
 	if first < hdr.FirstLayer || last > hdr.LastLayer() {
 		return fmt.Errorf("%w: layers %d-%d", kvsp.ErrLayersUnavailable, first, last)
 	}
-	p, release, err := h.store.acquire(e, g)
+	res, release, err := h.store.acquire(e, g)
 	if errors.Is(err, errGone) {
 		h.m.getMisses.Inc()
 		return err
@@ -377,7 +377,7 @@ func (h *Holder) getBlock(w http.ResponseWriter, r *http.Request) error {
 	wh.Set("Content-Type", kvsp.MediaTypeBlock)
 	wh.Set("Cache-Control", "private, immutable, max-age="+strconv.Itoa(maxAge))
 	if codec != 0 && codec != hdr.Codec && !g.Unknown() { // transcoding needs the geometry
-		blk, done, err := h.store.materialize(e, p)
+		blk, done, err := res.materialize()
 		if err != nil {
 			return fmt.Errorf("%w: reading the block from device memory: %v", kvsp.ErrUnavailable, err)
 		}
@@ -394,22 +394,9 @@ func (h *Holder) getBlock(w http.ResponseWriter, r *http.Request) error {
 		}
 		// Not transcodable: the native codec, which the header names.
 	}
-	var body interface {
-		io.WriterTo
-		Len() int64
-		Digest() (container.Digest, error)
-	}
-	span := layerSpan{e: e, i: int(first - hdr.FirstLayer), j: int(last-hdr.FirstLayer) + 1}
-	if p.blk != nil {
-		v, err := p.blk.Range(first, last)
-		if err != nil {
-			return fmt.Errorf("%w: layers %d-%d", kvsp.ErrLayersUnavailable, first, last)
-		}
-		body = hostRange{v}
-	} else if p.att != nil { // in an attached engine's pages
-		body = attachedRange{layerSpan: span, d: h.store.dev.d, at: p.att}
-	} else { // split between device and host memory
-		body = splitRange{layerSpan: span, d: h.store.dev.d, p: p}
+	body, err := res.body(spanOf(e, first, last))
+	if err != nil {
+		return err
 	}
 	d, err := e.rangeDigest(first, last, body.Digest)
 	if err != nil {
@@ -426,7 +413,7 @@ func (h *Holder) getBlock(w http.ResponseWriter, r *http.Request) error {
 	}
 	n, err := body.WriteTo(out)
 	h.m.gets.Inc()
-	h.m.bytesServed.WithLabelValues(string(p.tier()), r.Proto).Add(float64(n))
+	h.m.bytesServed.WithLabelValues(string(res.where()), r.Proto).Add(float64(n))
 	return err
 }
 
@@ -459,12 +446,6 @@ func (h *Holder) oversized(w http.ResponseWriter, r *http.Request, g container.G
 func maxBlockLen(g container.Geometry) int64 {
 	return int64(container.HeaderLen(int(g.Layers))) + 2*int64(g.Layers)*int64(g.RawSectionLen())
 }
-
-// hostRange is a range of a block in host memory.
-type hostRange struct{ container.View }
-
-// Digest returns the range's container digest.
-func (r hostRange) Digest() (container.Digest, error) { return r.View.Digest(), nil }
 
 // transcode re-encodes a raw view into codec c; transcoded representations
 // are protected by Repr-Digest only (R-BLK-11).

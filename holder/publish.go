@@ -25,21 +25,7 @@ func (h *Holder) record(e *entry) (*kvsp.ReplicaRecord, bool) {
 		g.Layers = uint32(hdr.LayerCount())
 	}
 	lds := e.layers
-	res := []kvsp.Residency{{Tier: kvsp.TierHost, Layers: kvsp.LayerRange{0, g.Layers - 1}, ReadMbitPerS: h.cfg.ReadMbitPerS}}
-	h.store.mu.Lock()
-	switch {
-	case e.att != nil: // an attached engine's device memory
-		res[0] = kvsp.Residency{Tier: kvsp.TierDevice, Layers: kvsp.LayerRange{0, g.Layers - 1}, ReadMbitPerS: h.cfg.DeviceReadMbitPerS}
-	case e.dev != nil: // split: exactly which layers are where
-		d := uint32(e.devLayers)
-		res[0] = kvsp.Residency{Tier: kvsp.TierDevice, Layers: kvsp.LayerRange{0, d - 1}, ReadMbitPerS: h.cfg.DeviceReadMbitPerS}
-		if d < g.Layers {
-			res = append(res, kvsp.Residency{Tier: kvsp.TierHost, Layers: kvsp.LayerRange{d, g.Layers - 1}, ReadMbitPerS: h.cfg.ReadMbitPerS})
-		}
-	case e.blk == nil && e.onDisk:
-		res[0].Tier, res[0].ReadMbitPerS = kvsp.TierLocalStorage, h.cfg.DiskReadMbitPerS
-	}
-	h.store.mu.Unlock()
+	res := h.store.residence(e).residency(g.Layers, rates{host: h.cfg.ReadMbitPerS, device: h.cfg.DeviceReadMbitPerS, disk: h.cfg.DiskReadMbitPerS})
 	rec := &kvsp.ReplicaRecord{
 		BlockKey: e.id.key, CompatID: e.id.compat, ScopeID: e.id.scope, Holder: h.cfg.Base,
 		Codec: kvsp.Codec(hdr.Codec), Size: e.payload, Digest: kvsp.Digest(e.replica),

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strconv"
 	"sync"
 	"time"
 
@@ -158,16 +157,12 @@ func (h *Holder) createRDMARead(w http.ResponseWriter, r *http.Request) error {
 	if q.TTLMs > 0 {
 		ttl = min(time.Duration(q.TTLMs)*time.Millisecond, rdmaMaxTTL)
 	}
-	parts, release, err := h.store.acquire(e, g)
+	res, release, err := h.store.acquire(e, g)
 	if err != nil {
 		if errors.Is(err, errGone) {
 			return err
 		}
 		return fmt.Errorf("%w: the stored block could not be read", kvsp.ErrUnavailable)
-	}
-	if parts.att != nil { // in an attached engine's pages: gathered per read
-		release()
-		return fmt.Errorf("%w: the block is in an engine's pages; GET it", kvsp.ErrUnavailable)
 	}
 	local, err := h.cfg.RDMA.Accept(q.Endpoint)
 	if err != nil {
@@ -178,7 +173,7 @@ func (h *Holder) createRDMARead(w http.ResponseWriter, r *http.Request) error {
 		}
 		return fmt.Errorf("%w: no queue pair for the endpoint: %v", kvsp.ErrUnavailable, err)
 	}
-	x, unexpose, err := h.exposeRange(q.Endpoint, e, parts, first, last)
+	x, unexpose, err := h.exposeRange(q.Endpoint, e, res, first, last)
 	if err != nil {
 		release()
 		return err
@@ -194,82 +189,31 @@ func (h *Holder) createRDMARead(w http.ResponseWriter, r *http.Request) error {
 		n += s.Length
 	}
 	h.m.gets.Inc()
-	h.m.bytesServed.WithLabelValues(string(parts.tier()), "rdma").Add(float64(n))
+	h.m.bytesServed.WithLabelValues(string(res.where()), "rdma").Add(float64(n))
 	x.ID, x.Endpoint, x.TTLMs = id, local, uint64(ttl/time.Millisecond)
 	return server.WriteJSON(w, http.StatusCreated, x)
 }
 
-// exposeRange exposes layers first..last of a block to the client: one
-// segment in host memory, or a device segment (GPUDirect RDMA) and a host
-// one for a block split between the tiers. It returns the answer without
-// its id, endpoint and TTL, and what ends the exposure.
-func (h *Holder) exposeRange(client string, e *entry, parts parts, first, last uint32) (*kvsp.RDMAReadResponse, func(), error) {
-	var (
-		segs     []kvsp.RDMASegment
-		releases []func()
-		header   []byte
-		digest   container.Digest
-		err      error
-	)
-	end := func() {
-		for _, r := range releases {
-			r()
-		}
-	}
-	expose := func(addr uint64, rkey uint32, release func(), n uint64, err error) error {
-		if err != nil {
-			return fmt.Errorf("%w: registering the block for RDMA: %v", kvsp.ErrUnavailable, err)
-		}
-		releases = append(releases, release)
-		segs = append(segs, kvsp.RDMASegment{Addr: strconv.FormatUint(addr, 16), RKey: rkey, Length: n})
-		return nil
-	}
-	if parts.blk != nil {
-		v, rerr := parts.blk.Range(first, last)
-		if rerr != nil {
-			return nil, nil, fmt.Errorf("%w: layers %d-%d", kvsp.ErrLayersUnavailable, first, last)
-		}
-		digest, _ = e.rangeDigest(first, last, hostRange{v}.Digest)
-		header = v.AppendHeader(nil)
-		// The holder's own memory is registered once for all the blocks
-		// it will hold; a block read back from local-storage is in memory
-		// of its own, registered for this read only (nil).
-		var mem []byte
-		if !parts.fromDisk {
-			mem = parts.blk.Bytes()
-			mem = mem[:cap(mem)]
-		}
-		addr, rkey, rel, xerr := h.cfg.RDMA.Expose(client, mem, v.Data())
-		err = expose(addr, rkey, rel, uint64(len(v.Data())), xerr)
-	} else { // split: the first devLayers layers in device memory, the rest in the host tail
-		span := layerSpan{e: e, i: int(first - e.hdr.FirstLayer), j: int(last-e.hdr.FirstLayer) + 1}
-		if digest, err = e.rangeDigest(first, last, splitRange{layerSpan: span, d: h.store.dev.d, p: parts}.Digest); err != nil {
-			return nil, nil, fmt.Errorf("%w: reading the block from device memory: %v", kvsp.ErrUnavailable, err)
-		}
-		header = span.headerBytes()
-		a, b := e.layerOffset(span.i), e.layerOffset(span.j)
-		devEnd := e.layerOffset(parts.devLayers)
-		if a < devEnd {
-			n := uint64(min(b, devEnd) - a)
-			addr, rkey, rel, xerr := h.cfg.RDMA.ExposeDevice(client, parts.dev, uint64(a), n)
-			err = expose(addr, rkey, rel, n, xerr)
-		}
-		if err == nil && b > devEnd {
-			t := parts.tail
-			part := t[max(a, devEnd)-devEnd : b-devEnd]
-			addr, rkey, rel, xerr := h.cfg.RDMA.Expose(client, t[:cap(t)], part)
-			err = expose(addr, rkey, rel, uint64(len(part)), xerr)
-		}
-	}
-	if err == nil && len(segs) == 0 {
-		err = fmt.Errorf("%w: no octets to expose", kvsp.ErrUnavailable)
-	}
+// exposeRange exposes layers first..last of a block to the client where
+// they lie (its residence: one host segment, or a device segment for
+// GPUDirect RDMA and a host one). It returns the answer without its id,
+// endpoint and TTL, and what ends the exposure.
+func (h *Holder) exposeRange(client string, e *entry, res residence, first, last uint32) (*kvsp.RDMAReadResponse, func(), error) {
+	span := spanOf(e, first, last)
+	body, err := res.body(span)
 	if err != nil {
-		end()
+		return nil, nil, err
+	}
+	digest, err := e.rangeDigest(first, last, body.Digest)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: reading the block from device memory: %v", kvsp.ErrUnavailable, err)
+	}
+	segs, end, err := res.expose(h.cfg.RDMA, client, span)
+	if err != nil {
 		return nil, nil, err
 	}
 	x := &kvsp.RDMAReadResponse{Addr: segs[0].Addr, RKey: segs[0].RKey, Length: segs[0].Length, More: segs[1:],
-		Header: hex.EncodeToString(header), ReprDigest: container.ReprDigest(digest)}
+		Header: hex.EncodeToString(span.headerBytes()), ReprDigest: container.ReprDigest(digest)}
 	if len(x.More) == 0 {
 		x.More = nil
 	}

@@ -5,7 +5,6 @@ import (
 	"io"
 
 	"github.com/kvsp/kvsp/container"
-	"github.com/kvsp/kvsp/tier"
 )
 
 // layerSpan is layers [i, j) (indexes in the block) of a stored block: the
@@ -22,6 +21,16 @@ func (r layerSpan) header(dst []byte) []byte {
 	h.FirstLayer += uint32(r.i)
 	h.Layers = h.Layers[r.i:r.j]
 	return h.Append(dst)
+}
+
+// first and last are the range's layers (inclusive), as the block
+// numbers them.
+func (r layerSpan) first() uint32 { return r.e.hdr.FirstLayer + uint32(r.i) }
+func (r layerSpan) last() uint32  { return r.e.hdr.FirstLayer + uint32(r.j) - 1 }
+
+// spanOf is layers first..last of e.
+func spanOf(e *entry, first, last uint32) layerSpan {
+	return layerSpan{e: e, i: int(first - e.hdr.FirstLayer), j: int(last-e.hdr.FirstLayer) + 1}
 }
 
 // headerBytes is the range's container header.
@@ -52,8 +61,7 @@ func digestOf(r io.WriterTo) (container.Digest, error) {
 // (tier.Device.WriteRange), then the host layers straight from the tail.
 type splitRange struct {
 	layerSpan
-	d *tier.Device
-	p parts
+	b splitBlock
 }
 
 // WriteTo writes the range's container to w.
@@ -64,16 +72,16 @@ func (r splitRange) WriteTo(w io.Writer) (int64, error) {
 		return total, err
 	}
 	a, b := r.e.layerOffset(r.i), r.e.layerOffset(r.j)
-	devEnd := r.e.layerOffset(r.p.devLayers)
+	devEnd := r.e.layerOffset(r.b.devLayers)
 	if a < devEnd {
-		n, err := r.d.WriteRange(w, r.p.dev, a, min(b, devEnd)-a)
+		n, err := r.b.d.WriteRange(w, r.b.dev, a, min(b, devEnd)-a)
 		total += n
 		if err != nil {
 			return total, err
 		}
 	}
 	if b > devEnd {
-		n, err := w.Write(r.p.tail[max(a, devEnd)-devEnd : b-devEnd])
+		n, err := w.Write(r.b.tail[max(a, devEnd)-devEnd : b-devEnd])
 		total += int64(n)
 		if err != nil {
 			return total, err

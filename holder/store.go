@@ -624,26 +624,10 @@ func (s *store) demoteFromDeviceLocked(e *entry) (evicted []*entry, ok bool) {
 }
 
 // assemble returns a split block's whole container in a pooled host
-// buffer: the header, the device layers copied out, the tail.
+// buffer (its residence's materialize, without the release: the caller
+// keeps the buffer).
 func (s *store) assemble(e *entry) (*container.Block, error) {
-	return s.assembleParts(e, parts{dev: e.dev, devLayers: e.devLayers, tail: e.tail})
-}
-
-func (s *store) assembleParts(e *entry, p parts) (*container.Block, error) {
-	buf := s.bufs.get(int(e.octets))
-	out := e.hdr.Append(buf[:0])
-	hl := len(out)
-	devBytes := p.dev.Len()
-	out = out[:hl+int(devBytes)]
-	if err := p.dev.CopyOut(out[hl:], 0); err != nil {
-		s.bufs.put(buf)
-		return nil, err
-	}
-	out = append(out, p.tail...)
-	blk, err := container.AdoptBlock(out, e.g, e.layers, e.whole)
-	if err != nil {
-		s.bufs.put(buf)
-	}
+	blk, _, err := s.residenceLocked(e).materialize()
 	return blk, err
 }
 
@@ -680,56 +664,60 @@ func (s *store) removeLocked(e *entry) {
 	}
 }
 
-// parts is what a GET sends a block from: the host copy, or a split
-// block's device part and host tail.
-type parts struct {
-	blk       *container.Block
-	dev       tier.DeviceBuffer
-	devLayers int
-	tail      []byte
-	att       *attached
-	fromDisk  bool // blk was read back from the local-storage tier
-}
-
-// tier names where the parts were served from, for the metrics.
-func (p *parts) tier() kvsp.Tier {
-	switch {
-	case p.fromDisk:
-		return kvsp.TierLocalStorage
-	case p.blk != nil:
-		return kvsp.TierHost
-	case p.att != nil:
-		return "engine"
-	}
-	return kvsp.TierDevice
-}
-
 // errGone: the entry left the store between a lookup and its acquire.
 var errGone = fmt.Errorf("%w: block", kvsp.ErrNotFound)
 
-// acquire returns the entry's octets: from host memory, split between
-// device and host memory, or read back from disk and verified
+// residenceLocked is where e's layers live now: the one place that tells
+// the kinds apart. A block only in the local-storage tier is a diskBlock
+// with no octets yet (acquire reads them back).
+func (s *store) residenceLocked(e *entry) residence {
+	var d *tier.Device
+	if s.dev != nil {
+		d = s.dev.d
+	}
+	switch {
+	case e.att != nil:
+		return attachedBlock{d: d, at: e.att}
+	case e.blk != nil:
+		return hostBlock{blk: e.blk}
+	case e.dev != nil:
+		return splitBlock{d: d, dev: e.dev, devLayers: e.devLayers, tail: e.tail, e: e, bufs: s.bufs}
+	}
+	return diskBlock{}
+}
+
+// residence is where e's layers live now, for its replica record.
+func (s *store) residence(e *entry) residence {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.residenceLocked(e)
+}
+
+// acquire returns where the entry's octets are, to read them: in memory
+// (host, split, an engine's pages), or read back from disk and verified
 // (tier.ErrCorrupt when that fails). The caller calls release when done:
 // until then an eviction or demotion does not reuse their memory.
-func (s *store) acquire(e *entry, g container.Geometry) (p parts, release func(), err error) {
+func (s *store) acquire(e *entry, g container.Geometry) (r residence, release func(), err error) {
 	s.mu.Lock()
 	if e.att != nil && s.m[e.id] != e { // unpublished since it was found: its pages are the engine's again
 		s.mu.Unlock()
-		return p, nil, errGone
+		return nil, nil, errGone
 	}
-	if e.blk != nil || e.dev != nil || e.att != nil {
-		p = parts{blk: e.blk, dev: e.dev, devLayers: e.devLayers, tail: e.tail, att: e.att}
+	r = s.residenceLocked(e)
+	if _, onDisk := r.(diskBlock); !onDisk {
 		e.refs++
 		if e.devElem != nil {
 			s.dev.lru.MoveToFront(e.devElem)
 		}
 		s.mu.Unlock()
-		return p, func() { s.unref(e) }, nil
+		return r, func() { s.unref(e) }, nil
 	}
 	s.mu.Unlock()
-	p.blk, err = s.disk.Get(e.id.name(), g)
-	p.fromDisk = true
-	return p, func() {}, err
+	blk, err := s.disk.Get(e.id.name(), g)
+	if err != nil {
+		return nil, nil, err
+	}
+	return diskBlock{hostBlock{blk}}, func() {}, nil
 }
 
 func (s *store) unref(e *entry) {
@@ -751,23 +739,6 @@ func (s *store) unref(e *entry) {
 		e.devOrphan.Free()
 		e.devOrphan = nil
 	}
-}
-
-// materialize returns the whole container of e in host memory (a split
-// block is assembled into a new buffer, which release gives back).
-func (s *store) materialize(e *entry, p parts) (*container.Block, func(), error) {
-	if p.blk != nil {
-		return p.blk, func() {}, nil
-	}
-	if p.att != nil {
-		blk, err := p.att.a.read(p.att)
-		return blk, func() {}, err
-	}
-	blk, err := s.assembleParts(e, p)
-	if err != nil {
-		return nil, nil, err
-	}
-	return blk, func() { s.bufs.put(blk.Bytes()) }, nil
 }
 
 // close frees device memory.

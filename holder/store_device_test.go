@@ -25,7 +25,8 @@ func TestDevicePartOutlivesDemotionWhileSent(t *testing.T) {
 		t.Fatalf("A not split: %v", err)
 	}
 	p, release, err := s.acquire(ea, bigGeom) // a GET starts sending A
-	if err != nil || p.dev == nil {
+	sp, split := p.(splitBlock)
+	if err != nil || !split {
 		t.Fatal(err)
 	}
 	_, _, demoted, err := s.put(id(2), bigBlock(t, s, 0xbb), bigGeom)
@@ -33,13 +34,13 @@ func TestDevicePartOutlivesDemotionWhileSent(t *testing.T) {
 		t.Fatalf("B did not demote A: %v", err)
 	}
 	// The GET still reads A's original parts, intact.
-	blk, done, err := s.materialize(ea, p)
+	blk, done, err := p.materialize()
 	if err != nil || !bytes.Equal(blk.Bytes(), want) {
 		t.Fatalf("parts of a block being sent were released: %v", err)
 	}
 	done()
 	release()
-	if p.dev.Len() != 0 {
+	if sp.dev.Len() != 0 {
 		t.Fatal("the device part was not freed when the GET finished")
 	}
 }

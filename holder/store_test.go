@@ -45,7 +45,7 @@ func TestRecycledMemoryWaitsForReaders(t *testing.T) {
 		t.Fatal(err)
 	}
 	got, release, err := s.acquire(ea, bigGeom) // a GET starts sending A
-	if err != nil || got.blk != a {
+	if err != nil || got != (hostBlock{a}) {
 		t.Fatal(err)
 	}
 	want := bytes.Clone(a.Bytes())
@@ -77,7 +77,7 @@ func TestUnpublishWaitsForReaders(t *testing.T) {
 		t.Fatal("addAttached: once, not twice")
 	}
 	p, release, err := s.acquire(e, container.Geometry{})
-	if err != nil || p.att == nil {
+	if _, ok := p.(attachedBlock); err != nil || !ok {
 		t.Fatalf("acquire: %+v %v", p, err)
 	}
 	idle := s.removeAttached(e)
@@ -130,12 +130,13 @@ func TestDemotionWrittenOutsideTheLock(t *testing.T) {
 		for _, k := range []byte{2, 1} {
 			e := s.get(id(k))
 			p, release, err := s.acquire(e, bigGeom)
-			if err != nil || p.blk == nil || p.fromDisk {
-				t.Errorf("block %d during the demotion: %v (from disk %v)", k, err, p.fromDisk)
+			hb, inHost := p.(hostBlock)
+			if err != nil || !inHost {
+				t.Errorf("block %d during the demotion: %v (in %T, want host memory)", k, err, p)
 				got <- 0
 				continue
 			}
-			got <- p.blk.Bytes()[len(p.blk.Bytes())-1]
+			got <- hb.blk.Bytes()[len(hb.blk.Bytes())-1]
 			release()
 		}
 	}()
@@ -155,8 +156,8 @@ func TestDemotionWrittenOutsideTheLock(t *testing.T) {
 	}
 	e := s.get(id(1))
 	p, release, err := s.acquire(e, bigGeom)
-	if err != nil || !p.fromDisk || p.blk.Bytes()[len(p.blk.Bytes())-1] != 0xa1 {
-		t.Fatalf("block 1 after its demotion: %v, from disk %v", err, p.fromDisk)
+	if db, ok := p.(diskBlock); err != nil || !ok || db.blk.Bytes()[len(db.blk.Bytes())-1] != 0xa1 {
+		t.Fatalf("block 1 after its demotion: %v, in %T", err, p)
 	}
 	release()
 	if s.demoting != 0 || s.used != 2*e.size {
@@ -206,8 +207,8 @@ func TestPUTDoesNotWaitForTheDemotionItChose(t *testing.T) {
 		t.Fatal("the demotion was not reported")
 	}
 	p, release, err := s.acquire(s.get(id(1)), bigGeom)
-	if err != nil || !p.fromDisk || p.blk.Bytes()[len(p.blk.Bytes())-1] != 0xa1 {
-		t.Fatalf("block 1 after its demotion: %v, from disk %v", err, p.fromDisk)
+	if db, ok := p.(diskBlock); err != nil || !ok || db.blk.Bytes()[len(db.blk.Bytes())-1] != 0xa1 {
+		t.Fatalf("block 1 after its demotion: %v, in %T", err, p)
 	}
 	release()
 }
