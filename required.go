@@ -49,17 +49,17 @@ type wrapper struct {
 	field []int // the record's field index of each required member
 }
 
-var wrappers sync.Map // wrapperKey -> *wrapper
-
-type wrapperKey struct {
-	t        reflect.Type
-	required string
-}
+// wrappers holds the decoding type of each record type, keyed by the type
+// alone (each record names its required members at one call site), so a
+// decode looks it up without building a key.
+var wrappers sync.Map // reflect.Type -> *wrapper
 
 func wrapperOf(t reflect.Type, required []string) (*wrapper, error) {
-	key := wrapperKey{t, strings.Join(required, ",")}
-	if w, ok := wrappers.Load(key); ok {
-		return w.(*wrapper), nil
+	if w, ok := wrappers.Load(t); ok {
+		if w := w.(*wrapper); len(w.field) == len(required) {
+			return w, nil
+		}
+		return nil, fmt.Errorf("kvsp: %s decoded with two lists of required members", t) // a programming error
 	}
 	// Embedded, the record's fields are promoted and those of the same
 	// JSON name below are shallower, so they take the required members.
@@ -78,7 +78,7 @@ func wrapperOf(t reflect.Type, required []string) (*wrapper, error) {
 		})
 	}
 	w.typ = reflect.StructOf(fields)
-	actual, _ := wrappers.LoadOrStore(key, w)
+	actual, _ := wrappers.LoadOrStore(t, w)
 	return actual.(*wrapper), nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"sync/atomic"
 	"testing"
+	"unsafe"
 
 	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/container"
@@ -228,7 +229,7 @@ func (x *recordingRDMA) add(read func() []byte) (uint64, uint32, func(), error) 
 }
 
 func (x *recordingRDMA) Expose(client string, mem, buf []byte) (uint64, uint32, func(), error) {
-	if mem != nil && (len(mem) == 0 || &buf[0] != &mem[int(uintptr(bytesOffset(mem, buf)))]) {
+	if mem != nil && !inside(mem, buf) {
 		return 0, 0, nil, fmt.Errorf("buf is not in mem")
 	}
 	return x.add(func() []byte { return bytes.Clone(buf) })
@@ -254,12 +255,11 @@ func (x *recordingRDMA) read(t *testing.T, sg kvsp.RDMASegment) []byte {
 	return b
 }
 
-// bytesOffset is where buf starts in mem (mem's length when outside it).
-func bytesOffset(mem, buf []byte) int {
-	for i := range mem {
-		if &mem[i] == &buf[0] {
-			return i
-		}
+// inside reports whether buf lies in mem.
+func inside(mem, buf []byte) bool {
+	if len(buf) == 0 || len(mem) == 0 {
+		return false
 	}
-	return len(mem) - 1
+	lo, a := uintptr(unsafe.Pointer(&mem[0])), uintptr(unsafe.Pointer(&buf[0]))
+	return a >= lo && a+uintptr(len(buf)) <= lo+uintptr(len(mem))
 }
