@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -752,6 +753,57 @@ func TestPrefetchLoadsVerified(t *testing.T) {
 	if _, err := w.pc.Prefetch(context.Background(), d); !errors.Is(err, kvsp.ErrConflict) {
 		t.Fatalf("same id, another body: %v", err)
 	}
+}
+
+// TestPrefetchLooksUpWhileLeasing: a directive's two round trips before
+// its first GET, the IS lookup for layer digests and the lease at the
+// blocks' holder, are under way at once, so the deadline pays for one of
+// them. The IS holds the lookup until the holder has seen the lease, and
+// the holder holds the lease until the IS has seen the lookup, each for
+// longer than the directive's deadline: asked one after the other, the
+// first waits past the deadline and nothing loads.
+func TestPrefetchLooksUpWhileLeasing(t *testing.T) {
+	var (
+		armed                 atomic.Bool
+		lookupSeen, leaseSeen = make(chan struct{}), make(chan struct{})
+		lookupOnce, leaseOnce sync.Once
+		hold                  = 4 * time.Second // past the deadline below
+	)
+	meet := func(once *sync.Once, mine, other chan struct{}) {
+		once.Do(func() { close(mine) })
+		select {
+		case <-other:
+		case <-time.After(hold):
+		}
+	}
+	w := newRig(t, rigOptions{
+		wrapIS: func(h http.Handler) http.Handler {
+			return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+				if armed.Load() && r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/is/lookup") {
+					meet(&lookupOnce, lookupSeen, leaseSeen)
+				}
+				h.ServeHTTP(rw, r)
+			})
+		},
+		wrap: func(h http.Handler) http.Handler {
+			return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+				if armed.Load() && r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/h1/leases") {
+					meet(&leaseOnce, leaseSeen, lookupSeen)
+				}
+				h.ServeHTTP(rw, r)
+			})
+		},
+	})
+	keys := w.fill(t, prompt(4), 4)
+	armed.Store(true)
+	d := w.directive(keys[:4], func(int) []string { return []string{w.url("/h1/")} }, 2500)
+	if _, err := w.pc.Prefetch(context.Background(), d); err != nil {
+		t.Fatal(err)
+	}
+	if st := w.wait(t, d.Directive); st.State != kvsp.PrefetchComplete || len(st.Loaded) != 4 {
+		t.Fatalf("status %+v: the lookup and the lease were not under way at once", st)
+	}
+	w.engineHolds(t, keys[:4])
 }
 
 func equal(a, b []uint32) bool {

@@ -232,9 +232,14 @@ func (a *Agent) prefetchStatus(id kvsp.UUID) (kvsp.PrefetchStatus, kvsp.ScopeID,
 // (per-block leases when that fails).
 func (a *Agent) run(ctx context.Context, x *directive) {
 	d := &x.d
-	digests := a.layerDigests(ctx, d)
+	// The IS's layer digests and the holders' leases are asked for at
+	// once: each is a round trip out of the directive's deadline, and
+	// neither needs the other's answer.
+	looked := make(chan layerSet, 1)
+	go func() { looked <- a.layerDigests(ctx, d) }()
 	covered, release := a.leaseGroups(ctx, d)
 	defer release()
+	digests := <-looked
 	n := len(d.Blocks)
 	ok := make([]bool, n)
 	mine := make([]bool, n) // transferred by this directive, for no other
