@@ -13,7 +13,10 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 BIN       := $(CURDIR)/bin
 
 
-REQUIRE   := KVSP_REQUIRE_REDIS=1 KVSP_REQUIRE_ETCD=1 KVSP_REQUIRE_CHROMIUM=1 KVSP_REQUIRE_LLAMACPP=1
+REQUIRE   := KVSP_REQUIRE_REDIS=1 KVSP_REQUIRE_ETCD=1 KVSP_REQUIRE_CHROMIUM=1 KVSP_REQUIRE_LLAMACPP=1 KVSP_REQUIRE_H2SPEC=1
+# h2spec (HTTP/2 conformance, RFC 7540/9113 and HPACK), installed by make deps.
+H2SPEC_VERSION ?= v2.2.1+incompatible
+export KVSP_H2SPEC ?= $(BIN)/h2spec
 # llama.cpp v0.4.0 (npm's @node-llama-cpp/linux-x64@3.21.1), installed by make deps.
 LLAMACPP  := $(CURDIR)/.cache/llama.cpp
 export KVSP_LLAMACPP_LIB ?= $(LLAMACPP)
@@ -65,13 +68,14 @@ test-gpu: ## stripped test and benchmark binaries of the GPU path in bin/gpu-che
 test: deps fmt-check vet test-race ## the README's test command: gofmt, vet, then every test with the race detector
 	@echo "make test: ok"
 
-deps: ## install what the tests need when it is missing (redis-server, redis-cli and etcd, and chromium for the status page's rendering test, from Debian; the pinned llama.cpp libraries from npm into .cache/llama.cpp)
+deps: ## install what the tests need when it is missing (redis-server, redis-cli and etcd, and chromium for the status page's rendering test, from Debian; the pinned llama.cpp libraries from npm into .cache/llama.cpp; h2spec into bin/)
 	@missing=""; \
 	for c in redis-server:redis-server redis-cli:redis-tools etcd:etcd-server chromium:chromium npm:npm; do \
 		command -v $${c%%:*} >/dev/null || missing="$$missing $${c#*:}"; done; \
 	test -z "$$missing" || { echo "installing$$missing"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; }
 	@./scripts/llama-deps.sh $(LLAMACPP)
+	@test -x $(KVSP_H2SPEC) || { echo "installing h2spec $(H2SPEC_VERSION)"; GOBIN=$(BIN) $(GO) install github.com/summerwind/h2spec/cmd/h2spec@$(H2SPEC_VERSION); }
 
 vet: ## go vet
 	$(GO) vet -tags nogpu ./...

@@ -61,7 +61,7 @@ var mayImport = map[string][]string{
 	"container": {},
 	// Transports.
 	"client":   {"", "container"},
-	"server":   {"", "internal/mtls", "internal/udpbuf"},
+	"server":   {"", "internal/h2", "internal/mtls", "internal/udpbuf"},
 	"quicbulk": {"", "internal/udpbuf"},
 	// Accelerator and fabric bindings: they import no project package,
 	// and only tier and cmd/kvsp import them.
@@ -89,6 +89,7 @@ var mayImport = map[string][]string{
 	"internal/faultproxy": {},
 	"internal/figures":    {},
 	"internal/gguf":       {},
+	"internal/h2":         {},
 	"internal/kvsptest":   {"internal/mtls", "internal/pki", "server"},
 	"internal/mtls":       {},
 	"internal/mutants":    {},

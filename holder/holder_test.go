@@ -529,6 +529,11 @@ func TestLocalStorageTier(t *testing.T) {
 	if st, b := get(1); st != 200 || !bytes.Equal(b, blocks[1]) {
 		t.Fatalf("block 1 from disk: %d", st)
 	}
+	// Counted once the body is written, which the client may have read
+	// all of a moment before.
+	for end := time.Now().Add(5 * time.Second); servedFrom(regs[0], "local-storage", "HTTP/2.0") == 0 && time.Now().Before(end); {
+		time.Sleep(time.Millisecond)
+	}
 	if n := servedFrom(regs[0], "local-storage", "HTTP/2.0"); n != float64(len(blocks[1])) {
 		t.Fatalf("octets served from local-storage over HTTP/2: %v, want %d", n, len(blocks[1]))
 	}

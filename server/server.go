@@ -20,6 +20,7 @@ import (
 	"github.com/quic-go/quic-go/http3"
 
 	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/internal/h2"
 	"github.com/kvsp/kvsp/internal/mtls"
 	"github.com/kvsp/kvsp/internal/udpbuf"
 )
@@ -55,6 +56,10 @@ type Config struct {
 	Logger *slog.Logger
 	// Registerer receives the HTTP metrics; nil: not registered.
 	Registerer prometheus.Registerer
+	// NetHTTP2 serves HTTP/2 with net/http's server rather than the
+	// project's (internal/h2, which writes block bodies without copying
+	// them): for comparison in benchmarks, and as a way back.
+	NetHTTP2 bool
 	// Now is the clock requests are authenticated against (a client
 	// certificate's validity, checked on every request); default
 	// time.Now.
@@ -160,6 +165,10 @@ func New(cfg Config) (*Server, error) {
 		// Bulk-friendly HTTP/2: large frames and flow-control windows, so a
 		// 2 MiB block is not throttled by 64 KiB windows (PUTs read by us).
 		HTTP2: bulkHTTP2(),
+	}
+	if !cfg.NetHTTP2 {
+		// The same windows and frame size as bulkHTTP2.
+		h2.New(h2.Config{MaxReadFrameSize: 1 << 20, StreamWindow: 3 << 20, ConnWindow: 3 << 20}).Configure(s.hs)
 	}
 	if cfg.HTTP3 {
 		s.h3 = &http3.Server{

@@ -1,0 +1,291 @@
+package h2
+
+import (
+	"errors"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/net/http2"
+)
+
+// responseWriter is a stream's http.ResponseWriter. Its headers go out
+// with the first octets of the body (or at the end, with END_STREAM when
+// there is none); each Write goes to the connection before it returns,
+// in frames as large as the windows and the client's frame size allow,
+// the last one ending the stream when the declared Content-Length is
+// reached.
+type responseWriter struct {
+	st       *stream
+	head     bool // a HEAD request: no body goes out
+	header   http.Header
+	snapshot http.Header // the headers as of WriteHeader
+	status   int
+	sent     bool  // the header block went out
+	ended    bool  // END_STREAM went out
+	declared int64 // the response's Content-Length, -1 when none
+	written  int64
+}
+
+func (w *responseWriter) Header() http.Header {
+	if w.header == nil {
+		w.header = http.Header{}
+	}
+	return w.header
+}
+
+func (w *responseWriter) WriteHeader(code int) {
+	if w.status != 0 {
+		return
+	}
+	if code < 100 || code > 999 {
+		panic("h2: invalid WriteHeader code " + strconv.Itoa(code))
+	}
+	if code >= 100 && code <= 199 && code != http.StatusSwitchingProtocols {
+		w.informational(code)
+		return
+	}
+	w.status = code
+	w.snapshot = w.Header().Clone()
+	if _, ok := w.snapshot["Date"]; !ok {
+		w.snapshot["Date"] = []string{httpDate()}
+	}
+	if vs := w.snapshot["Content-Length"]; len(vs) == 1 {
+		if n, err := strconv.ParseInt(vs[0], 10, 64); err == nil && n >= 0 {
+			w.declared = n
+		}
+	}
+	if !bodyAllowed(code) {
+		w.declared = 0
+	}
+}
+
+// informational sends a 1xx response's headers at once.
+func (w *responseWriter) informational(code int) {
+	c := w.st.c
+	c.withWriteLock(w.st, func() error {
+		return c.writeHeaderBlock(w.st.id, c.encodeHeaders(code, w.Header()), false)
+	})
+}
+
+func bodyAllowed(code int) bool {
+	return code != http.StatusNoContent && code != http.StatusNotModified && (code < 100 || code > 199)
+}
+
+func (w *responseWriter) Write(p []byte) (int, error) {
+	if w.status == 0 {
+		if _, ok := w.Header()["Content-Type"]; !ok && len(p) > 0 {
+			w.header.Set("Content-Type", http.DetectContentType(p))
+		}
+		w.WriteHeader(http.StatusOK)
+	}
+	if !bodyAllowed(w.status) {
+		return 0, http.ErrBodyNotAllowed
+	}
+	if w.declared >= 0 && w.written+int64(len(p)) > w.declared {
+		return 0, http.ErrContentLength
+	}
+	if w.head {
+		w.written += int64(len(p))
+		return len(p), nil
+	}
+	if len(p) == 0 {
+		return 0, nil
+	}
+	st, c := w.st, w.st.c
+	n := 0
+	for n < len(p) {
+		k, err := c.takeWindow(st, len(p)-n)
+		if err != nil {
+			return n, err
+		}
+		end := w.declared >= 0 && w.written+int64(k) == w.declared
+		chunk := p[n : n+k]
+		wrote := false
+		err = c.withWriteLock(st, func() error {
+			if err := st.err(); err != nil {
+				return streamGone{err} // reset while it waited for the lock
+			}
+			if err := w.sendHeaders(false); err != nil {
+				return err
+			}
+			wrote = true
+			if end {
+				w.end() // before END_STREAM can reach the client
+			}
+			return c.writeData(st.id, chunk, end)
+		})
+		if err != nil {
+			if !wrote {
+				c.giveBack(st, k)
+			}
+			return n, err
+		}
+		n += k
+		w.written += int64(k)
+	}
+	return n, nil
+}
+
+// sendHeaders (write lock held) writes the header block once.
+func (w *responseWriter) sendHeaders(end bool) error {
+	if w.sent {
+		return nil
+	}
+	if err := w.st.err(); err != nil && !w.ended {
+		return streamGone{err}
+	}
+	c := w.st.c
+	w.sent = true
+	return c.writeHeaderBlock(w.st.id, c.encodeHeaders(w.status, w.snapshot), end)
+}
+
+// finish ends the response when the handler returns: the headers with
+// END_STREAM when nothing was sent, or an empty DATA frame ending it. A
+// response that cannot be ended (a write past its deadline) is reset
+// (CANCEL), so the client does not wait for the rest.
+func (w *responseWriter) finish() {
+	if w.ended {
+		return
+	}
+	if err := w.st.err(); err != nil {
+		var sr serverReset
+		if !errors.Is(err, errStreamReset) && !errors.Is(err, errConnClosed) && !errors.As(err, &sr) {
+			w.st.c.resetStream(w.st.id, http2.ErrCodeCancel)
+		}
+		return
+	}
+	if w.status == 0 {
+		w.WriteHeader(http.StatusOK)
+	}
+	c, st := w.st.c, w.st
+	err := c.withWriteLock(st, func() error {
+		if err := st.err(); err != nil {
+			return streamGone{err}
+		}
+		w.end()
+		if !w.sent {
+			return w.sendHeaders(true)
+		}
+		return c.writeData(st.id, nil, true)
+	})
+	if err != nil && !w.ended {
+		c.resetStream(st.id, http2.ErrCodeCancel)
+	}
+}
+
+// end (write lock held) records the response's end before its last
+// frame is written: a client that has read END_STREAM finds the stream
+// closed here (a HEADERS on it is STREAM_CLOSED for the connection).
+func (w *responseWriter) end() {
+	w.ended = true
+	w.st.endLocal()
+}
+
+// Flush sends the headers if they have not gone (writes are not
+// buffered).
+func (w *responseWriter) Flush() { w.FlushError() }
+
+func (w *responseWriter) FlushError() error {
+	if w.status == 0 {
+		w.WriteHeader(http.StatusOK)
+	}
+	if w.sent {
+		return nil
+	}
+	return w.st.c.withWriteLock(w.st, func() error { return w.sendHeaders(false) })
+}
+
+// SetWriteDeadline bounds the response's writes (http.ResponseController).
+func (w *responseWriter) SetWriteDeadline(t time.Time) error {
+	w.st.mu.Lock()
+	w.st.wdl = t
+	w.st.mu.Unlock()
+	w.st.wake()
+	return nil
+}
+
+// SetReadDeadline bounds the request body's reads.
+func (w *responseWriter) SetReadDeadline(t time.Time) error {
+	if w.st.body != nil {
+		w.st.body.setDeadline(t)
+	}
+	return nil
+}
+
+// EnableFullDuplex: HTTP/2 is.
+func (w *responseWriter) EnableFullDuplex() error { return nil }
+
+// takeWindow waits until the windows let at least one octet of want go
+// on st, takes what the next frame carries and returns its size.
+func (c *conn) takeWindow(st *stream, want int) (int, error) {
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for {
+		if err := st.err(); err != nil {
+			return 0, err
+		}
+		c.mu.Lock()
+		allowed := min(c.sendWindow, st.sendWindow, int64(c.peerMaxFrame))
+		if allowed > 0 {
+			n := frameSize(want, int(allowed))
+			c.sendWindow -= int64(n)
+			st.sendWindow -= int64(n)
+			c.mu.Unlock()
+			return n, nil
+		}
+		connWake := c.windowWake
+		c.mu.Unlock()
+		var timeout <-chan time.Time
+		if d := st.writeDeadline(); !d.IsZero() {
+			if timer == nil {
+				timer = time.NewTimer(time.Until(d))
+			} else {
+				timer.Reset(time.Until(d))
+			}
+			timeout = timer.C
+		}
+		select {
+		case <-st.wakeCh:
+		case <-connWake:
+		case <-timeout:
+			return 0, errWriteTimeout
+		case <-st.ctx.Done():
+		case <-c.done:
+			return 0, errConnClosed
+		}
+	}
+}
+
+// giveBack returns window taken for a frame that did not go.
+func (c *conn) giveBack(st *stream, n int) {
+	c.mu.Lock()
+	c.sendWindow += int64(n)
+	st.sendWindow += int64(n)
+	close(c.windowWake)
+	c.windowWake = make(chan struct{})
+	c.mu.Unlock()
+}
+
+// httpDate is the Date header, formatted once a second.
+func httpDate() string {
+	now := time.Now().Unix()
+	if d := cachedDate.Load(); d != nil && d.at == now {
+		return d.s
+	}
+	d := &dateString{at: now, s: time.Unix(now, 0).UTC().Format(http.TimeFormat)}
+	cachedDate.Store(d)
+	return d.s
+}
+
+type dateString struct {
+	at int64
+	s  string
+}
+
+var cachedDate atomic.Pointer[dateString]

@@ -1,0 +1,355 @@
+package h2
+
+import (
+	"encoding/binary"
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+)
+
+// The connection's writes. Whoever holds the write lock (wsem) writes its
+// frames into bw, a buffer of one TLS record, and before it lets go it
+// writes the control frames the serve goroutine queued and flushes. The
+// serve goroutine never writes: it queues and wakes the control writer,
+// so a client that stops reading cannot stop the connection from reading
+// its RST_STREAM or GOAWAY.
+
+// acquire takes the write lock, giving up at deadline (zero: none), when
+// ctx's stream is cancelled, or when the connection ends.
+func (c *conn) acquire(st *stream, deadline time.Time) error {
+	select {
+	case c.wsem <- struct{}{}:
+		return nil
+	default:
+	}
+	var timeout <-chan time.Time
+	if !deadline.IsZero() {
+		t := time.NewTimer(time.Until(deadline))
+		defer t.Stop()
+		timeout = t.C
+	}
+	var cancelled <-chan struct{}
+	if st != nil {
+		cancelled = st.ctx.Done()
+	}
+	select {
+	case c.wsem <- struct{}{}:
+		return nil
+	case <-timeout:
+		return errWriteTimeout
+	case <-cancelled:
+		return st.err()
+	case <-c.done:
+		return errConnClosed
+	}
+}
+
+// release writes the queued control frames, flushes and lets go of the
+// write lock; a control frame queued meanwhile is written by whoever
+// takes the lock next, or by this call when nobody does.
+func (c *conn) release() {
+	for {
+		c.writeControl()
+		if c.werr == nil && c.bw.Buffered() > 0 {
+			if err := c.bw.Flush(); err != nil {
+				c.fail(err)
+			}
+		}
+		<-c.wsem
+		c.ctrlMu.Lock()
+		pending := len(c.ctrl) > 0
+		c.ctrlMu.Unlock()
+		if !pending {
+			return
+		}
+		select {
+		case c.wsem <- struct{}{}:
+		default:
+			return // the holder writes them
+		}
+	}
+}
+
+// withWriteLock runs fn with the write lock (st's deadline and
+// cancellation apply to the wait), then releases it. An error fn returns
+// is the connection's (its TLS writes failed) unless it is streamGone.
+func (c *conn) withWriteLock(st *stream, fn func() error) error {
+	var deadline time.Time
+	if st != nil {
+		deadline = st.writeDeadline()
+		if !deadline.IsZero() && !time.Now().Before(deadline) {
+			return errWriteTimeout // not a write that would break the connection for all
+		}
+	}
+	if err := c.acquire(st, deadline); err != nil {
+		return err
+	}
+	defer c.release()
+	if c.werr != nil {
+		return c.werr
+	}
+	// The socket's deadline is the connection's, never the stream's: a
+	// frame half written when one stream's deadline passes would break
+	// the TLS connection, and every stream on it. A stream's deadline
+	// bounds its waits (for the lock, for window), as net/http's does.
+	c.setWriteDeadline(time.Time{})
+	c.writeControl() // what the serve goroutine queued goes first (a SETTINGS ACK before the DATA it allowed)
+	if err := fn(); err != nil {
+		var gone streamGone
+		if errors.As(err, &gone) {
+			return gone.err // the stream's end, not the connection's
+		}
+		c.fail(err)
+		return err
+	}
+	return nil
+}
+
+// streamGone is what a write function returns for a stream that was
+// reset or closed before its frame went: nothing was written, and the
+// connection is fine.
+type streamGone struct{ err error }
+
+func (e streamGone) Error() string { return e.err.Error() }
+func (e streamGone) Unwrap() error { return e.err }
+
+// writeNow writes frames at once (the connection's first SETTINGS).
+func (c *conn) writeNow(fn func() error) error { return c.withWriteLock(nil, fn) }
+
+// setWriteDeadline (write lock held) sets the TLS connection's write
+// deadline for the writes to come: d, or WriteTimeout from now.
+func (c *conn) setWriteDeadline(d time.Time) {
+	if d.IsZero() {
+		now := time.Now()
+		if c.deadline.Sub(now) >= c.cfg.WriteTimeout/2 {
+			return // still far enough: not a timer reset per frame
+		}
+		d = now.Add(c.cfg.WriteTimeout)
+	}
+	if !d.Equal(c.deadline) {
+		c.deadline = d
+		c.tc.SetWriteDeadline(d)
+	}
+}
+
+// fail (write lock held) records a write error: a TLS connection whose
+// write failed is broken, so the connection ends.
+func (c *conn) fail(err error) {
+	if c.werr == nil {
+		c.werr = err
+		c.tc.NetConn().Close() // ends serve's read
+	}
+}
+
+// queueControl queues a control frame for the control writer.
+func (c *conn) queueControl(f control) error {
+	c.ctrlMu.Lock()
+	if len(c.ctrl) >= maxQueuedControl {
+		c.ctrlMu.Unlock()
+		return connError{http2.ErrCodeEnhanceYourCalm, "too many control frames queued for a client that does not read"}
+	}
+	c.ctrl = append(c.ctrl, f)
+	c.ctrlMu.Unlock()
+	select {
+	case c.ctrlKick <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// controlWriter writes queued control frames when no handler is writing.
+func (c *conn) controlWriter() {
+	defer close(c.ctrlAlive)
+	for {
+		select {
+		case <-c.ctrlKick:
+		case <-c.done:
+			return
+		}
+		if c.acquire(nil, time.Time{}) != nil {
+			return
+		}
+		c.setWriteDeadline(time.Time{})
+		c.release()
+	}
+}
+
+// writeControl (write lock held) writes the queued control frames into bw.
+func (c *conn) writeControl() {
+	c.ctrlMu.Lock()
+	q := c.ctrl
+	c.ctrl = nil
+	c.ctrlMu.Unlock()
+	if len(q) == 0 || c.werr != nil {
+		return
+	}
+	for _, f := range q {
+		var err error
+		switch f.kind {
+		case http2.FrameSettings:
+			err = c.fr.WriteSettingsAck()
+		case http2.FramePing:
+			err = c.fr.WritePing(true, f.data)
+		case http2.FrameWindowUpdate:
+			err = c.fr.WriteWindowUpdate(f.stream, f.val)
+		case http2.FrameRSTStream:
+			err = c.fr.WriteRSTStream(f.stream, http2.ErrCode(f.val))
+		case http2.FrameGoAway:
+			err = c.fr.WriteGoAway(f.stream, http2.ErrCode(f.val), nil)
+		case kindTableSize:
+			c.henc.SetMaxDynamicTableSizeLimit(f.val)
+		}
+		if err != nil {
+			c.fail(err)
+			return
+		}
+	}
+}
+
+// writeData (write lock held) writes one DATA frame: its header and the
+// first octets of p fill bw (one TLS record), the rest of p goes to the
+// TLS connection from p itself.
+func (c *conn) writeData(id uint32, p []byte, end bool) error {
+	var h [9]byte
+	n := len(p)
+	h[0], h[1], h[2] = byte(n>>16), byte(n>>8), byte(n)
+	h[3] = byte(http2.FrameData)
+	if end {
+		h[4] = byte(http2.FlagDataEndStream)
+	}
+	binary.BigEndian.PutUint32(h[5:], id)
+	if _, err := c.bw.Write(h[:]); err != nil {
+		return err
+	}
+	_, err := c.bw.Write(p) // bufio: fills the buffer, flushes, writes the rest directly
+	return err
+}
+
+// frameSize is the payload of the next DATA frame of a body with want
+// octets left, allowed allowed: a frame that does not end the body is cut
+// so that its header and payload fill whole TLS records.
+func frameSize(want, allowed int) int {
+	if allowed >= want {
+		return want
+	}
+	if aligned := (allowed+9)/recordPayload*recordPayload - 9; aligned > 0 {
+		return aligned
+	}
+	return allowed
+}
+
+// headerBuffer is the HPACK encoder's output.
+type headerBuffer struct{ b []byte }
+
+func (h *headerBuffer) Write(p []byte) (int, error) { h.b = append(h.b, p...); return len(p), nil }
+
+// encodeHeaders (write lock held: the encoder's table follows the
+// order of the frames) encodes a response's header block.
+func (c *conn) encodeHeaders(status int, hdr http.Header) []byte {
+	c.hbuf.b = c.hbuf.b[:0]
+	c.henc.WriteField(hpack.HeaderField{Name: ":status", Value: statusText(status)})
+	for k, vs := range hdr {
+		name, ok := lowerHeader(k)
+		if !ok || connectionSpecific(name) {
+			continue
+		}
+		sensitive := name == "set-cookie" || name == "authorization"
+		for _, v := range vs {
+			if !validValue(v) {
+				continue // as net/http: never a header that would split the block
+			}
+			c.henc.WriteField(hpack.HeaderField{Name: name, Value: v, Sensitive: sensitive})
+		}
+	}
+	return c.hbuf.b
+}
+
+// writeHeaderBlock (write lock held) writes HEADERS and, past the
+// client's frame size, CONTINUATION frames.
+func (c *conn) writeHeaderBlock(id uint32, block []byte, end bool) error {
+	c.mu.Lock()
+	maxFrame := c.peerMaxFrame
+	c.mu.Unlock()
+	first := block
+	if len(first) > maxFrame {
+		first = first[:maxFrame]
+	}
+	block = block[len(first):]
+	if err := c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: first, EndStream: end, EndHeaders: len(block) == 0}); err != nil {
+		return err
+	}
+	for len(block) > 0 {
+		frag := block
+		if len(frag) > maxFrame {
+			frag = frag[:maxFrame]
+		}
+		block = block[len(frag):]
+		if err := c.fr.WriteContinuation(id, len(block) == 0, frag); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+var statusTexts sync.Map // int -> string
+
+func statusText(code int) string {
+	if v, ok := statusTexts.Load(code); ok {
+		return v.(string)
+	}
+	s := strconv.Itoa(code)
+	statusTexts.Store(code, s)
+	return s
+}
+
+// lowerHeader is the wire form of a header name (lower case), false for
+// a name that is not a token.
+func lowerHeader(k string) (string, bool) {
+	if v, ok := commonLower[k]; ok {
+		return v, true
+	}
+	for i := 0; i < len(k); i++ {
+		if !tokenChar(k[i]) {
+			return "", false
+		}
+	}
+	return strings.ToLower(k), true
+}
+
+var commonLower = func() map[string]string {
+	m := map[string]string{}
+	for _, k := range []string{"Content-Type", "Content-Length", "Cache-Control", "Repr-Digest", "Location", "Retry-After",
+		"Allow", "Alt-Svc", "X-Content-Type-Options", "Date", "Etag", "Last-Modified", "Vary", "Www-Authenticate"} {
+		m[k] = strings.ToLower(k)
+	}
+	return m
+}()
+
+func tokenChar(b byte) bool {
+	return b < 127 && b > ' ' && !strings.ContainsRune("\"(),/:;<=>?@[\\]{}", rune(b))
+}
+
+func validValue(v string) bool {
+	for i := 0; i < len(v); i++ {
+		if b := v[i]; (b < ' ' && b != '\t') || b == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// connectionSpecific headers have no place in HTTP/2 (RFC 9113 section
+// 8.2.2).
+func connectionSpecific(name string) bool {
+	switch name {
+	case "connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade":
+		return true
+	}
+	return false
+}
