@@ -4,6 +4,7 @@ GO        ?= go
 FUZZTIME  ?= 10s
 BENCHTIME ?= 1s
 COUNT     ?= 1
+HOLDER_COUNT ?= 5
 SEEDS     ?= 1000
 F10_SEEDS ?= 10000
 SOAK      ?= 30m
@@ -21,7 +22,7 @@ export KVSP_H2SPEC ?= $(BIN)/h2spec
 LLAMACPP  := $(CURDIR)/.cache/llama.cpp
 export KVSP_LLAMACPP_LIB ?= $(LLAMACPP)
 
-.PHONY: chaos soak sim nightly mutants help deps bench-llamacpp bench-holder bench-layers build build-nogpu build-gpu build-rdma ptx test-gpu test vet test-race test-nocgo lint fmt-check staticcheck fuzz bench demo check
+.PHONY: chaos soak sim nightly mutants help deps bench-llamacpp bench-holder bench-lookup bench-layers build build-nogpu build-gpu build-rdma ptx test-gpu test vet test-race test-nocgo lint fmt-check staticcheck fuzz bench demo check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -137,9 +138,17 @@ bench-llamacpp: deps ## the llama.cpp engine (issue 20): TTFT with the prefix at
 	$(GO) test ./engine/llamacpp/ -run '^$$' -bench 'TTFT' -benchtime 1x -count $(COUNT) -timeout 60m
 	$(GO) test ./engine/llamacpp/ -run '^$$' -bench 'LoadPath|Convert|Decode' -benchtime 10x -count $(COUNT) -timeout 30m
 
-bench-holder: ## the holder against nginx (installed from Debian when missing), same certificate, same verifying client
+bench-holder: ## the holder against nginx (installed from Debian when missing) and against itself on net/http's HTTP/2: same certificate, same verifying client, HOLDER_COUNT (default 5) alternating runs; ratios with median and max (bin/bench-holder.txt)
 	@command -v nginx >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx-light >/dev/null; }
-	KVSP_BENCH_NGINX=1 $(GO) test -run '^$$' -bench 'VersusNginx|BenchmarkGet|BenchmarkPut' -benchtime 2s -count $(COUNT) ./holder/
+	@mkdir -p $(BIN)
+	KVSP_BENCH_NGINX=1 $(GO) test -run '^$$' -bench 'VersusNginx' -benchtime 2s -count $(HOLDER_COUNT) ./holder/ | tee $(BIN)/bench-holder.txt
+	$(GO) run ./internal/benchratio -ref nginx < $(BIN)/bench-holder.txt
+
+bench-lookup: ## the IS's lookups against a plain encoding/json handler (server CPU per lookup, each in its own process) and the Redis backend (lookups/s at 1, 4, 16 clients; Redis CPU against redis-benchmark on the same commands), HOLDER_COUNT runs (bin/bench-lookup.txt)
+	@mkdir -p $(BIN)
+	KVSP_REQUIRE_REDIS=1 $(GO) test -run '^$$' -bench 'LookupServerCPU|RedisLookup' -benchtime 3s -count $(HOLDER_COUNT) ./controlplane/index/ | tee $(BIN)/bench-lookup.txt
+	$(GO) run ./internal/benchratio -ref plain < $(BIN)/bench-lookup.txt
+	$(GO) run ./internal/benchratio -ref redis-benchmark < $(BIN)/bench-lookup.txt
 
 bench-layers: build ## kvsp bench with its defaults: every transport, 256 KiB to 16 MiB, 1/8/64 streams; report and chart in bin/
 	cd $(BIN) && ./kvsp bench

@@ -82,6 +82,7 @@ var mayImport = map[string][]string{
 	"controlplane/placement": {"", "client", "controlplane/index", "internal/failpoint", "server"},
 	"cmd/kvsp":               {"*"},
 	// Internal helpers.
+	"internal/benchratio": {},
 	"internal/chart":      {},
 	"internal/config":     {""},
 	"internal/dsim":       {},

@@ -59,6 +59,12 @@ func newBenchFixture(b testing.TB, n int) *benchFixture { return newBenchFixture
 // newBenchFixtureCap is a holder of the given host capacity holding n
 // blocks.
 func newBenchFixtureCap(b testing.TB, n int, capacity int64) *benchFixture {
+	return newBenchFixtureOpts(b, n, capacity, false)
+}
+
+// newBenchFixtureOpts is newBenchFixtureCap, its HTTP/2 net/http's when
+// netHTTP2 is set.
+func newBenchFixtureOpts(b testing.TB, n int, capacity int64, netHTTP2 bool) *benchFixture {
 	f := &benchFixture{pki: kvsptest.NewPKI(b)}
 	var err error
 	f.h, err = holder.New(holder.Config{Base: "https://127.0.0.1/h1/", Geometries: map[kvsp.CompatID]container.Geometry{{7}: benchGeom},
@@ -70,7 +76,7 @@ func newBenchFixtureCap(b testing.TB, n int, capacity int64) *benchFixture {
 	// HTTP/3 and the bulk path on the UDP port, with quic-go's default
 	// (stock) server configuration.
 	bulk := &quicbulk.Server{}
-	f.srv = kvsptest.StartServer(b, f.pki, kvsptest.Options{HTTP3: true, QUIC: map[string]server.QUICHandler{quicbulk.ALPN: bulk}}, func(s *server.Server) {
+	f.srv = kvsptest.StartServer(b, f.pki, kvsptest.Options{HTTP3: true, QUIC: map[string]server.QUICHandler{quicbulk.ALPN: bulk}, NetHTTP2: netHTTP2}, func(s *server.Server) {
 		bulk.Handler = s.Handler()
 		f.h.Mount(s.Mount("/h1/"))
 	})

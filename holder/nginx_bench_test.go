@@ -26,7 +26,7 @@ func TestHolderServerProcess(t *testing.T) {
 	if os.Getenv("KVSP_HOLDER_SERVER") == "" {
 		t.Skip("the server process of BenchmarkVersusNginx")
 	}
-	bf := newBenchFixture(t, 1)
+	bf := newBenchFixtureOpts(t, 1, 1<<30, os.Getenv("KVSP_HOLDER_NETHTTP2") == "1")
 	bf.pki.WriteLeaf("client.pem", "client.key", bf.pki.Leaf(kvsptest.ClientA))
 	ref := bf.refs[0]
 	kvsptest.ServeFromProcess(t, bf.srv.URL("/h1/blocks/"+ref.Compat.String()+"/"+ref.Scope.String()+"/"+ref.Key.String()), bf.pki, "KVSP_HOLDER_CPUPROFILE")
@@ -50,9 +50,11 @@ func BenchmarkVersusNginx(b *testing.B) {
 	}
 	data, blk := benchBlockBytes()
 
-	// The holder, in a process of its own.
+	// The holder, in a process of its own; and one whose HTTP/2 is
+	// net/http's, for HTTP/2's rows (what internal/h2 replaced).
 	hp := kvsptest.StartProcess(b, "TestHolderServerProcess", "KVSP_HOLDER_SERVER=1")
 	holderURL, pem := hp.URL, hp.Path
+	np := kvsptest.StartProcess(b, "TestHolderServerProcess", "KVSP_HOLDER_SERVER=1", "KVSP_HOLDER_NETHTTP2=1")
 
 	// nginx: same certificate, client certificates required.
 	ndir := b.TempDir()
@@ -82,7 +84,7 @@ http { access_log off; sendfile on; keepalive_requests 100000; client_body_temp_
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	pids := map[string]int{"holder": hp.Pid, "nginx": cmd.Process.Pid}
+	pids := map[string]int{"holder": hp.Pid, "nginx": cmd.Process.Pid, "holder-nethttp2": np.Pid}
 
 	wantWhole := blk.ContainerDigest()
 	layers := blk.LayerDigests()
@@ -100,12 +102,19 @@ http { access_log off; sendfile on; keepalive_requests 100000; client_body_temp_
 		}
 		return nil
 	}
-	urls := map[string]string{"holder": holderURL, "nginx": "https://127.0.0.1:" + strconv.Itoa(port) + "/block"}
+	urls := map[string]string{"holder": holderURL, "nginx": "https://127.0.0.1:" + strconv.Itoa(port) + "/block", "holder-nethttp2": np.URL}
 	for _, proto := range []string{"http1", "h2"} {
 		for _, clients := range []int{1, 8} {
-			for _, peer := range []string{"nginx", "holder"} {
+			for _, peer := range []string{"nginx", "holder", "holder-nethttp2"} {
+				if peer == "holder-nethttp2" && proto != "h2" {
+					continue // the same server as holder's over HTTP/1.1
+				}
 				b.Run(fmt.Sprintf("%s/clients=%d/%s", proto, clients, peer), func(b *testing.B) {
-					tc := hp.ClientTLS(b, "h2", "http/1.1")
+					proc := hp // nginx has hp's certificate
+					if peer == "holder-nethttp2" {
+						proc = np
+					}
+					tc := proc.ClientTLS(b, "h2", "http/1.1")
 					if proto == "http1" {
 						tc.NextProtos = []string{"http/1.1"}
 					}

@@ -126,6 +126,8 @@ type Options struct {
 	Wrap func(http.Handler) http.Handler
 	// Logger receives the server's request logs.
 	Logger *slog.Logger
+	// NetHTTP2 serves HTTP/2 with net/http's server (benchmarks compare).
+	NetHTTP2 bool
 }
 
 // StartServer starts a server with a fresh server certificate (URI SAN
@@ -148,7 +150,7 @@ func StartServer(t testing.TB, p *PKI, o Options, mount func(*server.Server)) *S
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := server.New(server.Config{Credentials: creds, Policy: pol, HTTP3: o.HTTP3, QUIC: o.QUIC, QUICConfig: o.QUICConfig, ReadHeaderTimeout: o.ReadHeaderTimeout, Registerer: o.Registerer, Logger: o.Logger})
+	srv, err := server.New(server.Config{Credentials: creds, Policy: pol, HTTP3: o.HTTP3, QUIC: o.QUIC, QUICConfig: o.QUICConfig, ReadHeaderTimeout: o.ReadHeaderTimeout, Registerer: o.Registerer, Logger: o.Logger, NetHTTP2: o.NetHTTP2})
 	if err != nil {
 		t.Fatal(err)
 	}
