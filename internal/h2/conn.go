@@ -352,12 +352,15 @@ func (c *conn) processWindowUpdate(f *http2.WindowUpdateFrame) error {
 		if inc == 0 {
 			return connError{http2.ErrCodeProtocol, "WINDOW_UPDATE of 0"}
 		}
+		prev := c.sendWindow
 		c.sendWindow += inc
 		if c.sendWindow > 1<<31-1 {
 			return connError{http2.ErrCodeFlowControl, "connection window overflow"}
 		}
-		close(c.windowWake)
-		c.windowWake = make(chan struct{})
+		if prev <= 0 { // only then can a writer be waiting for it
+			close(c.windowWake)
+			c.windowWake = make(chan struct{})
+		}
 		return nil
 	}
 	st := c.streams[f.StreamID]
@@ -370,11 +373,14 @@ func (c *conn) processWindowUpdate(f *http2.WindowUpdateFrame) error {
 	if inc == 0 {
 		return streamError{f.StreamID, http2.ErrCodeProtocol}
 	}
+	prev := st.sendWindow
 	st.sendWindow += inc
 	if st.sendWindow > 1<<31-1 {
 		return streamError{f.StreamID, http2.ErrCodeFlowControl}
 	}
-	st.wake()
+	if prev <= 0 {
+		st.wake()
+	}
 	return nil
 }
 
