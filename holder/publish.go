@@ -73,6 +73,10 @@ const (
 // Close never waits for a backlog to drain against an IS that is gone.
 func (h *Holder) publisher() {
 	defer close(h.done)
+	if h.cfg.Index == nil { // nothing to publish to (the refresh below would have called it)
+		<-h.stop
+		return
+	}
 	refresh := time.NewTicker(h.cfg.RecordTTL / 3)
 	defer refresh.Stop()
 	backoff := 100 * time.Millisecond
