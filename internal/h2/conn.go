@@ -61,6 +61,7 @@ type conn struct {
 	clientGoAway  bool          // the client sent GOAWAY
 	idle          *time.Timer
 	closing       atomic.Bool
+	settingsSent  atomic.Bool // the preface's SETTINGS went: other frames may follow
 
 	// The receive side: recvWindow is what the client may still send on
 	// the connection (taken by the serve goroutine, given back by
@@ -138,8 +139,10 @@ func (c *conn) logf(format string, args ...any) {
 // serve reads the preface and then frames until the connection ends.
 func (c *conn) serve() {
 	defer c.close()
-	go c.controlWriter()
 	c.tc.SetReadDeadline(time.Now().Add(c.cfg.PrefaceTimeout))
+	if c.closing.Load() { // shut down before it began
+		return
+	}
 	var preface [len(http2.ClientPreface)]byte
 	if _, err := io.ReadFull(c.tc, preface[:]); err != nil || string(preface[:]) != http2.ClientPreface {
 		return // not HTTP/2, or too slow: nothing to say
@@ -162,6 +165,8 @@ func (c *conn) serve() {
 	}); err != nil {
 		return
 	}
+	c.settingsSent.Store(true)
+	go c.controlWriter() // nothing queued goes before the SETTINGS (RFC 9113 section 3.4)
 	c.recvWindow.Store(int64(c.cfg.ConnWindow))
 	c.mu.Lock()
 	c.idle = time.AfterFunc(c.cfg.IdleTimeout, c.goAwayGracefully)
@@ -225,6 +230,10 @@ func (c *conn) setReadDeadline() {
 	c.mu.Lock()
 	idle := len(c.streams) == 0 && c.running == 0 && len(c.queued) == 0
 	c.mu.Unlock()
+	if c.closing.Load() {
+		c.tc.SetReadDeadline(time.Now()) // closeSoon's, which this would overwrite
+		return
+	}
 	if idle {
 		c.tc.SetReadDeadline(time.Now().Add(c.cfg.IdleTimeout))
 	} else {
@@ -549,12 +558,22 @@ func (c *conn) startHandler(st *stream, req *http.Request) error {
 
 // handlerDone starts the next queued handler whose stream is still open.
 func (c *conn) handlerDone() {
+	var skipped []*stream
+	defer func() {
+		for _, st := range skipped { // what their bodies took of the windows goes back
+			if st.body != nil {
+				st.body.closeRead()
+			}
+			st.cancel(errHandlerDone)
+		}
+	}()
 	c.mu.Lock()
 	for len(c.queued) > 0 {
 		st := c.queued[0]
 		c.queued[0] = nil
 		c.queued = c.queued[1:]
 		if st.ctx.Err() != nil { // reset while it waited
+			skipped = append(skipped, st)
 			continue
 		}
 		req := st.req
@@ -573,6 +592,11 @@ func (c *conn) handlerDone() {
 func (c *conn) checkIdle() {
 	if len(c.streams) > 0 || c.running > 0 || len(c.queued) > 0 {
 		return
+	}
+	select {
+	case <-c.done:
+		return // closed: a handler that outlived it has nothing to arm
+	default:
 	}
 	if c.goingAway || c.clientGoAway {
 		go c.closeSoon()
@@ -614,6 +638,11 @@ func (e serverReset) Error() string { return fmt.Sprintf("h2: stream reset by th
 // goAwayGracefully sends GOAWAY(NO_ERROR): no new streams; the connection
 // closes once those under way have ended.
 func (c *conn) goAwayGracefully() {
+	if !c.settingsSent.Load() { // before the preface's SETTINGS: no frame may go, the connection just ends
+		c.closing.Store(true)
+		c.tc.SetReadDeadline(time.Now())
+		return
+	}
 	c.mu.Lock()
 	if c.goingAway {
 		c.mu.Unlock()
@@ -688,7 +717,9 @@ func (c *conn) close() {
 	for _, st := range streams {
 		st.closeStream(errConnClosed)
 	}
-	<-c.ctrlAlive
+	if c.settingsSent.Load() {
+		<-c.ctrlAlive
+	}
 	// No close_notify: a client that stopped reading could hold it for
 	// crypto/tls's 5 s; the GOAWAY (when there was one) went before.
 	c.tc.NetConn().Close()

@@ -595,3 +595,179 @@ func TestH2Spec(t *testing.T) {
 		t.Fatalf("h2spec: %s\n%s", m[0], out[bytes.Index(out, []byte("Failures:")):])
 	}
 }
+
+// TestQueuedResetReturnsWindow: a request body buffered for a handler
+// that waits behind MAX_CONCURRENT_STREAMS, whose stream is then reset,
+// goes back to the connection's window (found in review: it leaked, and
+// after one window's worth no body could be sent on the connection).
+func TestQueuedResetReturnsWindow(t *testing.T) {
+	release := make(chan struct{})
+	mux := http.NewServeMux()
+	mux.HandleFunc("/block", func(w http.ResponseWriter, r *http.Request) { <-release })
+	mux.HandleFunc("/read", func(w http.ResponseWriter, r *http.Request) { io.Copy(io.Discard, r.Body) })
+	s := startServer(t, h2.Config{MaxConcurrentStreams: 1, ConnWindow: 65535, StreamWindow: 65535, MaxReadFrameSize: 16 << 10}, mux)
+	rc := s.raw(t)
+	rc.request(1, "GET", "/block", true) // runs, holds the only handler slot...
+	time.Sleep(20 * time.Millisecond)
+	rc.mu.Lock()
+	rc.fr.WriteRSTStream(1, http2.ErrCodeCancel) // ...after its stream is gone (a rapid reset)
+	rc.mu.Unlock()
+	time.Sleep(20 * time.Millisecond)
+	rc.request(3, "POST", "/read", false) // queued behind it
+	for sent := 0; sent < 65535; {
+		k := min(16384, 65535-sent)
+		rc.mu.Lock()
+		rc.fr.WriteData(3, false, make([]byte, k))
+		rc.mu.Unlock()
+		sent += k
+	}
+	rc.mu.Lock()
+	rc.fr.WriteRSTStream(3, http2.ErrCodeCancel) // the queued stream, its body buffered
+	rc.mu.Unlock()
+	time.Sleep(20 * time.Millisecond)
+	close(release)
+	var back uint32
+	for back < 65535/2 {
+		f := rc.next(5*time.Second, func(f http2.Frame) bool { w, ok := f.(*http2.WindowUpdateFrame); return ok && w.StreamID == 0 })
+		back += f.(*http2.WindowUpdateFrame).Increment
+	}
+}
+
+// TestShutdownWhilePinged: a graceful shutdown ends a connection whose
+// client keeps sending frames (found in review: the serve loop's idle
+// deadline overwrote the close's, and Shutdown waited out its context).
+func TestShutdownWhilePinged(t *testing.T) {
+	for trial := 0; trial < 50; trial++ {
+		started, release := make(chan struct{}), make(chan struct{})
+		mux := http.NewServeMux()
+		mux.HandleFunc("/wait", func(w http.ResponseWriter, r *http.Request) { close(started); <-release })
+		s := startServer(t, h2.Config{}, mux)
+		rc := s.raw(t)
+		rc.request(1, "GET", "/wait", true)
+		<-started
+		go io.Copy(io.Discard, rc.c)
+		stop := make(chan struct{})
+		go func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				rc.mu.Lock()
+				err := rc.fr.WritePing(false, [8]byte{byte(i)})
+				rc.mu.Unlock()
+				if err != nil {
+					return
+				}
+				time.Sleep(20 * time.Microsecond)
+			}
+		}()
+		shut := make(chan error, 1)
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			defer cancel()
+			shut <- s.hs.Shutdown(ctx)
+		}()
+		time.Sleep(10 * time.Millisecond)
+		close(release)
+		err := <-shut
+		close(stop)
+		if err != nil {
+			t.Fatalf("trial %d: Shutdown: %v", trial, err)
+		}
+	}
+}
+
+// TestMalformedRequestsRefused: requests net/http's HTTP/2 server refuses
+// are reset (PROTOCOL_ERROR) before any handler: a scheme that is not
+// http(s), an extended-CONNECT :protocol, userinfo in :authority.
+func TestMalformedRequestsRefused(t *testing.T) {
+	reached := make(chan string, 8)
+	s := startServer(t, h2.Config{}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { reached <- r.Host }))
+	rc := s.raw(t)
+	cases := []struct {
+		name   string
+		fields [][2]string
+	}{
+		{"scheme ftp", [][2]string{{":method", "GET"}, {":scheme", "ftp"}, {":authority", "a"}, {":path", "/"}}},
+		{":protocol", [][2]string{{":method", "GET"}, {":scheme", "https"}, {":authority", "a"}, {":path", "/"}, {":protocol", "websocket"}}},
+		{"userinfo", [][2]string{{":method", "GET"}, {":scheme", "https"}, {":authority", "u@a"}, {":path", "/"}}},
+	}
+	for i, tc := range cases {
+		id := uint32(2*i + 1)
+		var b bytes.Buffer
+		enc := hpack.NewEncoder(&b)
+		for _, f := range tc.fields {
+			enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+		}
+		rc.mu.Lock()
+		rc.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: b.Bytes(), EndStream: true, EndHeaders: true})
+		rc.mu.Unlock()
+		f := rc.next(5*time.Second, func(f http2.Frame) bool {
+			r, ok := f.(*http2.RSTStreamFrame)
+			h, okh := f.(*http2.MetaHeadersFrame)
+			return (ok && r.StreamID == id) || (okh && h.StreamID == id)
+		})
+		if r, ok := f.(*http2.RSTStreamFrame); !ok || r.ErrCode != http2.ErrCodeProtocol {
+			t.Errorf("%s: %v, want RST_STREAM PROTOCOL_ERROR", tc.name, f.Header())
+		}
+	}
+	select {
+	case h := <-reached:
+		t.Fatalf("a malformed request reached its handler (host %q)", h)
+	default:
+	}
+}
+
+// TestFirstFrameIsSettings: a shutdown that reaches a connection before
+// its preface sends nothing but closes it: the server's first frame is
+// never a GOAWAY (RFC 9113 section 3.4; found in review).
+func TestFirstFrameIsSettings(t *testing.T) {
+	s := startServer(t, h2.Config{}, http.NotFoundHandler())
+	c, err := tls.Dial("tcp", s.addr, &tls.Config{RootCAs: s.pool, NextProtos: []string{"h2"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	time.Sleep(20 * time.Millisecond)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		s.hs.Shutdown(ctx)
+	}()
+	time.Sleep(20 * time.Millisecond)
+	io.WriteString(c, http2.ClientPreface)
+	fr := http2.NewFramer(c, c)
+	fr.WriteSettings()
+	c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	f, err := fr.ReadFrame()
+	if err == nil {
+		if _, ok := f.(*http2.SettingsFrame); !ok {
+			t.Fatalf("the server's first frame is %v, not SETTINGS", f.Header())
+		}
+	}
+}
+
+// TestExpectContinue: a request with Expect: 100-continue is answered
+// 100 when its handler first reads the body, and then completes.
+func TestExpectContinue(t *testing.T) {
+	s := startServer(t, h2.Config{}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		fmt.Fprintf(w, "%d", len(b))
+	}))
+	rc := s.raw(t)
+	rc.request(1, "POST", "/", false, "expect", "100-continue", "content-length", "5")
+	hf := rc.next(5*time.Second, func(f http2.Frame) bool { _, ok := f.(*http2.MetaHeadersFrame); return ok }).(*http2.MetaHeadersFrame)
+	if hf.PseudoValue("status") != "100" || hf.StreamEnded() {
+		t.Fatalf("first answer: %s", hf.PseudoValue("status"))
+	}
+	rc.mu.Lock()
+	rc.fr.WriteData(1, true, []byte("hello"))
+	rc.mu.Unlock()
+	hf = rc.next(5*time.Second, func(f http2.Frame) bool { _, ok := f.(*http2.MetaHeadersFrame); return ok }).(*http2.MetaHeadersFrame)
+	df := rc.next(5*time.Second, func(f http2.Frame) bool { _, ok := f.(*http2.DataFrame); return ok }).(*http2.DataFrame)
+	if hf.PseudoValue("status") != "200" || string(df.Data()) != "5" {
+		t.Fatalf("then %s %q", hf.PseudoValue("status"), df.Data())
+	}
+}

@@ -51,9 +51,12 @@ func (w *responseWriter) WriteHeader(code int) {
 	if _, ok := w.snapshot["Date"]; !ok {
 		w.snapshot["Date"] = []string{httpDate()}
 	}
-	if vs := w.snapshot["Content-Length"]; len(vs) == 1 {
-		if n, err := strconv.ParseInt(vs[0], 10, 64); err == nil && n >= 0 {
+	if vs, ok := w.snapshot["Content-Length"]; ok {
+		n, err := strconv.ParseInt(vs[0], 10, 64)
+		if len(vs) == 1 && err == nil && n >= 0 {
 			w.declared = n
+		} else {
+			delete(w.snapshot, "Content-Length") // as net/http: never a length that is not one
 		}
 	}
 	if !bodyAllowed(code) {
@@ -75,10 +78,14 @@ func bodyAllowed(code int) bool {
 
 func (w *responseWriter) Write(p []byte) (int, error) {
 	if w.status == 0 {
-		if _, ok := w.Header()["Content-Type"]; !ok && len(p) > 0 {
-			w.header.Set("Content-Type", http.DetectContentType(p))
-		}
 		w.WriteHeader(http.StatusOK)
+	}
+	if !w.sent && len(p) > 0 && bodyAllowed(w.status) {
+		// As net/http: a body without a Content-Type (or encoding) gets
+		// the one its first octets suggest.
+		if _, ok := w.snapshot["Content-Type"]; !ok && w.snapshot.Get("Content-Encoding") == "" {
+			w.snapshot["Content-Type"] = []string{http.DetectContentType(p)}
+		}
 	}
 	if !bodyAllowed(w.status) {
 		return 0, http.ErrBodyNotAllowed
@@ -96,7 +103,7 @@ func (w *responseWriter) Write(p []byte) (int, error) {
 	st, c := w.st, w.st.c
 	n := 0
 	for n < len(p) {
-		k, err := c.takeWindow(st, len(p)-n)
+		k, err := c.takeWindow(st, len(p)-n, w.headersFirst)
 		if err != nil {
 			return n, err
 		}
@@ -128,11 +135,20 @@ func (w *responseWriter) Write(p []byte) (int, error) {
 	return n, nil
 }
 
+// headersFirst sends the header block alone when the body must wait for
+// window: the client learns the status without it.
+func (w *responseWriter) headersFirst() {
+	if !w.sent {
+		w.st.c.withWriteLock(w.st, func() error { return w.sendHeaders(false) })
+	}
+}
+
 // sendHeaders (write lock held) writes the header block once.
 func (w *responseWriter) sendHeaders(end bool) error {
 	if w.sent {
 		return nil
 	}
+	w.st.respStarted.Store(true)
 	if err := w.st.err(); err != nil && !w.ended {
 		return streamGone{err}
 	}
@@ -219,7 +235,7 @@ func (w *responseWriter) EnableFullDuplex() error { return nil }
 
 // takeWindow waits until the windows let at least one octet of want go
 // on st, takes what the next frame carries and returns its size.
-func (c *conn) takeWindow(st *stream, want int) (int, error) {
+func (c *conn) takeWindow(st *stream, want int, beforeWait func()) (int, error) {
 	var timer *time.Timer
 	defer func() {
 		if timer != nil {
@@ -241,6 +257,11 @@ func (c *conn) takeWindow(st *stream, want int) (int, error) {
 		}
 		connWake := c.windowWake
 		c.mu.Unlock()
+		if beforeWait != nil {
+			beforeWait()
+			beforeWait = nil
+			continue // the wait starts after it, on a fresh look at the windows
+		}
 		var timeout <-chan time.Time
 		if d := st.writeDeadline(); !d.IsZero() {
 			if timer == nil {

@@ -37,6 +37,11 @@ type stream struct {
 	declared   int64 // the request's content-length, -1 when none
 	received   int64 // body octets received (serve goroutine)
 	trailer    http.Header
+	// expectContinue: the client waits for a 100 (Continue) before the
+	// body, sent at the handler's first read of it.
+	expectContinue bool
+	continueOnce   sync.Once
+	respStarted    atomic.Bool // the response's headers went (no 100 after them)
 
 	mu         sync.Mutex
 	remoteDone bool // the client ended its side (END_STREAM)
@@ -114,21 +119,28 @@ func (st *stream) endLocal() {
 		st.c.forget(st)
 		return
 	}
-	st.closeStream(errResponseEnded)
+	// The handler's context lasts until it returns (as net/http's): only
+	// the body's reads end.
+	st.end(errResponseEnded, false)
 	st.c.queueControl(control{kind: http2.FrameRSTStream, stream: st.id, val: uint32(http2.ErrCodeNo)})
 }
 
 // closeStream ends the stream both ways with err (a reset by either side,
 // the connection's end): its handler's context is cancelled, its body
 // reads and response writes fail.
-func (st *stream) closeStream(err error) {
+func (st *stream) closeStream(err error) { st.end(err, true) }
+
+// end closes the stream both ways; cancel ends the handler's context too.
+func (st *stream) end(err error, cancel bool) {
 	st.mu.Lock()
 	if st.resetErr == nil {
 		st.resetErr = err
 	}
 	st.remoteDone, st.localDone = true, true
 	st.mu.Unlock()
-	st.cancel(err)
+	if cancel {
+		st.cancel(err)
+	}
 	if st.body != nil {
 		st.body.closeWithError(err)
 	}
@@ -183,6 +195,21 @@ func (st *stream) trailers(f *http2.MetaHeadersFrame) error {
 	return nil
 }
 
+// sendContinue answers Expect: 100-continue when the handler first reads
+// the body, unless its response has begun.
+func (st *stream) sendContinue() {
+	if st.respStarted.Load() || st.err() != nil {
+		return
+	}
+	c := st.c
+	c.withWriteLock(st, func() error {
+		if st.respStarted.Load() {
+			return nil
+		}
+		return c.writeHeaderBlock(st.id, c.encodeHeaders(http.StatusContinue, nil), false)
+	})
+}
+
 var (
 	errResponseEnded = errors.New("h2: the response ended before the request body")
 	errHandlerDone   = errors.New("h2: the handler returned")
@@ -206,8 +233,11 @@ func (c *conn) newRequest(st *stream, f *http2.MetaHeadersFrame) (*http.Request,
 		if scheme != "" || path != "" || authority == "" {
 			return nil, bad
 		}
-	} else if method == "" || path == "" || scheme == "" {
+	} else if method == "" || path == "" || (scheme != "https" && scheme != "http") {
 		return nil, bad
+	}
+	if f.PseudoValue("protocol") != "" || strings.Contains(authority, "@") {
+		return nil, bad // extended CONNECT is not offered; userinfo has no place in a request (RFC 9113 section 8.3.1)
 	}
 	fields := f.RegularFields()
 	hdr := make(http.Header, len(fields))
@@ -262,12 +292,18 @@ func (c *conn) newRequest(st *stream, f *http2.MetaHeadersFrame) (*http.Request,
 		st.trailer = http.Header{}
 		for _, v := range ts {
 			for _, k := range strings.Split(v, ",") {
-				if k = textproto.CanonicalMIMEHeaderKey(textproto.TrimString(k)); k != "" {
+				switch k = textproto.CanonicalMIMEHeaderKey(textproto.TrimString(k)); k {
+				case "", "Content-Length", "Transfer-Encoding", "Trailer":
+				default:
 					st.trailer[k] = nil
 				}
 			}
 		}
+		delete(hdr, "Trailer") // as net/http: the declaration is Request.Trailer's keys
 		req.Trailer = st.trailer
+	}
+	if ex := hdr["Expect"]; len(ex) == 1 && strings.EqualFold(ex[0], "100-continue") && !f.StreamEnded() {
+		st.expectContinue = true
 	}
 	if f.StreamEnded() {
 		req.Body, req.ContentLength = http.NoBody, 0
@@ -281,9 +317,10 @@ func (c *conn) newRequest(st *stream, f *http2.MetaHeadersFrame) (*http.Request,
 // runHandler serves one stream.
 func (c *conn) runHandler(st *stream, req *http.Request) {
 	w := &responseWriter{st: st, head: req.Method == http.MethodHead, declared: -1}
+	returned := false
 	defer func() {
-		if v := recover(); v != nil {
-			if v != http.ErrAbortHandler {
+		if v := recover(); v != nil || !returned { // a panic, or runtime.Goexit
+			if v != nil && v != http.ErrAbortHandler {
 				buf := make([]byte, 64<<10)
 				buf = buf[:runtime.Stack(buf, false)]
 				c.logf("http2: panic serving %v: %v\n%s", c.remote, v, buf)
@@ -301,6 +338,7 @@ func (c *conn) runHandler(st *stream, req *http.Request) {
 		h = st.handler
 	}
 	h.ServeHTTP(w, req)
+	returned = true
 	w.finish()
 }
 
@@ -318,9 +356,39 @@ type pipe struct {
 	deadline time.Time
 }
 
-const chunkSize = 32 << 10
+// Chunks come in four sizes, the first of a body no larger than what is
+// known to come (its content-length, or its first frame), so that many
+// streams with a few octets each do not pin 32 KiB apiece.
+var chunkSizes = [...]int{1 << 10, 4 << 10, 16 << 10, 32 << 10}
 
-var chunkPool = sync.Pool{New: func() any { b := make([]byte, 0, chunkSize); return &b }}
+var chunkPools [len(chunkSizes)]sync.Pool
+
+func init() {
+	for i, n := range chunkSizes {
+		chunkPools[i].New = func() any { b := make([]byte, 0, n); return &b }
+	}
+}
+
+// getChunk returns an empty chunk of the least size that holds want
+// (the largest when none does).
+func getChunk(want int) []byte {
+	for i, n := range chunkSizes {
+		if want <= n || i == len(chunkSizes)-1 {
+			return (*chunkPools[i].Get().(*[]byte))[:0]
+		}
+	}
+	panic("unreachable")
+}
+
+func putChunk(c []byte) {
+	for i, n := range chunkSizes {
+		if cap(c) == n {
+			c = c[:0]
+			chunkPools[i].Put(&c)
+			return
+		}
+	}
+}
 
 func newPipe(st *stream) *pipe { return &pipe{st: st, ready: make(chan struct{}, 1)} }
 
@@ -342,8 +410,14 @@ func (p *pipe) write(data []byte) bool {
 				continue
 			}
 		}
-		b := chunkPool.Get().(*[]byte)
-		p.chunks = append(p.chunks, (*b)[:0])
+		want := len(data)
+		if d := p.st.declared; d >= 0 {
+			want = min(want, int(d))
+		}
+		if len(p.chunks) > 0 { // a body that goes on: the largest
+			want = chunkSizes[len(chunkSizes)-1]
+		}
+		p.chunks = append(p.chunks, getChunk(want))
 	}
 	p.signal()
 	return true
@@ -377,8 +451,7 @@ func (p *pipe) closeRead() {
 	left := p.n
 	p.n, p.off = 0, 0
 	for _, c := range p.chunks {
-		c = c[:0]
-		chunkPool.Put(&c)
+		putChunk(c)
 	}
 	p.chunks = nil
 	p.mu.Unlock()
@@ -388,6 +461,9 @@ func (p *pipe) closeRead() {
 }
 
 func (p *pipe) Read(b []byte) (int, error) {
+	if p.st.expectContinue {
+		p.st.continueOnce.Do(p.st.sendContinue)
+	}
 	for {
 		p.mu.Lock()
 		if p.done {
@@ -396,14 +472,13 @@ func (p *pipe) Read(b []byte) (int, error) {
 		}
 		if p.n > 0 {
 			n := 0
-			for n < len(b) && len(p.chunks) > 0 {
+			for n < len(b) && n < p.n {
 				c := p.chunks[0]
 				k := copy(b[n:], c[p.off:])
 				n += k
 				p.off += k
-				if p.off == len(c) {
-					c = c[:0]
-					chunkPool.Put(&c)
+				if p.off == len(c) && (len(p.chunks) > 1 || len(c) == cap(c)) { // a chunk still filling stays
+					putChunk(c)
 					p.chunks[0] = nil
 					p.chunks = p.chunks[1:]
 					p.off = 0
