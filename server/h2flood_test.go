@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"runtime"
 	"strings"
 	"sync"
@@ -141,6 +142,9 @@ func requestBlock(path string) []byte {
 // the server only the octets it reads (net/http bounds header data, not
 // frames): goroutines stay bounded and other clients are served.
 //
+// KVSP_NET_HTTP2=1 runs it against net/http's HTTP/2 server instead of
+// internal/h2 (for comparison).
+//
 // govulncheck, the row's third check, needs its vulnerability database,
 // which these machines cannot reach; it is not run here.
 func TestB7_HTTP2RapidResetAndContinuationFlood(t *testing.T) {
@@ -154,7 +158,7 @@ func TestB7_HTTP2RapidResetAndContinuationFlood(t *testing.T) {
 	)
 	var running, peakRunning atomic.Int64
 	p := kvsptest.NewPKI(t)
-	r := startRig(t, p, rigOptions{}, func(s *server.Server) {
+	r := startRig(t, p, rigOptions{NetHTTP2: os.Getenv("KVSP_NET_HTTP2") == "1"}, func(s *server.Server) {
 		echoRoutes(s)
 		s.Mount("/f/").Handle("GET", "hold", server.Route{}, func(w http.ResponseWriter, req *http.Request) error {
 			n := running.Add(1)

@@ -49,6 +49,7 @@ type rigOptions struct {
 	ReadHeaderTimeout time.Duration
 	Now               func() time.Time // the server's clock (certificate validity per request)
 	Level             slog.Leveler     // the log's level; nil: debug
+	NetHTTP2          bool             // net/http's HTTP/2 server
 }
 
 func startRig(t *testing.T, p *kvsptest.PKI, o rigOptions, mount func(*server.Server)) *rig {
@@ -75,7 +76,7 @@ func startRig(t *testing.T, p *kvsptest.PKI, o rigOptions, mount func(*server.Se
 		level = o.Level
 	}
 	srv, err := server.New(server.Config{
-		Credentials: creds, Policy: pol, ReadHeaderTimeout: o.ReadHeaderTimeout, Registerer: reg, Now: o.Now,
+		Credentials: creds, Policy: pol, ReadHeaderTimeout: o.ReadHeaderTimeout, Registerer: reg, Now: o.Now, NetHTTP2: o.NetHTTP2,
 		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: level})),
 	})
 	if err != nil {

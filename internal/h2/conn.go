@@ -57,6 +57,7 @@ type conn struct {
 	windowWake    chan struct{} // closed (and replaced) when the connection's send window grows
 	running       int           // handlers running
 	queued        []*stream     // streams whose handler waits for one to end
+	queueRoom     chan struct{} // a handler ended or started: the queue may have room
 	goingAway     bool          // a GOAWAY was sent: no new streams
 	clientGoAway  bool          // the client sent GOAWAY
 	idle          *time.Timer
@@ -99,7 +100,7 @@ func newConn(s *Server, hs *http.Server, tc *tls.Conn, h http.Handler) *conn {
 		done: make(chan struct{}), state: &state, remote: tc.RemoteAddr().String(),
 		wsem: make(chan struct{}, 1), ctrlKick: make(chan struct{}, 1), ctrlAlive: make(chan struct{}),
 		streams: map[uint32]*stream{}, sendWindow: 65535, initialWindow: 65535, peerMaxFrame: 16 << 10,
-		windowWake: make(chan struct{}),
+		windowWake: make(chan struct{}), queueRoom: make(chan struct{}, 1),
 	}
 	c.recvWindow.Store(65535)
 	c.bw = bufio.NewWriterSize(tc, recordPayload)
@@ -547,13 +548,41 @@ func (c *conn) startHandler(st *stream, req *http.Request) error {
 		return nil
 	}
 	if len(c.queued) >= handlerQueueFactor*int(c.cfg.MaxConcurrentStreams) {
+		// A client resetting streams faster than their handlers end:
+		// reading stops until handlers make room (TCP holds the client
+		// back, its handlers stay within MAX_CONCURRENT_STREAMS), and
+		// if none does within QueueWait the connection ends.
 		c.mu.Unlock()
-		return connError{http2.ErrCodeEnhanceYourCalm, "too many handlers queued"}
+		if !c.awaitQueueRoom() {
+			return connError{http2.ErrCodeEnhanceYourCalm, "too many handlers queued"}
+		}
+		c.mu.Lock()
 	}
 	st.req = req
 	c.queued = append(c.queued, st)
 	c.mu.Unlock()
 	return nil
+}
+
+// awaitQueueRoom waits until the handler queue is below its bound.
+func (c *conn) awaitQueueRoom() bool {
+	t := time.NewTimer(c.cfg.QueueWait)
+	defer t.Stop()
+	for {
+		c.mu.Lock()
+		room := len(c.queued) < handlerQueueFactor*int(c.cfg.MaxConcurrentStreams)
+		c.mu.Unlock()
+		if room {
+			return true
+		}
+		select {
+		case <-c.queueRoom:
+		case <-t.C:
+			return false
+		case <-c.done:
+			return false
+		}
+	}
 }
 
 // handlerDone starts the next queued handler whose stream is still open.
@@ -579,12 +608,21 @@ func (c *conn) handlerDone() {
 		req := st.req
 		st.req = nil
 		c.mu.Unlock()
+		c.signalQueueRoom()
 		go c.runHandler(st, req)
 		return
 	}
 	c.running--
+	c.signalQueueRoom()
 	c.checkIdle()
 	c.mu.Unlock()
+}
+
+func (c *conn) signalQueueRoom() {
+	select {
+	case c.queueRoom <- struct{}{}:
+	default:
+	}
 }
 
 // checkIdle (under mu) arms the idle timer, or ends a connection going

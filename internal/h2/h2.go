@@ -18,8 +18,9 @@
 //
 // Bounds: MAX_CONCURRENT_STREAMS handlers run at once per connection
 // (streams reset by the client still count until their handler returns,
-// so a rapid reset queues them, and a queue longer than 4x the limit ends
-// the connection with ENHANCE_YOUR_CALM); the client's flow-control
+// so a rapid reset queues them; with 4x the limit queued the connection
+// is not read until handlers make room, and ends with ENHANCE_YOUR_CALM
+// when none do within 5 s); the client's flow-control
 // windows hold what a connection buffers; control frames the client
 // provokes (PING, SETTINGS, RST_STREAM answers) are queued up to a bound
 // past which the connection is closed; an idle connection is closed after
@@ -57,6 +58,10 @@ type Config struct {
 	// preface and first SETTINGS; default: the http.Server's
 	// ReadHeaderTimeout, or 10 s.
 	PrefaceTimeout time.Duration
+	// QueueWait is how long a connection whose handler queue is full
+	// (4x MaxConcurrentStreams) goes unread waiting for room before it
+	// ends with ENHANCE_YOUR_CALM; default 5 s.
+	QueueWait time.Duration
 	// WriteTimeout bounds a write to the connection that has no stream
 	// deadline of its own (control frames, responses of routes without
 	// one): a client that stops reading loses its connection after it;
@@ -69,7 +74,7 @@ const (
 	defaultFrameSize    = 1 << 20
 	defaultWindow       = 3 << 20
 	maxQueuedControl    = 10000 // control frames queued for a client that does not read
-	handlerQueueFactor  = 4     // queued handlers per MAX_CONCURRENT_STREAMS before ENHANCE_YOUR_CALM
+	handlerQueueFactor  = 4     // queued handlers per MAX_CONCURRENT_STREAMS before reading pauses
 	recordPayload       = 16 << 10
 	goAwayReadAllowance = 64 << 10 // octets read (and dropped) after a GOAWAY for an error
 	goAwayLinger        = time.Second
@@ -173,6 +178,9 @@ func (c *Config) withDefaults(hs *http.Server) Config {
 	}
 	if out.WriteTimeout == 0 {
 		out.WriteTimeout = out.IdleTimeout
+	}
+	if out.QueueWait <= 0 {
+		out.QueueWait = 5 * time.Second
 	}
 	return out
 }

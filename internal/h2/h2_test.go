@@ -520,51 +520,66 @@ func TestControlFlood(t *testing.T) {
 
 // TestConcurrencyBound: no more handlers run at once than
 // MAX_CONCURRENT_STREAMS, even when their streams are reset (rapid
-// reset); the queue past it is bounded (ENHANCE_YOUR_CALM).
+// reset): past 4x the limit queued, the connection is not read until
+// handlers make room (the client is held back, not cut off); when none
+// do within QueueWait it ends with ENHANCE_YOUR_CALM.
 func TestConcurrencyBound(t *testing.T) {
 	var running, peak atomic.Int64
-	s := startServer(t, h2.Config{MaxConcurrentStreams: 10}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	stuck := make(chan struct{})
+	defer close(stuck)
+	mux := http.NewServeMux()
+	mux.HandleFunc("/quick", func(w http.ResponseWriter, r *http.Request) {
 		n := running.Add(1)
 		for m := peak.Load(); n > m && !peak.CompareAndSwap(m, n); m = peak.Load() {
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond)
 		running.Add(-1)
-	}))
+	})
+	mux.HandleFunc("/stuck", func(w http.ResponseWriter, r *http.Request) { <-stuck })
+	mux.HandleFunc("/ok", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok")) })
+	s := startServer(t, h2.Config{MaxConcurrentStreams: 10, QueueWait: 300 * time.Millisecond}, mux)
+	reset := func(rc *rawConn, path string, n int) (id uint32, err error) {
+		for id = 1; id < uint32(2*n); id += 2 {
+			if err = rc.tryRequest(id, "GET", path, true); err == nil {
+				rc.mu.Lock()
+				err = rc.fr.WriteRSTStream(id, http2.ErrCodeCancel)
+				rc.mu.Unlock()
+			}
+			if err != nil {
+				break
+			}
+		}
+		return id, err
+	}
 	rc := s.raw(t)
-	var goAway *http2.GoAwayFrame
-	done := make(chan struct{})
+	id, err := reset(rc, "/quick", 1000)
+	if err != nil {
+		t.Fatalf("the connection failed under a rapid reset whose handlers end: %v", err)
+	}
+	rc.request(id, "GET", "/ok", true)
+	df := rc.next(10*time.Second, func(f http2.Frame) bool { d, ok := f.(*http2.DataFrame); return ok && d.StreamID == id }).(*http2.DataFrame)
+	if string(df.Data()) != "ok" || peak.Load() > 10 {
+		t.Fatalf("after 1000 reset streams: %q, %d handlers at once (MAX_CONCURRENT_STREAMS 10)", df.Data(), peak.Load())
+	}
+
+	rc = s.raw(t)
+	done := make(chan *http2.GoAwayFrame, 1)
 	go func() {
-		defer close(done)
+		var g *http2.GoAwayFrame
+		defer func() { done <- g }()
 		for {
 			f, err := rc.fr.ReadFrame()
 			if err != nil {
 				return
 			}
-			if g, ok := f.(*http2.GoAwayFrame); ok {
-				goAway = g
+			if ga, ok := f.(*http2.GoAwayFrame); ok {
+				g = ga
 			}
 		}
 	}()
-	for id := uint32(1); id < 2000; id += 2 {
-		err := rc.tryRequest(id, "GET", "/", true)
-		if err == nil {
-			rc.mu.Lock()
-			err = rc.fr.WriteRSTStream(id, http2.ErrCodeCancel)
-			rc.mu.Unlock()
-		}
-		if err != nil {
-			break
-		}
-	}
-	<-done
-	if peak.Load() > 10 {
-		t.Errorf("%d handlers at once, MAX_CONCURRENT_STREAMS 10", peak.Load())
-	}
-	if goAway == nil || goAway.ErrCode != http2.ErrCodeEnhanceYourCalm {
-		t.Errorf("GOAWAY %v after 1000 reset streams with a queue bound of 40", goAway)
-	}
-	for running.Load() > 0 {
-		time.Sleep(10 * time.Millisecond)
+	reset(rc, "/stuck", 1000) // 10 handlers that never end, 40 queued behind them, then the rest
+	if g := <-done; g == nil || g.ErrCode != http2.ErrCodeEnhanceYourCalm {
+		t.Fatalf("GOAWAY %v when no handler made room", g)
 	}
 }
 
