@@ -148,6 +148,7 @@ bench-lookup: ## the IS's lookups against a plain encoding/json handler (server 
 	@mkdir -p $(BIN)
 	KVSP_REQUIRE_REDIS=1 $(GO) test -run '^$$' -bench 'LookupServerCPU|RedisLookup' -benchtime 3s -count $(HOLDER_COUNT) ./controlplane/index/ | tee $(BIN)/bench-lookup.txt
 	$(GO) run ./internal/benchratio -ref plain < $(BIN)/bench-lookup.txt
+	$(GO) run ./internal/benchratio -ref raw-mget < $(BIN)/bench-lookup.txt
 	$(GO) run ./internal/benchratio -ref redis-benchmark < $(BIN)/bench-lookup.txt
 
 bench-layers: build ## kvsp bench with its defaults: every transport, 256 KiB to 16 MiB, 1/8/64 streams; report and chart in bin/

@@ -1,7 +1,6 @@
 package server
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/tls"
@@ -12,10 +11,13 @@ import (
 	"mime"
 	"net/http"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/valyala/bytebufferpool"
 
 	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/internal/mtls"
@@ -389,17 +391,17 @@ func DecodeJSON(r *http.Request, v kvsp.Validator) error {
 	if err := RequireMediaType(r, kvsp.MediaType); err != nil {
 		return err
 	}
-	bp := requestBodies.Get().(*bytes.Buffer)
+	bb := requestBodies.Get()
 	defer func() {
-		if bp.Cap() <= maxPooledBody {
-			bp.Reset()
-			requestBodies.Put(bp)
+		if cap(bb.B) <= maxPooledBody {
+			requestBodies.Put(bb)
 		}
 	}()
+	bb.B = bb.B[:0]
 	if r.ContentLength > 0 && r.ContentLength <= maxPooledBody {
-		bp.Grow(int(r.ContentLength) + 1) // +1: the read that sees EOF needs no growth
+		bb.B = slices.Grow(bb.B, int(r.ContentLength)+1) // +1: the read that sees EOF needs no growth
 	}
-	if _, err := bp.ReadFrom(r.Body); err != nil {
+	if _, err := bb.ReadFrom(r.Body); err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
 			return err
@@ -407,11 +409,12 @@ func DecodeJSON(r *http.Request, v kvsp.Validator) error {
 		return fmt.Errorf("%w: reading body: %v", kvsp.ErrInvalid, err)
 	}
 	// Decoders copy what they keep: the buffer goes back to the pool.
-	return kvsp.Decode(bp.Bytes(), v)
+	return kvsp.Decode(bb.B, v)
 }
 
-// requestBodies recycles request body buffers up to maxPooledBody.
-var requestBodies = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+// requestBodies recycles request body buffers up to maxPooledBody
+// (bytebufferpool: new ones sized to the bodies most often seen).
+var requestBodies bytebufferpool.Pool
 
 const maxPooledBody = 1 << 20
 

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/valyala/bytebufferpool"
 
 	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/server"
@@ -268,14 +269,14 @@ func (s *Service) lookup(w http.ResponseWriter, r *http.Request) error {
 		return kvsp.NewProblem(kvsp.ErrTooLarge, fmt.Sprintf("the answer would be about %d octets, above the bound of %d: ask for fewer keys", n, s.cfg.MaxResponseBytes)).
 			With("max_response_octets", s.cfg.MaxResponseBytes)
 	}
-	bp := bodyPool.Get().(*[]byte)
+	bb := bodyPool.Get()
 	defer func() {
-		if cap(*bp) <= maxPooledBody {
-			bodyPool.Put(bp)
+		if cap(bb.B) <= maxPooledBody { // an oversized answer's buffer is not kept (B9)
+			bodyPool.Put(bb)
 		}
 	}()
-	*bp = resp.AppendJSON((*bp)[:0])
-	return server.WriteJSONBody(w, http.StatusOK, *bp)
+	bb.B = resp.AppendJSON(bb.B[:0])
+	return server.WriteJSONBody(w, http.StatusOK, bb.B)
 }
 
 // repeatedKey finds a key listed twice (their indexes), in a set kept
@@ -312,7 +313,10 @@ func answerSize(r *kvsp.LookupResponse) int {
 	return n + 160*len(r.Targets)
 }
 
-var bodyPool = sync.Pool{New: func() any { b := make([]byte, 0, 64<<10); return &b }}
+// bodyPool holds the answers' buffers: bytebufferpool sizes a new one to
+// the answers most often seen (BenchmarkBodyPool: as fast as a sync.Pool
+// of fixed 64 KiB slices, fewer octets allocated).
+var bodyPool bytebufferpool.Pool
 
 var resultPool = sync.Pool{New: func() any { return new(Result) }}
 
