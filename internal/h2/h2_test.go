@@ -786,3 +786,30 @@ func TestExpectContinue(t *testing.T) {
 		t.Fatalf("then %s %q", hf.PseudoValue("status"), df.Data())
 	}
 }
+
+// TestStreamsShareASmallWindow: sixteen responses of 1 MiB through a
+// client whose connection window is 64 KiB all arrive whole: the
+// connection's window goes to its waiting streams in turn, and none is
+// left waiting when window is there.
+func TestStreamsShareASmallWindow(t *testing.T) {
+	s := startServer(t, h2.Config{}, blockHandler(1<<20))
+	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: s.pool, NextProtos: []string{"h2"}}, ForceAttemptHTTP2: true,
+		HTTP2: &http.HTTP2Config{MaxReceiveBufferPerConnection: 64 << 10, MaxReceiveBufferPerStream: 64 << 10}}
+	defer tr.CloseIdleConnections()
+	c := &http.Client{Transport: tr, Timeout: 30 * time.Second}
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Go(func() {
+			resp, err := c.Get(s.url("/"))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer resp.Body.Close()
+			if b, err := io.ReadAll(resp.Body); err != nil || !bytes.Equal(b, block[:1<<20]) {
+				t.Errorf("%d octets, %v", len(b), err)
+			}
+		})
+	}
+	wg.Wait()
+}
