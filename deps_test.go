@@ -91,7 +91,7 @@ var mayImport = map[string][]string{
 	"internal/figures":    {},
 	"internal/gguf":       {},
 	"internal/h2":         {},
-	"internal/kvsptest":   {"internal/mtls", "internal/pki", "server"},
+	"internal/kvsptest":   {"internal/h2", "internal/mtls", "internal/pki", "server"},
 	"internal/mtls":       {},
 	"internal/mutants":    {},
 	"internal/nightly":    {"internal/figures"},

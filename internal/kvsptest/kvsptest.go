@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/quic-go/quic-go"
 
+	"github.com/kvsp/kvsp/internal/h2"
 	"github.com/kvsp/kvsp/internal/mtls"
 	"github.com/kvsp/kvsp/internal/pki"
 	"github.com/kvsp/kvsp/server"
@@ -165,6 +166,9 @@ func StartServer(t testing.TB, p *PKI, o Options, mount func(*server.Server)) *S
 	shutdown := srv.Shutdown
 	if o.Wrap != nil {
 		hs := &http.Server{Handler: o.Wrap(srv.Handler()), TLSConfig: srv.TLSConfig()}
+		if !o.NetHTTP2 { // the HTTP/2 server the roles serve with
+			h2.New(h2.Config{MaxReadFrameSize: 1 << 20, StreamWindow: 3 << 20, ConnWindow: 3 << 20}).Configure(hs)
+		}
 		go func() {
 			if err := hs.ServeTLS(ln, "", ""); err != http.ErrServerClosed {
 				errc <- err
