@@ -138,11 +138,12 @@ bench-llamacpp: deps ## the llama.cpp engine (issue 20): TTFT with the prefix at
 	$(GO) test ./engine/llamacpp/ -run '^$$' -bench 'TTFT' -benchtime 1x -count $(COUNT) -timeout 60m
 	$(GO) test ./engine/llamacpp/ -run '^$$' -bench 'LoadPath|Convert|Decode' -benchtime 10x -count $(COUNT) -timeout 30m
 
-bench-holder: ## the holder against nginx (installed from Debian when missing) and against itself on net/http's HTTP/2: same certificate, same verifying client, HOLDER_COUNT (default 5) alternating runs; ratios with median and max (bin/bench-holder.txt)
+bench-holder: ## the holder against nginx (installed from Debian when missing), against itself on net/http's HTTP/2 and against bare crypto/tls (HTTP/1.1): same certificate, same verifying client, HOLDER_COUNT (default 5) alternating runs; ratios with median and max (bin/bench-holder.txt)
 	@command -v nginx >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx-light >/dev/null; }
 	@mkdir -p $(BIN)
 	KVSP_BENCH_NGINX=1 $(GO) test -run '^$$' -bench 'VersusNginx' -benchtime 2s -count $(HOLDER_COUNT) ./holder/ | tee $(BIN)/bench-holder.txt
 	$(GO) run ./internal/benchratio -ref nginx < $(BIN)/bench-holder.txt
+	$(GO) run ./internal/benchratio -ref tls-floor < $(BIN)/bench-holder.txt
 
 bench-lookup: ## the IS's lookups against a plain encoding/json handler (server CPU per lookup, each in its own process) and the Redis backend (lookups/s at 1, 4, 16 clients; Redis CPU against redis-benchmark on the same commands), HOLDER_COUNT runs (bin/bench-lookup.txt)
 	@mkdir -p $(BIN)

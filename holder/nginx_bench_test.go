@@ -1,7 +1,10 @@
 package holder_test
 
 import (
+	"bufio"
 	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"net"
@@ -32,12 +35,74 @@ func TestHolderServerProcess(t *testing.T) {
 	kvsptest.ServeFromProcess(t, bf.srv.URL("/h1/blocks/"+ref.Compat.String()+"/"+ref.Scope.String()+"/"+ref.Key.String()), bf.pki, "KVSP_HOLDER_CPUPROFILE")
 }
 
+// TestTLSFloorProcess is not a test: BenchmarkVersusNginx runs the test
+// binary with it selected for the HTTP/1.1 rows' floor, a server that is
+// crypto/tls and nothing else: the holder's certificate and client
+// verification (KVSP_TLS_FLOOR names the holder process's PKI directory),
+// no routing, no authorization, no store, each response one Write of a
+// status line, two headers and the block. What it costs per GB is
+// crypto/tls's sealing and the write syscalls of the same octets to the
+// same client.
+func TestTLSFloorProcess(t *testing.T) {
+	dir := os.Getenv("KVSP_TLS_FLOOR")
+	if dir == "" {
+		t.Skip("the TLS floor process of BenchmarkVersusNginx")
+	}
+	cert, err := tls.LoadX509KeyPair(filepath.Join(dir, "server.pem"), filepath.Join(dir, "server.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	caPEM, err := os.ReadFile(filepath.Join(dir, "ca.pem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cas := x509.NewCertPool()
+	cas.AppendCertsFromPEM(caPEM)
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{cert},
+		ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: cas, NextProtos: []string{"http/1.1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	data, _ := benchBlockBytes()
+	resp := append([]byte("HTTP/1.1 200 OK\r\nContent-Type: application/kvsp-block\r\nContent-Length: "+strconv.Itoa(len(data))+"\r\n\r\n"), data...)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				r := bufio.NewReader(c)
+				for {
+					for { // the request's head, up to its blank line
+						l, err := r.ReadSlice('\n')
+						if err != nil {
+							return
+						}
+						if len(l) <= 2 {
+							break
+						}
+					}
+					if _, err := c.Write(resp); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	kvsptest.ServeFromProcess(t, "https://"+ln.Addr().String()+"/block", &kvsptest.PKI{Dir: dir}, "")
+}
+
 // BenchmarkVersusNginx serves the same 2 MiB container from the holder and
 // from nginx (Debian's, started here on 127.0.0.1 with the same server
 // certificate and client-certificate verification), each in its own
 // process, and fetches both with the same verifying client in this one:
 // the body read, SHA-256 of the container and of every layer compared with
-// the known digests. Runs alternate peer and holder; each reports its
+// the known digests. The HTTP/1.1 rows also fetch it from the TLS floor
+// (TestTLSFloorProcess): what crypto/tls alone costs for those octets.
+// Runs alternate peer and holder; each reports its
 // throughput and the server's CPU-seconds per GB. Set KVSP_BENCH_NGINX=1
 // (make bench-holder does); nginx must be installed.
 func BenchmarkVersusNginx(b *testing.B) {
@@ -55,6 +120,7 @@ func BenchmarkVersusNginx(b *testing.B) {
 	hp := kvsptest.StartProcess(b, "TestHolderServerProcess", "KVSP_HOLDER_SERVER=1")
 	holderURL, pem := hp.URL, hp.Path
 	np := kvsptest.StartProcess(b, "TestHolderServerProcess", "KVSP_HOLDER_SERVER=1", "KVSP_HOLDER_NETHTTP2=1")
+	fp := kvsptest.StartProcess(b, "TestTLSFloorProcess", "KVSP_TLS_FLOOR="+filepath.Dir(pem("ca.pem")))
 
 	// nginx: same certificate, client certificates required.
 	ndir := b.TempDir()
@@ -84,7 +150,7 @@ http { access_log off; sendfile on; keepalive_requests 100000; client_body_temp_
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	pids := map[string]int{"holder": hp.Pid, "nginx": cmd.Process.Pid, "holder-nethttp2": np.Pid}
+	pids := map[string]int{"holder": hp.Pid, "nginx": cmd.Process.Pid, "holder-nethttp2": np.Pid, "tls-floor": fp.Pid}
 
 	wantWhole := blk.ContainerDigest()
 	layers := blk.LayerDigests()
@@ -102,15 +168,18 @@ http { access_log off; sendfile on; keepalive_requests 100000; client_body_temp_
 		}
 		return nil
 	}
-	urls := map[string]string{"holder": holderURL, "nginx": "https://127.0.0.1:" + strconv.Itoa(port) + "/block", "holder-nethttp2": np.URL}
+	urls := map[string]string{"holder": holderURL, "nginx": "https://127.0.0.1:" + strconv.Itoa(port) + "/block", "holder-nethttp2": np.URL, "tls-floor": fp.URL}
 	for _, proto := range []string{"http1", "h2"} {
 		for _, clients := range []int{1, 8} {
-			for _, peer := range []string{"nginx", "holder", "holder-nethttp2"} {
+			for _, peer := range []string{"nginx", "holder", "holder-nethttp2", "tls-floor"} {
 				if peer == "holder-nethttp2" && proto != "h2" {
 					continue // the same server as holder's over HTTP/1.1
 				}
+				if peer == "tls-floor" && proto != "http1" {
+					continue // it speaks HTTP/1.1 only
+				}
 				b.Run(fmt.Sprintf("%s/clients=%d/%s", proto, clients, peer), func(b *testing.B) {
-					proc := hp // nginx has hp's certificate
+					proc := hp // nginx and the floor have hp's certificate
 					if peer == "holder-nethttp2" {
 						proc = np
 					}
