@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"sync"
 	"syscall"
@@ -28,6 +29,9 @@ import (
 func TestHolderServerProcess(t *testing.T) {
 	if os.Getenv("KVSP_HOLDER_SERVER") == "" {
 		t.Skip("the server process of BenchmarkVersusNginx")
+	}
+	if os.Getenv("KVSP_HOLDER_ONE_P") == "1" {
+		runtime.GOMAXPROCS(1)
 	}
 	bf := newBenchFixtureOpts(t, 1, 1<<30, os.Getenv("KVSP_HOLDER_NETHTTP2") == "1")
 	bf.pki.WriteLeaf("client.pem", "client.key", bf.pki.Leaf(kvsptest.ClientA))
@@ -101,7 +105,8 @@ func TestTLSFloorProcess(t *testing.T) {
 // process, and fetches both with the same verifying client in this one:
 // the body read, SHA-256 of the container and of every layer compared with
 // the known digests. The HTTP/1.1 rows also fetch it from the TLS floor
-// (TestTLSFloorProcess): what crypto/tls alone costs for those octets.
+// (TestTLSFloorProcess): what crypto/tls alone costs for those octets;
+// the HTTP/2 rows fetch it from a holder with one P as well.
 // Runs alternate peer and holder; each reports its
 // throughput and the server's CPU-seconds per GB. Set KVSP_BENCH_NGINX=1
 // (make bench-holder does); nginx must be installed.
@@ -121,6 +126,10 @@ func BenchmarkVersusNginx(b *testing.B) {
 	holderURL, pem := hp.URL, hp.Path
 	np := kvsptest.StartProcess(b, "TestHolderServerProcess", "KVSP_HOLDER_SERVER=1", "KVSP_HOLDER_NETHTTP2=1")
 	fp := kvsptest.StartProcess(b, "TestTLSFloorProcess", "KVSP_TLS_FLOOR="+filepath.Dir(pem("ca.pem")))
+	// And the holder with one P (GOMAXPROCS=1), for HTTP/2's rows: what
+	// the Go scheduler's wake-ups across Ps cost when one connection
+	// idles between the client's WINDOW_UPDATEs.
+	op := kvsptest.StartProcess(b, "TestHolderServerProcess", "KVSP_HOLDER_SERVER=1", "KVSP_HOLDER_ONE_P=1")
 
 	// nginx: same certificate, client certificates required.
 	ndir := b.TempDir()
@@ -150,7 +159,7 @@ http { access_log off; sendfile on; keepalive_requests 100000; client_body_temp_
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	pids := map[string]int{"holder": hp.Pid, "nginx": cmd.Process.Pid, "holder-nethttp2": np.Pid, "tls-floor": fp.Pid}
+	pids := map[string]int{"holder": hp.Pid, "nginx": cmd.Process.Pid, "holder-nethttp2": np.Pid, "tls-floor": fp.Pid, "holder-1p": op.Pid}
 
 	wantWhole := blk.ContainerDigest()
 	layers := blk.LayerDigests()
@@ -168,20 +177,23 @@ http { access_log off; sendfile on; keepalive_requests 100000; client_body_temp_
 		}
 		return nil
 	}
-	urls := map[string]string{"holder": holderURL, "nginx": "https://127.0.0.1:" + strconv.Itoa(port) + "/block", "holder-nethttp2": np.URL, "tls-floor": fp.URL}
+	urls := map[string]string{"holder": holderURL, "nginx": "https://127.0.0.1:" + strconv.Itoa(port) + "/block", "holder-nethttp2": np.URL, "tls-floor": fp.URL, "holder-1p": op.URL}
 	for _, proto := range []string{"http1", "h2"} {
 		for _, clients := range []int{1, 8} {
-			for _, peer := range []string{"nginx", "holder", "holder-nethttp2", "tls-floor"} {
-				if peer == "holder-nethttp2" && proto != "h2" {
-					continue // the same server as holder's over HTTP/1.1
+			for _, peer := range []string{"nginx", "holder", "holder-nethttp2", "holder-1p", "tls-floor"} {
+				if (peer == "holder-nethttp2" || peer == "holder-1p") && proto != "h2" {
+					continue // the same server as holder's over HTTP/1.1; one P, HTTP/2's question
 				}
 				if peer == "tls-floor" && proto != "http1" {
 					continue // it speaks HTTP/1.1 only
 				}
 				b.Run(fmt.Sprintf("%s/clients=%d/%s", proto, clients, peer), func(b *testing.B) {
 					proc := hp // nginx and the floor have hp's certificate
-					if peer == "holder-nethttp2" {
+					switch peer {
+					case "holder-nethttp2":
 						proc = np
+					case "holder-1p":
+						proc = op
 					}
 					tc := proc.ClientTLS(b, "h2", "http/1.1")
 					if proto == "http1" {
