@@ -37,11 +37,21 @@ import (
 // equal count before and after failed make chaos that way), the PC no
 // session (each was forgotten after its
 // retention), no lease is live and no octet is leased; goroutines are
-// within 2 of their level and open files within 1; the heap in use
-// within 5%; and every record the IS returns is served by its holder
-// (no expired or phantom records).
+// within 2 of their level and open files within 1; the live heap (what
+// the objects still reachable hold, after three collections) within 5%;
+// and every record the IS returns is served by its holder (no expired or
+// phantom records).
 //
-// The heap's 5%, measured: with a 1 s warm-up the heap in use rose by
+// The live heap, not the heap in use: the spans in use also count what
+// the allocator keeps of partly filled spans, which grows under -race
+// with no object more. At 7bca845 and aa0ac39 the nightly's 30-minute
+// soak ended with the heap in use up 5.5% and 5.6% (about 0.5 MiB); a
+// 5-minute soak under -race measured the heap in use up 3.8% while the
+// live heap rose 0.7% (5.92 to 5.96 MB) and its objects fell (14,807 to
+// 14,406); without -race, 3 minutes and 827,037 operations left the heap
+// in use 0.7% lower.
+//
+// The 5%, measured then on the heap in use: with a 1 s warm-up it rose by
 // 10.3-12.4% over 5 runs of 4 s (about 1 MiB of 9.3), and by 2.2-2.3%
 // over 2 runs of 16 s (3 s of warm-up): pools and maps still filling, not
 // a leak (four times the operations left less). The warm-up is 3 s now:
@@ -168,14 +178,14 @@ func TestL2_Soak(t *testing.T) {
 		}
 		wg.Wait()
 	}
-	level := func() (goroutines, files int, heap uint64) {
+	level := func() (goroutines, files int, heap uint64) { // heap: live octets
 		for range 3 {
 			runtime.GC()
 		}
 		var ms runtime.MemStats
 		runtime.ReadMemStats(&ms)
 		fds, _ := os.ReadDir("/proc/self/fd")
-		return runtime.NumGoroutine(), len(fds), ms.HeapInuse
+		return runtime.NumGoroutine(), len(fds), ms.HeapAlloc
 	}
 	settle := func() { time.Sleep(2*ttl + 500*time.Millisecond) } // leases and records expire
 	// Warm-up: every block stored, connections open, pools filled.
@@ -212,7 +222,7 @@ func TestL2_Soak(t *testing.T) {
 		f.Close()
 	}
 	r1, held1, sessions := w.mem.Len(), held(), len(w.ctl.Sessions())
-	t.Logf("%d operations in %v, %d failed, %d leases refused by the client's quota, %d expired before their release; goroutines %d -> %d, open files %d -> %d, heap in use %.1f -> %.1f MiB (%+.2f%%), IS records %d -> %d (blocks held %d -> %d), PC sessions %d",
+	t.Logf("%d operations in %v, %d failed, %d leases refused by the client's quota, %d expired before their release; goroutines %d -> %d, open files %d -> %d, live heap %.1f -> %.1f MiB (%+.2f%%), IS records %d -> %d (blocks held %d -> %d), PC sessions %d",
 		n, dur, failures.Load(), quota.Load(), expired.Load(), g0, g1, f0, f1, float64(h0)/(1<<20), float64(h1)/(1<<20), 100*(float64(h1)/float64(h0)-1), r0, r1, held0, held1, sessions)
 	if f := failures.Load(); f > 0 {
 		t.Fatalf("%d of %d operations failed, the first: %v", f, n, *firstErr.Load())
@@ -224,7 +234,7 @@ func TestL2_Soak(t *testing.T) {
 		t.Errorf("open files did not come back: %d after, %d before", f1, f0)
 	}
 	if h1 > h0+h0/20 {
-		t.Errorf("heap in use did not come back: %d after, %d before (+%.1f%%, at most 5%%)", h1, h0, 100*(float64(h1)/float64(h0)-1))
+		t.Errorf("the live heap did not come back: %d after, %d before (+%.1f%%, at most 5%%)", h1, h0, 100*(float64(h1)/float64(h0)-1))
 	}
 	if r0 != held0 || r1 != held1 {
 		t.Errorf("the IS holds %d records after the warm-up and %d after the load, where the holders hold %d and %d blocks", r0, r1, held0, held1)
@@ -254,7 +264,7 @@ func TestL2_Soak(t *testing.T) {
 		}
 	}
 	figures.Report(t, figures.Row{Row: "L2", Requests: n,
-		Held: fmt.Sprintf("%v of mixed load: %d operations, 0 failed; goroutines %d -> %d, open files %d -> %d, heap in use %.1f -> %.1f MiB, 0 live leases, no record without its block",
+		Held: fmt.Sprintf("%v of mixed load: %d operations, 0 failed; goroutines %d -> %d, open files %d -> %d, live heap %.1f -> %.1f MiB, 0 live leases, no record without its block",
 			dur.Round(time.Second), n, g0, g1, f0, f1, float64(h0)/(1<<20), float64(h1)/(1<<20)),
 		Detail: map[string]float64{"seconds": dur.Seconds(), "operations": float64(n), "heap_growth_pct": 100 * (float64(h1)/float64(h0) - 1)}})
 }
