@@ -320,7 +320,7 @@ func TestF1_BitrotAtHolder(t *testing.T) {
 			resp, err := f.is.Lookup(context.Background(), &kvsp.LookupRequest{ScopeID: scope, CompatID: compat, BlockKeys: []kvsp.BlockKey{ref(12).Key}})
 			return err == nil && resp.Matched == 1 && resp.Replicas[0][0].Residency[0].Tier == kvsp.TierLocalStorage
 		}
-		waitFor(t, "block 12 published in local storage", published)
+		kvsptest.WaitFor(t, "block 12 published in local storage", published)
 		var file string
 		filepath.WalkDir(filepath.Join(dir, "blocks"), func(p string, d fs.DirEntry, err error) error {
 			if err == nil && !d.IsDir() && strings.HasSuffix(p, ref(12).Key.String()) {
@@ -341,7 +341,7 @@ func TestF1_BitrotAtHolder(t *testing.T) {
 		if n := gather(t, f.reg, "kvsp_holder_digest_failures_total"); n != 1 {
 			t.Fatalf("kvsp_holder_digest_failures_total %v, want 1", n)
 		}
-		waitFor(t, "the record withdrawn", func() bool {
+		kvsptest.WaitFor(t, "the record withdrawn", func() bool {
 			resp, err := f.is.Lookup(context.Background(), &kvsp.LookupRequest{ScopeID: scope, CompatID: compat, BlockKeys: []kvsp.BlockKey{ref(12).Key}})
 			return err == nil && resp.Matched == 0
 		})
@@ -349,17 +349,6 @@ func TestF1_BitrotAtHolder(t *testing.T) {
 			t.Fatalf("the dropped block: %v", err)
 		}
 	})
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 5s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // TestF2_EvictionRacingLeases (RELIABILITY F2, R-LS-4, R-IS-7, R-IS-8;
@@ -531,7 +520,7 @@ func TestF2_EvictionRacingLeases(t *testing.T) {
 		t.Fatalf("%v evictions and %d leased GETs: the race was not run", evictions, leasedGets.Load())
 	}
 	// Every eviction was withdrawn: the IS lists exactly what is served.
-	waitFor(t, "the IS agreeing with the holder", func() bool {
+	kvsptest.WaitFor(t, "the IS agreeing with the holder", func() bool {
 		for k := 1; k <= keys; k++ {
 			held, err := get(k)
 			if err != nil {

@@ -393,7 +393,7 @@ func TestPrefetchPinsGoWithoutTheirRequest(t *testing.T) {
 	if !stillPinned(w.eng.KV(), keys[0]) {
 		t.Fatal("the directive does not keep what it loaded for its request")
 	}
-	waitFor(t, "the directive's pins to go after lease_ms", func() bool { return !stillPinned(w.eng.KV(), keys[0]) })
+	kvsptest.WaitFor(t, "the directive's pins to go after lease_ms", func() bool { return !stillPinned(w.eng.KV(), keys[0]) })
 	w.floodKV(t, 600)
 	if w.eng.KV().Has(keys[0]) {
 		t.Fatal("a block loaded for a request that never came survived the flood")

@@ -11,6 +11,7 @@ import (
 	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/client"
 	"github.com/kvsp/kvsp/engine/sim"
+	"github.com/kvsp/kvsp/internal/kvsptest"
 )
 
 // TestOffloadCopiedAtOffer (issue 21): the blocks a request computed
@@ -85,7 +86,7 @@ func TestPrefetchedBlocksKeptUntilPrefill(t *testing.T) {
 		go w.front.Instance(w.url("/ii1/")).Generate(busy, &kvsp.GenerateRequest{Session: kvsp.NewUUID(), Epoch: 1, ScopeID: w.scopeKey.ID(),
 			CompatID: w.compat, Tokens: prompt(1 + i), MaxTokens: 1 << 16}, func(kvsp.GeneratedToken) error { return nil })
 	}
-	waitFor(t, "the batch full", func() bool { return w.eng.Stats().Running == 4 })
+	kvsptest.WaitFor(t, "the batch full", func() bool { return w.eng.Stats().Running == 4 })
 	done := make(chan error, 1)
 	var cached uint64
 	go func() {
@@ -97,7 +98,7 @@ func TestPrefetchedBlocksKeptUntilPrefill(t *testing.T) {
 			return nil
 		})
 	}()
-	waitFor(t, "the request queued", func() bool { return w.eng.Stats().Queued == 1 })
+	kvsptest.WaitFor(t, "the request queued", func() bool { return w.eng.Stats().Queued == 1 })
 	// Other blocks fill the engine's KV (256 blocks) over and over.
 	k, v := make([]byte, w.g.RawSectionLen()), make([]byte, w.g.RawSectionLen())
 	for i := range 600 {
@@ -132,13 +133,4 @@ func offloadsOf(w *rig, outcome string) float64 {
 		}
 	}
 	return 0
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("not reached within 10 s: %s", what)
-		}
-	}
 }

@@ -2,6 +2,7 @@ package kvsptest
 
 import (
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -40,4 +41,16 @@ func MetricSum(t testing.TB, reg prometheus.Gatherer, name string, match map[str
 	}
 	t.Fatalf("no metric %s registered", name)
 	return 0
+}
+
+// WaitFor polls cond until it holds, failing the test after 10 s: for
+// what another goroutine records after the client has its answer (a
+// request counted once its handler returns, a block offloaded).
+func WaitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("not reached within 10 s: %s", what)
+		}
+	}
 }
