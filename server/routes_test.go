@@ -226,6 +226,8 @@ func TestS2_RoleRouteAuthorizationMatrix(t *testing.T) {
 			if resp.Header.Get("Content-Type") != kvsp.MediaTypeProblem || resp.Header.Get("Cache-Control") != "no-store" {
 				t.Errorf("%s %s: 403 without a no-store problem: %q %q", id, c.name, resp.Header.Get("Content-Type"), resp.Header.Get("Cache-Control"))
 			}
+			// Counted when the handler returns, maybe after the client read the 403.
+			kvsptest.WaitFor(t, c.name+": its 403 counted", func() bool { return denials(c.route)-before >= 1 })
 			if got := denials(c.route) - before; got != 1 {
 				t.Errorf("%s %s: the 403 counter of %s moved by %v, want 1", id, c.name, c.route, got)
 			}
@@ -262,6 +264,7 @@ func s2FailClosed(t *testing.T, srv *kvsptest.Server, reg *prometheus.Registry, 
 	if st := put(); st != 403 {
 		t.Errorf("policy missing: PC PUT state = %d, want 403", st)
 	}
+	kvsptest.WaitFor(t, "policy missing: the 403 counted", func() bool { return counterValue(t, reg, route, "403")-before >= 1 })
 	if got := counterValue(t, reg, route, "403") - before; got != 1 {
 		t.Errorf("policy missing: 403 counter moved by %v", got)
 	}

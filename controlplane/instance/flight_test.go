@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -77,17 +78,40 @@ func TestDirectivesForTheSameBlocksFetchThemOnce(t *testing.T) {
 // what a directive lists as failed is not resident. With the drop
 // removed, the two loaded blocks stay.
 func TestBlocksPastAFailedOneAreDropped(t *testing.T) {
-	// The first block's GET fails after 200 ms (no holder there: 404), so
-	// the others have started.
+	// The first block's GET fails (no holder there: 404) once the two
+	// after it are loaded (at most 10 s: on a busy machine a fixed delay
+	// could end before they are).
+	var reg atomic.Pointer[prometheus.Registry]
+	loaded := func() float64 { // from a handler: no t.Fatal, and no series yet is 0
+		r := reg.Load()
+		if r == nil {
+			return 0
+		}
+		mfs, _ := r.Gather()
+		v := 0.0
+		for _, mf := range mfs {
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if mf.GetName() == "kvsp_instance_prefetch_blocks_total" && l.GetName() == "outcome" && l.GetValue() == "loaded" {
+						v += m.GetCounter().GetValue()
+					}
+				}
+			}
+		}
+		return v
+	}
 	late := func(h http.Handler) http.Handler {
 		return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 			if r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/nowhere/") {
-				time.Sleep(200 * time.Millisecond)
+				for end := time.Now().Add(10 * time.Second); loaded() < 2 && time.Now().Before(end); {
+					time.Sleep(5 * time.Millisecond)
+				}
 			}
 			h.ServeHTTP(rw, r)
 		})
 	}
 	w := newRig(t, rigOptions{noStore: true, wrap: late})
+	reg.Store(w.reg)
 	keys := w.fill(t, prompt(3), 3)
 	nowhere := w.url("/nowhere/")
 	d := w.directive(keys, func(i int) []string {
