@@ -49,7 +49,10 @@ import (
 // 5-minute soak under -race measured the heap in use up 3.8% while the
 // live heap rose 0.7% (5.92 to 5.96 MB) and its objects fell (14,807 to
 // 14,406); without -race, 3 minutes and 827,037 operations left the heap
-// in use 0.7% lower.
+// in use 0.7% lower. But over the nightly's 30 minutes at 176309d the
+// live heap itself rose 7.8% (5.7 to 6.1 MiB, 836,409 operations): L2
+// fails there, and what holds those 0.4 MiB is not found yet (the
+// nightly at eab9f89 had the heap in use up 1%).
 //
 // The 5%, measured then on the heap in use: with a 1 s warm-up it rose by
 // 10.3-12.4% over 5 runs of 4 s (about 1 MiB of 9.3), and by 2.2-2.3%
