@@ -95,9 +95,9 @@ chaos: deps ## the reliability plan's fault, security and load rows at full size
 	[ $$st -ne 0 ] || st=$$s2; \
 	$(GO) build -o $(BIN)/kvsp-nightly ./internal/nightly && $(BIN)/kvsp-nightly verdict -stage chaos -command 'make chaos' -status $$st -start $$start -out $(BIN) $(BIN)/chaos.log
 
-soak: deps ## reliability row L2: the mixed-workload soak for SOAK (default 30m) under -race, then the leak checks; the last line says whether it held (bin/soak.log, bin/soak.json)
+soak: deps ## reliability row L2: the mixed-workload soak for SOAK (default 30m) under -race, then the leak checks; the last line says whether it held (bin/soak.log, bin/soak.json; heap profiles bin/soak-heap.pprof.0 after the warm-up, .t1... every 5 minutes, and at the end, for go tool pprof -diff_base)
 	@mkdir -p $(BIN); start=$$(date +%s); \
-	KVSP_L2_DURATION=$(SOAK) $(GO) test -race -tags nogpu -timeout 0 -count 1 -v -run '^TestL2_' ./controlplane/instance/ 2>&1 | tee $(BIN)/soak.log; st=$${PIPESTATUS[0]}; \
+	KVSP_L2_DURATION=$(SOAK) KVSP_L2_HEAP=$(BIN)/soak-heap.pprof KVSP_L2_HEAP_EVERY=5m GODEBUG=memprofilerate=512 $(GO) test -race -tags nogpu -timeout 0 -count 1 -v -run '^TestL2_' ./controlplane/instance/ 2>&1 | tee $(BIN)/soak.log; st=$${PIPESTATUS[0]}; \
 	$(GO) build -o $(BIN)/kvsp-nightly ./internal/nightly && $(BIN)/kvsp-nightly verdict -stage soak -command 'make soak SOAK=$(SOAK)' -status $$st -start $$start -out $(BIN) $(BIN)/soak.log
 
 sim: ## the deterministic simulation: DS1 for SEEDS seeds (default 1000) and F10 for F10_SEEDS (default 10000), on the fake clock; the last line names a failed row (bin/sim.log, bin/sim.json)
