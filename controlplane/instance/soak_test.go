@@ -38,7 +38,8 @@ import (
 // session (each was forgotten after its
 // retention), no lease is live and no octet is leased; goroutines are
 // within 2 of their level and open files within 1; the live heap (what
-// the objects still reachable hold, after three collections) within 5%;
+// the objects still reachable hold, after three collections) within 5%
+// (7% for a run of seconds);
 // and every record the IS returns is served by its holder (no expired or
 // phantom records).
 //
@@ -120,13 +121,19 @@ func TestL2_Soak(t *testing.T) {
 		failures.Add(1)
 		firstErr.CompareAndSwap(nil, &err)
 	}
-	load := func(d time.Duration) {
-		stop := time.Now().Add(d)
+	// load runs the clients for d, and on past it (for at most most)
+	// until they have done minOps operations.
+	load := func(d time.Duration, minOps int64, most time.Duration) {
+		begin, first := time.Now(), ops.Load()
+		more := func() bool {
+			el := time.Since(begin)
+			return el < d || (ops.Load()-first < minOps && el < most)
+		}
 		var wg sync.WaitGroup
 		for g := range 6 {
 			wg.Go(func() {
 				rng := rand.New(rand.NewPCG(uint64(g), 2))
-				for time.Now().Before(stop) {
+				for more() {
 					b := blocks[rng.IntN(len(blocks))]
 					var err error
 					switch g {
@@ -205,8 +212,13 @@ func TestL2_Soak(t *testing.T) {
 	settle := func() { time.Sleep(2*ttl + 500*time.Millisecond) } // leases and records expire
 	// Warm-up: every block stored, connections open, pools and HPACK
 	// tables filled.
+	// On a busy machine 3 s are a few hundred operations (four soaks at
+	// once under -race: about 400, where one alone does 2,000-3,000) and
+	// leave the live heap 4.7-6.4% short of its level: the warm-up goes
+	// on to 1,500 operations, for at most 20 s.
 	start := time.Now()
-	load(max(3*time.Second, dur/10))
+	warm := max(3*time.Second, dur/10)
+	load(warm, 1500, warm+20*time.Second)
 	t.Logf("warm-up: %d operations in %v", ops.Load(), time.Since(start))
 	settle()
 	g0, f0, h0 := level()
@@ -246,7 +258,7 @@ func TestL2_Soak(t *testing.T) {
 	}
 	r0, held0 := w.mem.Len(), held()
 	start = time.Now()
-	load(dur)
+	load(dur, 0, dur)
 	t.Logf("load: %v", time.Since(start))
 	n := ops.Load()
 	settle()
@@ -274,8 +286,17 @@ func TestL2_Soak(t *testing.T) {
 	if f1 > f0+1 {
 		t.Errorf("open files did not come back: %d after, %d before", f1, f0)
 	}
-	if h1 > h0+h0/20 {
-		t.Errorf("the live heap did not come back: %d after, %d before (+%.1f%%, at most 5%%)", h1, h0, 100*(float64(h1)/float64(h0)-1))
+	// 5%, and 7% for a run of seconds: on a machine busy with other
+	// packages' tests a 4 s run has measured +5.3% (fresh-clone CI at
+	// 532c64c, 2,236 operations of warm-up) where alone they measure
+	// -1.1% to +2.3%, and the mutant that never forgets a directive +8.6%
+	// to +9.5% (6 runs under -race).
+	tol := 5
+	if dur < time.Minute {
+		tol = 7
+	}
+	if h1 > h0+h0*uint64(tol)/100 {
+		t.Errorf("the live heap did not come back: %d after, %d before (+%.1f%%, at most %d%%)", h1, h0, 100*(float64(h1)/float64(h0)-1), tol)
 	}
 	if r0 != held0 || r1 != held1 {
 		t.Errorf("the IS holds %d records after the warm-up and %d after the load, where the holders hold %d and %d blocks", r0, r1, held0, held1)
