@@ -225,29 +225,30 @@ func TestL2_Soak(t *testing.T) {
 	// KVSP_L2_HEAP: heap profiles at the warm-up's level (PATH.0), every
 	// KVSP_L2_HEAP_EVERY of the load (PATH.t1, ...: in-flight requests
 	// included) and at the end (PATH), for go tool pprof -diff_base.
-	if p := os.Getenv("KVSP_L2_HEAP"); p != "" {
+	if p, e := os.Getenv("KVSP_L2_HEAP"), os.Getenv("KVSP_L2_HEAP_EVERY"); p != "" {
 		writeHeapProfile(t, p+".0")
-	}
-	if p := os.Getenv("KVSP_L2_HEAP"); p != "" && os.Getenv("KVSP_L2_HEAP_EVERY") != "" {
-		every, err := time.ParseDuration(os.Getenv("KVSP_L2_HEAP_EVERY"))
-		if err != nil || every <= 0 {
-			t.Fatalf("KVSP_L2_HEAP_EVERY=%q: not a duration", os.Getenv("KVSP_L2_HEAP_EVERY"))
-		}
-		stopProf := make(chan struct{})
-		var profiling sync.WaitGroup
-		defer func() { close(stopProf); profiling.Wait() }()
-		profiling.Go(func() {
-			for i := 1; ; i++ {
-				select {
-				case <-stopProf:
-					return
-				case <-time.After(every):
-				}
-				runtime.GC()
-				runtime.GC()
-				writeHeapProfile(t, fmt.Sprintf("%s.t%d", p, i))
+		if e != "" {
+			every, err := time.ParseDuration(e)
+			if err != nil || every <= 0 {
+				t.Fatalf("KVSP_L2_HEAP_EVERY=%q: not a duration", e)
 			}
-		})
+			tick := time.NewTicker(every)
+			stopProf := make(chan struct{})
+			var profiling sync.WaitGroup
+			defer func() { tick.Stop(); close(stopProf); profiling.Wait() }()
+			profiling.Go(func() {
+				for i := 1; ; i++ {
+					select {
+					case <-stopProf:
+						return
+					case <-tick.C:
+					}
+					runtime.GC()
+					runtime.GC()
+					writeHeapProfile(t, fmt.Sprintf("%s.t%d", p, i))
+				}
+			})
+		}
 	}
 	// The IS's records are exactly the blocks the holders hold (every
 	// block stored and not evicted or dropped), at both levels: a block
