@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/kvsp/kvsp/container"
+	"github.com/kvsp/kvsp/internal/h2"
 	"github.com/kvsp/kvsp/internal/kvsptest"
 )
 
@@ -30,7 +31,7 @@ func TestHolderServerProcess(t *testing.T) {
 	if os.Getenv("KVSP_HOLDER_SERVER") == "" {
 		t.Skip("the server process of BenchmarkVersusNginx")
 	}
-	if os.Getenv("KVSP_HOLDER_ONE_P") == "1" {
+	if os.Getenv("KVSP_ONE_P") == "1" {
 		runtime.GOMAXPROCS(1)
 	}
 	bf := newBenchFixtureOpts(t, 1, 1<<30, os.Getenv("KVSP_HOLDER_NETHTTP2") == "1")
@@ -39,18 +40,33 @@ func TestHolderServerProcess(t *testing.T) {
 	kvsptest.ServeFromProcess(t, bf.srv.URL("/h1/blocks/"+ref.Compat.String()+"/"+ref.Scope.String()+"/"+ref.Key.String()), bf.pki, "KVSP_HOLDER_CPUPROFILE")
 }
 
-// TestTLSFloorProcess is not a test: BenchmarkVersusNginx runs the test
-// binary with it selected for the HTTP/1.1 rows' floor, a server that is
-// crypto/tls and nothing else: the holder's certificate and client
-// verification (KVSP_TLS_FLOOR names the holder process's PKI directory),
-// no routing, no authorization, no store, each response one Write of a
-// status line, two headers and the block. What it costs per GB is
-// crypto/tls's sealing and the write syscalls of the same octets to the
-// same client.
+// TestTLSFloorProcess is not a test: the benchmarks run the test binary
+// with it selected for their floors, servers that are crypto/tls and
+// little else: the holder's certificate and client verification
+// (KVSP_TLS_FLOOR names the holder process's PKI directory), no routing,
+// no authorization, no store. Over HTTP/1.1 each response is one Write of
+// a status line, two headers and the block; over HTTP/2 it is
+// serveH2Floor's. What they cost per GB is crypto/tls's sealing and the
+// write syscalls of the same octets to the same client. KVSP_FLOOR_KIND
+// picks what HTTP/2 adds above that floor, to measure it:
+//
+//   - "" (tls-floor): serveH2Floor, one reader and one writer goroutine;
+//   - "handlers" (tls-floor-handlers): the same, each request also given
+//     a goroutine of its own that hands its body to the writer and waits
+//     for its end, as a net/http handler does;
+//   - "h2" (h2-bare): internal/h2 with its defaults and a two-line
+//     handler writing the block from memory, the holder's HTTP/2 server
+//     without the holder.
+//
+// KVSP_ONE_P=1 runs it with one P, KVSP_FLOOR_BODY=n serves the block's
+// first n octets, KVSP_FLOOR_CPUPROFILE writes a CPU profile.
 func TestTLSFloorProcess(t *testing.T) {
 	dir := os.Getenv("KVSP_TLS_FLOOR")
 	if dir == "" {
 		t.Skip("the TLS floor process of BenchmarkVersusNginx")
+	}
+	if os.Getenv("KVSP_ONE_P") == "1" {
+		runtime.GOMAXPROCS(1)
 	}
 	cert, err := tls.LoadX509KeyPair(filepath.Join(dir, "server.pem"), filepath.Join(dir, "server.key"))
 	if err != nil {
@@ -63,12 +79,22 @@ func TestTLSFloorProcess(t *testing.T) {
 	cas := x509.NewCertPool()
 	cas.AppendCertsFromPEM(caPEM)
 	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{cert},
-		ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: cas, NextProtos: []string{"http/1.1"}})
+		ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: cas, NextProtos: []string{"h2", "http/1.1"}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
 	data, _ := benchBlockBytes()
+	if n, err := strconv.Atoi(os.Getenv("KVSP_FLOOR_BODY")); err == nil && n < len(data) {
+		data = data[:n]
+	}
+	kind := os.Getenv("KVSP_FLOOR_KIND")
+	h2srv := h2.New(h2.Config{})
+	bare := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/kvsp-block")
+		w.Header().Set("Content-Length", strconv.Itoa(len(data)))
+		w.Write(data)
+	})
 	resp := append([]byte("HTTP/1.1 200 OK\r\nContent-Type: application/kvsp-block\r\nContent-Length: "+strconv.Itoa(len(data))+"\r\n\r\n"), data...)
 	go func() {
 		for {
@@ -78,6 +104,18 @@ func TestTLSFloorProcess(t *testing.T) {
 			}
 			go func() {
 				defer c.Close()
+				tc := c.(*tls.Conn)
+				if tc.Handshake() != nil {
+					return
+				}
+				if tc.ConnectionState().NegotiatedProtocol == "h2" {
+					if kind == "h2" {
+						h2srv.ServeConn(&http.Server{}, tc, bare)
+					} else {
+						serveH2Floor(tc, data, kind == "handlers")
+					}
+					return
+				}
 				r := bufio.NewReader(c)
 				for {
 					for { // the request's head, up to its blank line
@@ -96,7 +134,7 @@ func TestTLSFloorProcess(t *testing.T) {
 			}()
 		}
 	}()
-	kvsptest.ServeFromProcess(t, "https://"+ln.Addr().String()+"/block", &kvsptest.PKI{Dir: dir}, "")
+	kvsptest.ServeFromProcess(t, "https://"+ln.Addr().String()+"/block", &kvsptest.PKI{Dir: dir}, "KVSP_FLOOR_CPUPROFILE")
 }
 
 // BenchmarkVersusNginx serves the same 2 MiB container from the holder and
@@ -104,62 +142,48 @@ func TestTLSFloorProcess(t *testing.T) {
 // certificate and client-certificate verification), each in its own
 // process, and fetches both with the same verifying client in this one:
 // the body read, SHA-256 of the container and of every layer compared with
-// the known digests. The HTTP/1.1 rows also fetch it from the TLS floor
-// (TestTLSFloorProcess): what crypto/tls alone costs for those octets;
-// the HTTP/2 rows fetch it from a holder with one P as well.
-// Runs alternate peer and holder; each reports its
-// throughput and the server's CPU-seconds per GB. Set KVSP_BENCH_NGINX=1
-// (make bench-holder does); nginx must be installed.
+// the known digests. Every row also fetches it from the TLS floor
+// (TestTLSFloorProcess): what crypto/tls alone costs for those octets.
+// The HTTP/2 rows add the holder on net/http's HTTP/2, the holder and the
+// floor with one P, the floor with a goroutine per request, and
+// internal/h2 serving the block without the holder (h2-bare): between
+// them they measure what each layer above crypto/tls costs.
+// Runs alternate the peers; each reports its throughput, the server's
+// CPU-seconds per GB, and its write and read system calls and context
+// switches per block. Set KVSP_BENCH_NGINX=1 (make bench-holder does);
+// nginx must be installed.
 func BenchmarkVersusNginx(b *testing.B) {
 	if os.Getenv("KVSP_BENCH_NGINX") != "1" {
 		b.Skip("set KVSP_BENCH_NGINX=1 (make bench-holder)")
-	}
-	ngx, err := exec.LookPath("nginx")
-	if err != nil {
-		b.Fatal("nginx not installed")
 	}
 	data, blk := benchBlockBytes()
 
 	// The holder, in a process of its own; and one whose HTTP/2 is
 	// net/http's, for HTTP/2's rows (what internal/h2 replaced).
+	// KVSP_HOLDER_CPUPROFILE and KVSP_FLOOR_CPUPROFILE profile hp and fp
+	// alone (the last of a key in a process's environment is the one used).
 	hp := kvsptest.StartProcess(b, "TestHolderServerProcess", "KVSP_HOLDER_SERVER=1")
-	holderURL, pem := hp.URL, hp.Path
-	np := kvsptest.StartProcess(b, "TestHolderServerProcess", "KVSP_HOLDER_SERVER=1", "KVSP_HOLDER_NETHTTP2=1")
-	fp := kvsptest.StartProcess(b, "TestTLSFloorProcess", "KVSP_TLS_FLOOR="+filepath.Dir(pem("ca.pem")))
+	pem := hp.Path
+	np := kvsptest.StartProcess(b, "TestHolderServerProcess", "KVSP_HOLDER_SERVER=1", "KVSP_HOLDER_NETHTTP2=1", "KVSP_HOLDER_CPUPROFILE=")
 	// And the holder with one P (GOMAXPROCS=1), for HTTP/2's rows: what
 	// the Go scheduler's wake-ups across Ps cost when one connection
 	// idles between the client's WINDOW_UPDATEs.
-	op := kvsptest.StartProcess(b, "TestHolderServerProcess", "KVSP_HOLDER_SERVER=1", "KVSP_HOLDER_ONE_P=1")
-
-	// nginx: same certificate, client certificates required.
-	ndir := b.TempDir()
-	os.WriteFile(filepath.Join(ndir, "block"), data, 0o644)
-	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	port := ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
-	conf := fmt.Sprintf(`daemon off; user root; worker_processes 2; pid %[1]s/nginx.pid; error_log %[1]s/error.log;
-events { worker_connections 256; }
-http { access_log off; sendfile on; keepalive_requests 100000; client_body_temp_path %[1]s; proxy_temp_path %[1]s;
-  fastcgi_temp_path %[1]s; uwsgi_temp_path %[1]s; scgi_temp_path %[1]s;
-  server { listen 127.0.0.1:%[2]d ssl http2; ssl_protocols TLSv1.3;
-    ssl_certificate %[3]s; ssl_certificate_key %[4]s; ssl_client_certificate %[5]s; ssl_verify_client on;
-    root %[1]s; location / { default_type application/kvsp-block; } } }
-`, ndir, port, pem("server.pem"), pem("server.key"), pem("ca.pem"))
-	os.WriteFile(filepath.Join(ndir, "nginx.conf"), []byte(conf), 0o644)
-	cmd := exec.Command(ngx, "-c", filepath.Join(ndir, "nginx.conf"), "-p", ndir)
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
+	op := kvsptest.StartProcess(b, "TestHolderServerProcess", "KVSP_HOLDER_SERVER=1", "KVSP_ONE_P=1", "KVSP_HOLDER_CPUPROFILE=")
+	floor := func(env ...string) *kvsptest.Process {
+		return kvsptest.StartProcess(b, "TestTLSFloorProcess", append([]string{"KVSP_TLS_FLOOR=" + filepath.Dir(pem("ca.pem"))}, env...)...)
 	}
-	defer func() { cmd.Process.Signal(syscall.SIGQUIT); cmd.Wait() }()
-	for i := 0; i < 100; i++ {
-		if c, err := net.Dial("tcp", "127.0.0.1:"+strconv.Itoa(port)); err == nil {
-			c.Close()
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
+	fp := floor()
+	fop := floor("KVSP_ONE_P=1", "KVSP_FLOOR_CPUPROFILE=")
+	fhp := floor("KVSP_FLOOR_KIND=handlers", "KVSP_FLOOR_CPUPROFILE=")
+	bp := floor("KVSP_FLOOR_KIND=h2", "KVSP_FLOOR_CPUPROFILE=")
+	ngxURL, ngxPid := startNginx(b, pem, data)
+	procs := map[string]*kvsptest.Process{"holder": hp, "holder-nethttp2": np, "holder-1p": op,
+		"tls-floor": fp, "tls-floor-1p": fop, "tls-floor-handlers": fhp, "h2-bare": bp}
+	pids := map[string]int{"nginx": ngxPid}
+	urls := map[string]string{"nginx": ngxURL + "/block"}
+	for name, p := range procs {
+		pids[name], urls[name] = p.Pid, p.URL
 	}
-	pids := map[string]int{"holder": hp.Pid, "nginx": cmd.Process.Pid, "holder-nethttp2": np.Pid, "tls-floor": fp.Pid, "holder-1p": op.Pid}
 
 	wantWhole := blk.ContainerDigest()
 	layers := blk.LayerDigests()
@@ -177,15 +201,11 @@ http { access_log off; sendfile on; keepalive_requests 100000; client_body_temp_
 		}
 		return nil
 	}
-	urls := map[string]string{"holder": holderURL, "nginx": "https://127.0.0.1:" + strconv.Itoa(port) + "/block", "holder-nethttp2": np.URL, "tls-floor": fp.URL, "holder-1p": op.URL}
 	for _, proto := range []string{"http1", "h2"} {
 		for _, clients := range []int{1, 8} {
-			for _, peer := range []string{"nginx", "holder", "holder-nethttp2", "holder-1p", "tls-floor"} {
-				if (peer == "holder-nethttp2" || peer == "holder-1p") && proto != "h2" {
-					continue // the same server as holder's over HTTP/1.1; one P, HTTP/2's question
-				}
-				if peer == "tls-floor" && proto != "http1" {
-					continue // it speaks HTTP/1.1 only
+			for _, peer := range []string{"nginx", "holder", "holder-nethttp2", "holder-1p", "tls-floor", "tls-floor-1p", "tls-floor-handlers", "h2-bare"} {
+				if proto != "h2" && peer != "nginx" && peer != "holder" && peer != "tls-floor" {
+					continue // HTTP/2's questions: its server, one P, its layers above the floor
 				}
 				b.Run(fmt.Sprintf("%s/clients=%d/%s", proto, clients, peer), func(b *testing.B) {
 					proc := hp // nginx and the floor have hp's certificate
@@ -233,6 +253,7 @@ http { access_log off; sendfile on; keepalive_requests 100000; client_body_temp_
 						}()
 					}
 					meter := kvsptest.NewCPUMeter(pids[peer])
+					counts0, _ := kvsptest.ProcessTreeCounts(pids[peer])
 					meter.Start()
 					for i := 0; i < b.N; i++ {
 						work <- struct{}{}
@@ -240,9 +261,121 @@ http { access_log off; sendfile on; keepalive_requests 100000; client_body_temp_
 					close(work)
 					wg.Wait()
 					meter.Stop()
+					counts, _ := kvsptest.ProcessTreeCounts(pids[peer])
 					b.ReportMetric(meter.Peers.Seconds()/(float64(b.N)*float64(len(data))/1e9), "server-cpu-s/GB")
+					// What the CPU bought: write and read system calls and
+					// context switches per block served.
+					b.ReportMetric(float64(counts.Writes-counts0.Writes)/float64(b.N), "server-writes/op")
+					b.ReportMetric(float64(counts.Reads-counts0.Reads)/float64(b.N), "server-reads/op")
+					b.ReportMetric(float64(counts.Switches-counts0.Switches)/float64(b.N), "server-switches/op")
 				})
 			}
 		}
+	}
+}
+
+// startNginx starts nginx (Debian's) on 127.0.0.1 serving data as /block
+// and files named in extra, with the holder process's certificate and
+// client-certificate verification (pem names its PKI files), and
+// returns its base URL and master's pid; it stops with the benchmark.
+func startNginx(b *testing.B, pem func(string) string, data []byte, extra ...[2]string) (string, int) {
+	ngx, err := exec.LookPath("nginx")
+	if err != nil {
+		b.Fatal("nginx not installed")
+	}
+	ndir := b.TempDir()
+	os.WriteFile(filepath.Join(ndir, "block"), data, 0o644)
+	for _, f := range extra {
+		os.WriteFile(filepath.Join(ndir, f[0]), []byte(f[1]), 0o644)
+	}
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	conf := fmt.Sprintf(`daemon off; user root; worker_processes 2; pid %[1]s/nginx.pid; error_log %[1]s/error.log;
+events { worker_connections 256; }
+http { access_log off; sendfile on; keepalive_requests 100000; client_body_temp_path %[1]s; proxy_temp_path %[1]s;
+  fastcgi_temp_path %[1]s; uwsgi_temp_path %[1]s; scgi_temp_path %[1]s;
+  server { listen 127.0.0.1:%[2]d ssl http2; ssl_protocols TLSv1.3;
+    ssl_certificate %[3]s; ssl_certificate_key %[4]s; ssl_client_certificate %[5]s; ssl_verify_client on;
+    root %[1]s; location / { default_type application/kvsp-block; } } }
+`, ndir, port, pem("server.pem"), pem("server.key"), pem("ca.pem"))
+	os.WriteFile(filepath.Join(ndir, "nginx.conf"), []byte(conf), 0o644)
+	cmd := exec.Command(ngx, "-c", filepath.Join(ndir, "nginx.conf"), "-p", ndir)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { cmd.Process.Signal(syscall.SIGQUIT); cmd.Wait() })
+	for i := 0; i < 100; i++ {
+		if c, err := net.Dial("tcp", "127.0.0.1:"+strconv.Itoa(port)); err == nil {
+			c.Close()
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return "https://127.0.0.1:" + strconv.Itoa(port), cmd.Process.Pid
+}
+
+// BenchmarkH2PerRequest is BenchmarkVersusNginx's HTTP/2 row at 8 clients
+// with 1 KiB bodies: server CPU per request, where the 2 MiB rows measure
+// it per octet. It tells what a request costs each server apart from the
+// octets it sends: at 2 MiB a block, a GB is 477 requests.
+func BenchmarkH2PerRequest(b *testing.B) {
+	if os.Getenv("KVSP_BENCH_NGINX") != "1" {
+		b.Skip("set KVSP_BENCH_NGINX=1 (make bench-holder)")
+	}
+	const size = 1 << 10
+	data, _ := benchBlockBytes()
+	hp := kvsptest.StartProcess(b, "TestHolderServerProcess", "KVSP_HOLDER_SERVER=1", "KVSP_HOLDER_CPUPROFILE=") // its PKI
+	floor := func(env ...string) *kvsptest.Process {
+		return kvsptest.StartProcess(b, "TestTLSFloorProcess", append([]string{"KVSP_TLS_FLOOR=" + filepath.Dir(hp.Path("ca.pem")), "KVSP_FLOOR_BODY=" + strconv.Itoa(size), "KVSP_FLOOR_CPUPROFILE="}, env...)...)
+	}
+	ngxURL, ngxPid := startNginx(b, hp.Path, data[:size])
+	pids := map[string]int{"nginx": ngxPid}
+	urls := map[string]string{"nginx": ngxURL + "/block"}
+	for name, p := range map[string]*kvsptest.Process{"tls-floor": floor(), "tls-floor-handlers": floor("KVSP_FLOOR_KIND=handlers"), "h2-bare": floor("KVSP_FLOOR_KIND=h2")} {
+		pids[name], urls[name] = p.Pid, p.URL
+	}
+	for _, peer := range []string{"nginx", "tls-floor", "tls-floor-handlers", "h2-bare"} {
+		b.Run("clients=8/"+peer, func(b *testing.B) {
+			tr := &http.Transport{TLSClientConfig: hp.ClientTLS(b, "h2"), ForceAttemptHTTP2: true}
+			defer tr.CloseIdleConnections()
+			c := &http.Client{Transport: tr}
+			work := make(chan struct{})
+			var wg sync.WaitGroup
+			for range 8 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					body := make([]byte, size)
+					for range work {
+						resp, err := c.Get(urls[peer])
+						if err != nil {
+							b.Error(err)
+							return
+						}
+						_, err = io.ReadFull(resp.Body, body)
+						resp.Body.Close()
+						if err != nil || resp.StatusCode != 200 || string(body) != string(data[:size]) {
+							b.Errorf("%s: %d %v", peer, resp.StatusCode, err)
+							return
+						}
+					}
+				}()
+			}
+			meter := kvsptest.NewCPUMeter(pids[peer])
+			counts0, _ := kvsptest.ProcessTreeCounts(pids[peer])
+			meter.Start()
+			for i := 0; i < b.N; i++ {
+				work <- struct{}{}
+			}
+			close(work)
+			wg.Wait()
+			meter.Stop()
+			counts, _ := kvsptest.ProcessTreeCounts(pids[peer])
+			b.ReportMetric(float64(meter.Peers.Microseconds())/float64(b.N), "server-µs/op")
+			b.ReportMetric(float64(counts.Writes-counts0.Writes)/float64(b.N), "server-writes/op")
+			b.ReportMetric(float64(counts.Switches-counts0.Switches)/float64(b.N), "server-switches/op")
+		})
 	}
 }

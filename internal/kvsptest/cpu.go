@@ -105,3 +105,54 @@ func ProcessTreeCPU(pid int) (time.Duration, error) {
 	}
 	return total, nil
 }
+
+// ProcCounts is what Linux counts for a process tree: write and read
+// system calls (/proc/<pid>/io's syscw and syscr, its threads' and its
+// exited threads') and its live threads' context switches, voluntary and
+// not (/proc/<pid>/task/*/status).
+type ProcCounts struct{ Writes, Reads, Switches int64 }
+
+// ProcessTreeCounts is ProcCounts for pid and its children, found as
+// ProcessTreeCPU finds them.
+func ProcessTreeCounts(pid int) (ProcCounts, error) {
+	var c ProcCounts
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/io", pid))
+	if err != nil {
+		return c, err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		k, v, _ := strings.Cut(l, ": ")
+		n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		switch k {
+		case "syscw":
+			c.Writes = n
+		case "syscr":
+			c.Reads = n
+		}
+	}
+	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	for _, t := range tasks {
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/status", pid, t.Name())); err == nil {
+			for _, l := range strings.Split(string(b), "\n") {
+				if k, v, ok := strings.Cut(l, ":"); ok && strings.HasSuffix(k, "ctxt_switches") {
+					n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+					c.Switches += n
+				}
+			}
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", pid, t.Name()))
+		if err != nil {
+			continue
+		}
+		for _, f := range strings.Fields(string(b)) {
+			if child, err := strconv.Atoi(f); err == nil {
+				if cc, err := ProcessTreeCounts(child); err == nil {
+					c.Writes += cc.Writes
+					c.Reads += cc.Reads
+					c.Switches += cc.Switches
+				}
+			}
+		}
+	}
+	return c, nil
+}
