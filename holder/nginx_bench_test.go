@@ -2,6 +2,7 @@ package holder_test
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
@@ -224,70 +225,25 @@ func BenchmarkVersusNginx(b *testing.B) {
 					defer tr.CloseIdleConnections()
 					c := &http.Client{Transport: tr}
 					b.SetBytes(int64(len(data)))
-					work := make(chan struct{})
-					var wg sync.WaitGroup
-					for i := 0; i < clients; i++ {
-						wg.Add(1)
-						go func() {
-							defer wg.Done()
-							body := make([]byte, len(data))
-							for range work {
-								resp, err := c.Get(urls[peer])
-								if err != nil {
-									b.Error(err)
-									return
-								}
-								if resp.StatusCode != 200 {
-									msg, _ := io.ReadAll(resp.Body)
-									resp.Body.Close()
-									b.Errorf("%s: %d %s", peer, resp.StatusCode, msg)
-									return
-								}
-								_, err = io.ReadFull(resp.Body, body)
-								resp.Body.Close()
-								if err != nil || verify(body) != nil {
-									b.Errorf("%s: %v %v", peer, err, verify(body))
-									return
-								}
-							}
-						}()
-					}
-					meter := kvsptest.NewCPUMeter(pids[peer])
-					counts0, _ := kvsptest.ProcessTreeCounts(pids[peer])
-					meter.Start()
-					for i := 0; i < b.N; i++ {
-						work <- struct{}{}
-					}
-					close(work)
-					wg.Wait()
-					meter.Stop()
-					counts, _ := kvsptest.ProcessTreeCounts(pids[peer])
-					b.ReportMetric(meter.Peers.Seconds()/(float64(b.N)*float64(len(data))/1e9), "server-cpu-s/GB")
-					// What the CPU bought: write and read system calls and
-					// context switches per block served.
-					b.ReportMetric(float64(counts.Writes-counts0.Writes)/float64(b.N), "server-writes/op")
-					b.ReportMetric(float64(counts.Reads-counts0.Reads)/float64(b.N), "server-reads/op")
-					b.ReportMetric(float64(counts.Switches-counts0.Switches)/float64(b.N), "server-switches/op")
+					cpu := drive(b, c, urls[peer], clients, len(data), verify, pids[peer])
+					b.ReportMetric(cpu.Seconds()/(float64(b.N)*float64(len(data))/1e9), "server-cpu-s/GB")
 				})
 			}
 		}
 	}
 }
 
-// startNginx starts nginx (Debian's) on 127.0.0.1 serving data as /block
-// and files named in extra, with the holder process's certificate and
+// startNginx starts nginx (Debian's) on 127.0.0.1 serving data as /block,
+// with the holder process's certificate and
 // client-certificate verification (pem names its PKI files), and
 // returns its base URL and master's pid; it stops with the benchmark.
-func startNginx(b *testing.B, pem func(string) string, data []byte, extra ...[2]string) (string, int) {
+func startNginx(b *testing.B, pem func(string) string, data []byte) (string, int) {
 	ngx, err := exec.LookPath("nginx")
 	if err != nil {
 		b.Fatal("nginx not installed")
 	}
 	ndir := b.TempDir()
 	os.WriteFile(filepath.Join(ndir, "block"), data, 0o644)
-	for _, f := range extra {
-		os.WriteFile(filepath.Join(ndir, f[0]), []byte(f[1]), 0o644)
-	}
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	port := ln.Addr().(*net.TCPAddr).Port
 	ln.Close()
@@ -341,41 +297,67 @@ func BenchmarkH2PerRequest(b *testing.B) {
 			tr := &http.Transport{TLSClientConfig: hp.ClientTLS(b, "h2"), ForceAttemptHTTP2: true}
 			defer tr.CloseIdleConnections()
 			c := &http.Client{Transport: tr}
-			work := make(chan struct{})
-			var wg sync.WaitGroup
-			for range 8 {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					body := make([]byte, size)
-					for range work {
-						resp, err := c.Get(urls[peer])
-						if err != nil {
-							b.Error(err)
-							return
-						}
-						_, err = io.ReadFull(resp.Body, body)
-						resp.Body.Close()
-						if err != nil || resp.StatusCode != 200 || string(body) != string(data[:size]) {
-							b.Errorf("%s: %d %v", peer, resp.StatusCode, err)
-							return
-						}
-					}
-				}()
-			}
-			meter := kvsptest.NewCPUMeter(pids[peer])
-			counts0, _ := kvsptest.ProcessTreeCounts(pids[peer])
-			meter.Start()
-			for i := 0; i < b.N; i++ {
-				work <- struct{}{}
-			}
-			close(work)
-			wg.Wait()
-			meter.Stop()
-			counts, _ := kvsptest.ProcessTreeCounts(pids[peer])
-			b.ReportMetric(float64(meter.Peers.Microseconds())/float64(b.N), "server-µs/op")
-			b.ReportMetric(float64(counts.Writes-counts0.Writes)/float64(b.N), "server-writes/op")
-			b.ReportMetric(float64(counts.Switches-counts0.Switches)/float64(b.N), "server-switches/op")
+			cpu := drive(b, c, urls[peer], 8, size, func(body []byte) error {
+				if !bytes.Equal(body, data[:size]) {
+					return fmt.Errorf("not the block's first %d octets", size)
+				}
+				return nil
+			}, pids[peer])
+			b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "server-µs/op")
 		})
 	}
+}
+
+// drive fetches url b.N times from clients goroutines sharing c, each
+// response's body (size octets) read whole and checked, and meanwhile
+// measures the server process pid: it returns the server's CPU time and
+// reports its write and read system calls and context switches per
+// fetch (what the CPU bought).
+func drive(b *testing.B, c *http.Client, url string, clients, size int, check func([]byte) error, pid int) time.Duration {
+	work := make(chan struct{})
+	var wg sync.WaitGroup
+	for range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			body := make([]byte, size)
+			for range work {
+				resp, err := c.Get(url)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				if resp.StatusCode != 200 {
+					msg, _ := io.ReadAll(resp.Body)
+					resp.Body.Close()
+					b.Errorf("%s: %d %s", url, resp.StatusCode, msg)
+					return
+				}
+				_, err = io.ReadFull(resp.Body, body)
+				resp.Body.Close()
+				if err == nil {
+					err = check(body)
+				}
+				if err != nil {
+					b.Errorf("%s: %v", url, err)
+					return
+				}
+			}
+		}()
+	}
+	meter := kvsptest.NewCPUMeter(pid)
+	counts0, _ := kvsptest.ProcessTreeCounts(pid)
+	meter.Start()
+	for range b.N {
+		work <- struct{}{}
+	}
+	close(work)
+	wg.Wait()
+	meter.Stop()
+	counts, _ := kvsptest.ProcessTreeCounts(pid)
+	n := float64(b.N)
+	b.ReportMetric(float64(counts.Writes-counts0.Writes)/n, "server-writes/op")
+	b.ReportMetric(float64(counts.Reads-counts0.Reads)/n, "server-reads/op")
+	b.ReportMetric(float64(counts.Switches-counts0.Switches)/n, "server-switches/op")
+	return meter.Peers
 }

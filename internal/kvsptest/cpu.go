@@ -89,6 +89,18 @@ func ProcessTreeCPU(pid int) (time.Duration, error) {
 	if err != nil {
 		return 0, err
 	}
+	for _, c := range children(pid) {
+		if d, err := ProcessTreeCPU(c); err == nil {
+			total += d
+		}
+	}
+	return total, nil
+}
+
+// children lists the processes whose parent is pid
+// (/proc/<pid>/task/*/children).
+func children(pid int) []int {
+	var out []int
 	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
 	for _, t := range tasks {
 		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", pid, t.Name()))
@@ -97,13 +109,11 @@ func ProcessTreeCPU(pid int) (time.Duration, error) {
 		}
 		for _, f := range strings.Fields(string(b)) {
 			if c, err := strconv.Atoi(f); err == nil {
-				if d, err := ProcessTreeCPU(c); err == nil {
-					total += d
-				}
+				out = append(out, c)
 			}
 		}
 	}
-	return total, nil
+	return out
 }
 
 // ProcCounts is what Linux counts for a process tree: write and read
@@ -140,18 +150,12 @@ func ProcessTreeCounts(pid int) (ProcCounts, error) {
 				}
 			}
 		}
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", pid, t.Name()))
-		if err != nil {
-			continue
-		}
-		for _, f := range strings.Fields(string(b)) {
-			if child, err := strconv.Atoi(f); err == nil {
-				if cc, err := ProcessTreeCounts(child); err == nil {
-					c.Writes += cc.Writes
-					c.Reads += cc.Reads
-					c.Switches += cc.Switches
-				}
-			}
+	}
+	for _, child := range children(pid) {
+		if cc, err := ProcessTreeCounts(child); err == nil {
+			c.Writes += cc.Writes
+			c.Reads += cc.Reads
+			c.Switches += cc.Switches
 		}
 	}
 	return c, nil
