@@ -4,16 +4,18 @@
 # BLOCKS blocks (default 3000): the server process's samples per block,
 # by category. PEER is tls-floor, tls-floor-handlers, h2-bare, holder,
 # holder-1p or tls-floor-1p (the Go servers; nginx's OpenSSL symbols are
-# not resolved here). Needs perf, nginx, and root.
+# not resolved here). HOLDER_TEST names a holder test binary to use
+# rather than one built from this tree. Needs perf, nginx, and root.
 set -eu
 peer=$1
 blocks=${2:-3000}
 cd "$(dirname "$0")/.."
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-go test -tags nogpu -c -o "$out/holder.test" ./holder/
+bin=${HOLDER_TEST:-$out/holder.test}
+[ -n "${HOLDER_TEST:-}" ] || go test -tags nogpu -c -o "$bin" ./holder/
 cd holder
-KVSP_BENCH_NGINX=1 perf record -q -a -F 1999 -o "$out/perf.data" -- "$out/holder.test" -test.run '^$' \
+KVSP_BENCH_NGINX=1 perf record -q -a -F 1999 -o "$out/perf.data" -- "$bin" -test.run '^$' \
 	-test.bench "VersusNginx/h2/clients=8/$peer\$" -test.benchtime "${blocks}x" | grep '^Benchmark'
 perf script -i "$out/perf.data" -F pid,ip,sym,dso 2>/dev/null | awk -v n="$blocks" -v peer="$peer" '
 function cat(sym, dso) {
