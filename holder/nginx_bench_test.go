@@ -55,9 +55,9 @@ func TestHolderServerProcess(t *testing.T) {
 //   - "handlers" (tls-floor-handlers): the same, each request also given
 //     a goroutine of its own that hands its body to the writer and waits
 //     for its end, as a net/http handler does;
-//   - "h2" (h2-bare): internal/h2 with its defaults and a two-line
-//     handler writing the block from memory, the holder's HTTP/2 server
-//     without the holder.
+//   - "bare" (bare): the holder's HTTP servers without the holder,
+//     net/http's for HTTP/1.1 and internal/h2 (with its defaults) for
+//     HTTP/2, with a two-line handler writing the block from memory.
 //
 // KVSP_ONE_P=1 runs it with one P, KVSP_FLOOR_BODY=n serves the block's
 // first n octets, KVSP_FLOOR_CPUPROFILE writes a CPU profile.
@@ -96,6 +96,13 @@ func TestTLSFloorProcess(t *testing.T) {
 		w.Header().Set("Content-Length", strconv.Itoa(len(data)))
 		w.Write(data)
 	})
+	if kind == "bare" {
+		hs := &http.Server{Handler: bare}
+		h2srv.Configure(hs)
+		go hs.Serve(ln)
+		kvsptest.ServeFromProcess(t, "https://"+ln.Addr().String()+"/block", &kvsptest.PKI{Dir: dir}, "KVSP_FLOOR_CPUPROFILE")
+		return
+	}
 	resp := append([]byte("HTTP/1.1 200 OK\r\nContent-Type: application/kvsp-block\r\nContent-Length: "+strconv.Itoa(len(data))+"\r\n\r\n"), data...)
 	go func() {
 		for {
@@ -110,11 +117,7 @@ func TestTLSFloorProcess(t *testing.T) {
 					return
 				}
 				if tc.ConnectionState().NegotiatedProtocol == "h2" {
-					if kind == "h2" {
-						h2srv.ServeConn(&http.Server{}, tc, bare)
-					} else {
-						serveH2Floor(tc, data, kind == "handlers")
-					}
+					serveH2Floor(tc, data, kind == "handlers")
 					return
 				}
 				r := bufio.NewReader(c)
@@ -147,7 +150,8 @@ func TestTLSFloorProcess(t *testing.T) {
 // (TestTLSFloorProcess): what crypto/tls alone costs for those octets.
 // The HTTP/2 rows add the holder on net/http's HTTP/2, the holder and the
 // floor with one P, the floor with a goroutine per request, and
-// internal/h2 serving the block without the holder (h2-bare): between
+// the holder's HTTP servers serving the block without the holder (bare,
+// in every row): between
 // them they measure what each layer above crypto/tls costs.
 // Runs alternate the peers; each reports its throughput, the server's
 // CPU-seconds per GB, and its write and read system calls and context
@@ -176,10 +180,10 @@ func BenchmarkVersusNginx(b *testing.B) {
 	fp := floor()
 	fop := floor("KVSP_ONE_P=1", "KVSP_FLOOR_CPUPROFILE=")
 	fhp := floor("KVSP_FLOOR_KIND=handlers", "KVSP_FLOOR_CPUPROFILE=")
-	bp := floor("KVSP_FLOOR_KIND=h2", "KVSP_FLOOR_CPUPROFILE=")
+	bp := floor("KVSP_FLOOR_KIND=bare", "KVSP_FLOOR_CPUPROFILE=")
 	ngxURL, ngxPid := startNginx(b, pem, data)
 	procs := map[string]*kvsptest.Process{"holder": hp, "holder-nethttp2": np, "holder-1p": op,
-		"tls-floor": fp, "tls-floor-1p": fop, "tls-floor-handlers": fhp, "h2-bare": bp}
+		"tls-floor": fp, "tls-floor-1p": fop, "tls-floor-handlers": fhp, "bare": bp}
 	pids := map[string]int{"nginx": ngxPid}
 	urls := map[string]string{"nginx": ngxURL + "/block"}
 	for name, p := range procs {
@@ -204,8 +208,8 @@ func BenchmarkVersusNginx(b *testing.B) {
 	}
 	for _, proto := range []string{"http1", "h2"} {
 		for _, clients := range []int{1, 8} {
-			for _, peer := range []string{"nginx", "holder", "holder-nethttp2", "holder-1p", "tls-floor", "tls-floor-1p", "tls-floor-handlers", "h2-bare"} {
-				if proto != "h2" && peer != "nginx" && peer != "holder" && peer != "tls-floor" {
+			for _, peer := range []string{"nginx", "holder", "holder-nethttp2", "holder-1p", "tls-floor", "tls-floor-1p", "tls-floor-handlers", "bare"} {
+				if proto != "h2" && peer != "nginx" && peer != "holder" && peer != "tls-floor" && peer != "bare" {
 					continue // HTTP/2's questions: its server, one P, its layers above the floor
 				}
 				b.Run(fmt.Sprintf("%s/clients=%d/%s", proto, clients, peer), func(b *testing.B) {
@@ -289,10 +293,10 @@ func BenchmarkH2PerRequest(b *testing.B) {
 	ngxURL, ngxPid := startNginx(b, hp.Path, data[:size])
 	pids := map[string]int{"nginx": ngxPid}
 	urls := map[string]string{"nginx": ngxURL + "/block"}
-	for name, p := range map[string]*kvsptest.Process{"tls-floor": floor(), "tls-floor-handlers": floor("KVSP_FLOOR_KIND=handlers"), "h2-bare": floor("KVSP_FLOOR_KIND=h2")} {
+	for name, p := range map[string]*kvsptest.Process{"tls-floor": floor(), "tls-floor-handlers": floor("KVSP_FLOOR_KIND=handlers"), "bare": floor("KVSP_FLOOR_KIND=bare")} {
 		pids[name], urls[name] = p.Pid, p.URL
 	}
-	for _, peer := range []string{"nginx", "tls-floor", "tls-floor-handlers", "h2-bare"} {
+	for _, peer := range []string{"nginx", "tls-floor", "tls-floor-handlers", "bare"} {
 		b.Run("clients=8/"+peer, func(b *testing.B) {
 			tr := &http.Transport{TLSClientConfig: hp.ClientTLS(b, "h2"), ForceAttemptHTTP2: true}
 			defer tr.CloseIdleConnections()
