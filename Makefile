@@ -141,7 +141,7 @@ bench-llamacpp: deps ## the llama.cpp engine (issue 20): TTFT with the prefix at
 bench-holder: ## the holder against nginx (installed from Debian when missing), against bare crypto/tls (the TLS floor: HTTP/1.1, and HTTP/2 with the least framing), and on HTTP/2 against itself on net/http's HTTP/2 and with one P, and the layers between the floor and the holder; per request with 1 KiB bodies: same certificate, same verifying client, HOLDER_COUNT (default 5) alternating runs; ratios with median and max (bin/bench-holder.txt)
 	@command -v nginx >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx-light >/dev/null; }
 	@mkdir -p $(BIN)
-	KVSP_BENCH_NGINX=1 $(GO) test -run '^$$' -bench 'VersusNginx|H2PerRequest' -benchtime 2s -count $(HOLDER_COUNT) ./holder/ | tee $(BIN)/bench-holder.txt
+	KVSP_BENCH_NGINX=1 $(GO) test -run '^$$' -bench 'VersusNginx|PerRequest' -benchtime 2s -count $(HOLDER_COUNT) ./holder/ | tee $(BIN)/bench-holder.txt
 	$(GO) run ./internal/benchratio -ref nginx < $(BIN)/bench-holder.txt
 	$(GO) run ./internal/benchratio -ref tls-floor < $(BIN)/bench-holder.txt
 

@@ -318,6 +318,11 @@ func BenchmarkH2PerRequest(b *testing.B) {
 // reports its write and read system calls and context switches per
 // fetch (what the CPU bought).
 func drive(b *testing.B, c *http.Client, url string, clients, size int, check func([]byte) error, pid int) time.Duration {
+	return driveRequests(b, func() (*http.Response, error) { return c.Get(url) }, url, clients, size, check, pid)
+}
+
+// driveRequests is drive with the request made by fetch.
+func driveRequests(b *testing.B, fetch func() (*http.Response, error), url string, clients, size int, check func([]byte) error, pid int) time.Duration {
 	work := make(chan struct{})
 	var wg sync.WaitGroup
 	for range clients {
@@ -326,7 +331,7 @@ func drive(b *testing.B, c *http.Client, url string, clients, size int, check fu
 			defer wg.Done()
 			body := make([]byte, size)
 			for range work {
-				resp, err := c.Get(url)
+				resp, err := fetch()
 				if err != nil {
 					b.Error(err)
 					return
@@ -364,4 +369,36 @@ func drive(b *testing.B, c *http.Client, url string, clients, size int, check fu
 	b.ReportMetric(float64(counts.Reads-counts0.Reads)/n, "server-reads/op")
 	b.ReportMetric(float64(counts.Switches-counts0.Switches)/n, "server-switches/op")
 	return meter.Peers
+}
+
+// BenchmarkHeadPerRequest: HEAD requests for the 2 MiB block, 8 clients,
+// to the holder and to its HTTP servers without it (bare), over HTTP/1.1
+// and HTTP/2: the server's CPU per request with no body to send, what
+// the holder's handler (routing, authorization, the store's lookup, its
+// headers and metrics) adds to a request.
+func BenchmarkHeadPerRequest(b *testing.B) {
+	if os.Getenv("KVSP_BENCH_NGINX") != "1" {
+		b.Skip("set KVSP_BENCH_NGINX=1 (make bench-holder)")
+	}
+	hp := kvsptest.StartProcess(b, "TestHolderServerProcess", "KVSP_HOLDER_SERVER=1", "KVSP_HOLDER_CPUPROFILE=")
+	bp := kvsptest.StartProcess(b, "TestTLSFloorProcess", "KVSP_TLS_FLOOR="+filepath.Dir(hp.Path("ca.pem")), "KVSP_FLOOR_KIND=bare", "KVSP_FLOOR_CPUPROFILE=")
+	for _, proto := range []string{"http1", "h2"} {
+		for _, peer := range []*kvsptest.Process{hp, bp} {
+			name := "holder"
+			if peer == bp {
+				name = "bare"
+			}
+			b.Run(proto+"/clients=8/"+name, func(b *testing.B) {
+				tc := hp.ClientTLS(b, "h2", "http/1.1")
+				if proto == "http1" {
+					tc.NextProtos = []string{"http/1.1"}
+				}
+				tr := &http.Transport{TLSClientConfig: tc, ForceAttemptHTTP2: proto == "h2", MaxIdleConnsPerHost: 16}
+				defer tr.CloseIdleConnections()
+				c := &http.Client{Transport: tr}
+				cpu := driveRequests(b, func() (*http.Response, error) { return c.Head(peer.URL) }, peer.URL, 8, 0, func([]byte) error { return nil }, peer.Pid)
+				b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "server-µs/op")
+			})
+		}
+	}
 }
