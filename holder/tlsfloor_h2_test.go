@@ -17,6 +17,7 @@ import (
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 
+	"github.com/kvsp/kvsp/internal/h2"
 	"github.com/kvsp/kvsp/internal/kvsptest"
 	"github.com/kvsp/kvsp/internal/pki"
 )
@@ -41,13 +42,13 @@ func serveH2Floor(tc *tls.Conn, body []byte, handlers bool) {
 	if _, err := io.ReadFull(tc, preface); err != nil || string(preface) != http2.ClientPreface {
 		return
 	}
-	var hb headerBlock
+	var hb bytes.Buffer
 	enc := hpack.NewEncoder(&hb)
 	for _, f := range [][2]string{{":status", "200"}, {"content-type", "application/kvsp-block"}, {"content-length", strconv.Itoa(len(body))}} {
 		enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1], Sensitive: true}) // never indexed
 	}
 	bw := bufio.NewWriterSize(tc, 16<<10)
-	f := &h2Floor{bw: bw, w: http2.NewFramer(bw, nil), body: body, hdr: hb, kick: make(chan struct{}, 1), done: make(chan struct{}),
+	f := &h2Floor{bw: bw, w: http2.NewFramer(bw, nil), body: body, hdr: hb.Bytes(), kick: make(chan struct{}, 1), done: make(chan struct{}),
 		connWin: 65535, initWin: 65535, maxFrame: 16384, byID: map[uint32]*floorStream{}}
 	if f.w.WriteSettings() != nil || bw.Flush() != nil {
 		return
@@ -130,10 +131,6 @@ func serveH2Floor(tc *tls.Conn, body []byte, handlers bool) {
 	}
 }
 
-type headerBlock []byte
-
-func (h *headerBlock) Write(p []byte) (int, error) { *h = append(*h, p...); return len(p), nil }
-
 type floorStream struct {
 	done    chan struct{} // closed when its last frame is written (handlers)
 	id      uint32
@@ -178,7 +175,7 @@ func (f *h2Floor) next() (st *floorStream, off, n int, headers bool) {
 		headers = !st.headers
 		st.headers = true
 		if allowed := min(f.connWin, st.window, int64(f.maxFrame)); allowed > 0 {
-			n = frameSize(len(f.body)-st.sent, int(allowed))
+			n = h2.FrameSize(len(f.body)-st.sent, int(allowed))
 		}
 		off = st.sent
 		st.sent += n
@@ -251,19 +248,6 @@ func (f *h2Floor) writeLoop() {
 			return
 		}
 	}
-}
-
-// frameSize is internal/h2's: a frame that does not end the body is cut
-// so that its header and payload fill whole TLS records.
-func frameSize(want, allowed int) int {
-	const record = 16 << 10
-	if allowed >= want {
-		return want
-	}
-	if aligned := (allowed+9)/record*record - 9; aligned > 0 {
-		return aligned
-	}
-	return allowed
 }
 
 // The HTTP/2 floor is a server the benchmarks trust for their reference:

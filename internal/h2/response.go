@@ -249,7 +249,7 @@ func (c *conn) takeWindow(st *stream, want int, beforeWait func()) (int, error) 
 		c.mu.Lock()
 		allowed := min(c.sendWindow, st.sendWindow, int64(c.peerMaxFrame))
 		if allowed > 0 {
-			n := frameSize(want, int(allowed))
+			n := FrameSize(want, int(allowed))
 			c.sendWindow -= int64(n)
 			st.sendWindow -= int64(n)
 			c.mu.Unlock()

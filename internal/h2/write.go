@@ -231,10 +231,11 @@ func (c *conn) writeData(id uint32, p []byte, end bool) error {
 	return err
 }
 
-// frameSize is the payload of the next DATA frame of a body with want
+// FrameSize is the payload of the next DATA frame of a body with want
 // octets left, allowed allowed: a frame that does not end the body is cut
-// so that its header and payload fill whole TLS records.
-func frameSize(want, allowed int) int {
+// so that its header and payload fill whole TLS records. (Exported for
+// the holder's benchmark floor, which cuts its frames the same way.)
+func FrameSize(want, allowed int) int {
 	if allowed >= want {
 		return want
 	}
