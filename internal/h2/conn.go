@@ -37,7 +37,9 @@ type conn struct {
 	// Writing: wsem is the write lock (a channel, so a waiter can give up
 	// at its deadline); bw, the HPACK encoder and werr are its.
 	wsem      chan struct{}
+	waiting   atomic.Int32 // writers waiting for wsem
 	bw        *bufio.Writer
+	out       io.Writer // what bw writes to: the TLS connection
 	henc      *hpack.Encoder
 	hbuf      headerBuffer
 	werr      error
@@ -54,12 +56,14 @@ type conn struct {
 	sendWindow    int64  // the connection's send window
 	initialWindow int64  // the client's SETTINGS_INITIAL_WINDOW_SIZE
 	peerMaxFrame  int
-	windowWake    chan struct{} // closed (and replaced) when the connection's send window grows
-	running       int           // handlers running
-	queued        []*stream     // streams whose handler waits for one to end
-	queueRoom     chan struct{} // a handler ended or started: the queue may have room
-	goingAway     bool          // a GOAWAY was sent: no new streams
-	clientGoAway  bool          // the client sent GOAWAY
+	windowWake    chan struct{}   // closed (and replaced) when the connection's send window grows
+	running       int             // handlers running
+	queued        []*stream       // streams whose handler waits for one to end
+	queueRoom     chan struct{}   // a handler ended or started: the queue may have room
+	work          chan handlerJob // a handler for an idle worker (worker.go)
+	idleWorkers   atomic.Int32
+	goingAway     bool // a GOAWAY was sent: no new streams
+	clientGoAway  bool // the client sent GOAWAY
 	idle          *time.Timer
 	closing       atomic.Bool
 	settingsSent  atomic.Bool // the preface's SETTINGS went: other frames may follow
@@ -100,9 +104,10 @@ func newConn(s *Server, hs *http.Server, tc *tls.Conn, h http.Handler) *conn {
 		done: make(chan struct{}), state: &state, remote: tc.RemoteAddr().String(),
 		wsem: make(chan struct{}, 1), ctrlKick: make(chan struct{}, 1), ctrlAlive: make(chan struct{}),
 		streams: map[uint32]*stream{}, sendWindow: 65535, initialWindow: 65535, peerMaxFrame: 16 << 10,
-		windowWake: make(chan struct{}), queueRoom: make(chan struct{}, 1),
+		windowWake: make(chan struct{}), queueRoom: make(chan struct{}, 1), work: make(chan handlerJob),
 	}
 	c.recvWindow.Store(65535)
+	c.out = tc
 	c.bw = bufio.NewWriterSize(tc, recordPayload)
 	c.fr = http2.NewFramer(c.bw, tc)
 	c.fr.SetMaxReadFrameSize(cfg.MaxReadFrameSize)
@@ -544,7 +549,7 @@ func (c *conn) startHandler(st *stream, req *http.Request) error {
 	if c.running < int(c.cfg.MaxConcurrentStreams) {
 		c.running++
 		c.mu.Unlock()
-		go c.runHandler(st, req)
+		c.goHandler(st, req)
 		return nil
 	}
 	if len(c.queued) >= handlerQueueFactor*int(c.cfg.MaxConcurrentStreams) {
@@ -609,7 +614,7 @@ func (c *conn) handlerDone() {
 		st.req = nil
 		c.mu.Unlock()
 		c.signalQueueRoom()
-		go c.runHandler(st, req)
+		c.goHandler(st, req)
 		return
 	}
 	c.running--

@@ -10,9 +10,12 @@
 // GB than nginx. Here a handler writes its frames itself, under the
 // connection's write lock, with no goroutine between it and the TLS
 // connection: a DATA frame's header and the first octets of its payload
-// fill one TLS record (16 KiB), and the rest of the payload goes to the
-// TLS connection from the handler's own memory, in frames sized to whole
-// records. The frames are read with golang.org/x/net/http2's Framer and
+// fill one TLS record (16 KiB), the rest of the payload goes to the
+// TLS connection from the handler's own memory in whole records, and
+// frames are sized to whole records. A writer that lets go of the lock
+// while another waits for it leaves its last part-record for that one to
+// complete, so streams share records and system calls. Handlers run on
+// worker goroutines that keep the stacks they grew (worker.go). The frames are read with golang.org/x/net/http2's Framer and
 // its HPACK decoder (which bound header blocks and CONTINUATION runs);
 // headers are encoded with its hpack package.
 //

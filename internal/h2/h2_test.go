@@ -20,6 +20,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -812,4 +813,62 @@ func TestStreamsShareASmallWindow(t *testing.T) {
 		})
 	}
 	wg.Wait()
+}
+
+// goroutineID is the calling goroutine's number, from its stack trace.
+func goroutineID() string {
+	var buf [64]byte
+	return strings.Fields(string(buf[:runtime.Stack(buf[:], false)]))[1]
+}
+
+// TestHandlersReuseGoroutines: a connection's handlers run on workers that
+// outlive them (a worker keeps the stack it grew), and no more than
+// sixteen wait idle once a burst is over.
+func TestHandlersReuseGoroutines(t *testing.T) {
+	var mu sync.Mutex
+	ids := map[string]int{}
+	var burst sync.WaitGroup
+	s := startServer(t, h2.Config{}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/burst" {
+			burst.Done()
+			burst.Wait() // all of the burst's handlers run at once
+			return
+		}
+		mu.Lock()
+		ids[goroutineID()]++
+		mu.Unlock()
+	}))
+	c := s.client(t)
+	get := func(path string) {
+		resp, err := c.Get(s.url(path))
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	const sequential = 20
+	for range sequential {
+		get("/seq")
+	}
+	if len(ids) > sequential/2 {
+		t.Fatalf("%d sequential requests ran on %d goroutines: handlers do not reuse them", sequential, len(ids))
+	}
+
+	base := runtime.NumGoroutine()
+	const n = 40
+	burst.Add(n)
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() { get("/burst") })
+	}
+	wg.Wait()
+	extra := 0
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		if extra = runtime.NumGoroutine() - base; extra <= 16 {
+			return
+		}
+	}
+	t.Fatalf("%d goroutines more than before a burst of %d handlers, want at most 16 idle workers", extra, n)
 }

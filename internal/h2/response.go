@@ -15,7 +15,9 @@ import (
 // there is none); each Write goes to the connection before it returns,
 // in frames as large as the windows and the client's frame size allow,
 // the last one ending the stream when the declared Content-Length is
-// reached.
+// reached. (A frame's last octets short of a TLS record may wait in the
+// connection's buffer for a writer already waiting for the lock, which
+// flushes them with its own; see release.)
 type responseWriter struct {
 	st       *stream
 	head     bool // a HEAD request: no body goes out

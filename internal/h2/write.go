@@ -38,6 +38,8 @@ func (c *conn) acquire(st *stream, deadline time.Time) error {
 	if st != nil {
 		cancelled = st.ctx.Done()
 	}
+	c.waiting.Add(1)
+	defer c.waiting.Add(-1)
 	select {
 	case c.wsem <- struct{}{}:
 		return nil
@@ -52,26 +54,35 @@ func (c *conn) acquire(st *stream, deadline time.Time) error {
 
 // release writes the queued control frames, flushes and lets go of the
 // write lock; a control frame queued meanwhile is written by whoever
-// takes the lock next, or by this call when nobody does.
+// takes the lock next, or by this call when nobody does. While another
+// writer waits for the lock, what bw holds is left for it to complete
+// and flush, so that the frames of several streams share TLS records and
+// system calls; if no waiter takes the lock (it gave up), this call takes
+// it back and flushes.
 func (c *conn) release() {
+	ours := false // nobody took the lock after a hand-off: bw is this call's to flush
 	for {
 		c.writeControl()
+		handOff := false
 		if c.werr == nil && c.bw.Buffered() > 0 {
-			if err := c.bw.Flush(); err != nil {
-				c.fail(err)
+			if handOff = !ours && c.waiting.Load() > 0; !handOff {
+				if err := c.bw.Flush(); err != nil {
+					c.fail(err)
+				}
 			}
 		}
-		<-c.wsem
+		<-c.wsem // a waiter blocked on wsem holds the lock from here
 		c.ctrlMu.Lock()
 		pending := len(c.ctrl) > 0
 		c.ctrlMu.Unlock()
-		if !pending {
+		if !pending && !handOff {
 			return
 		}
 		select {
 		case c.wsem <- struct{}{}:
+			ours = true
 		default:
-			return // the holder writes them
+			return // the holder writes and flushes them
 		}
 	}
 }
@@ -213,8 +224,10 @@ func (c *conn) writeControl() {
 }
 
 // writeData (write lock held) writes one DATA frame: its header and the
-// first octets of p fill bw (one TLS record), the rest of p goes to the
-// TLS connection from p itself.
+// first octets of p fill bw (one TLS record), whole records of the rest
+// go to the TLS connection from p itself, and what is left is copied into
+// bw, where the next frame (or the flush at release) completes its
+// record.
 func (c *conn) writeData(id uint32, p []byte, end bool) error {
 	var h [9]byte
 	n := len(p)
@@ -227,7 +240,23 @@ func (c *conn) writeData(id uint32, p []byte, end bool) error {
 	if _, err := c.bw.Write(h[:]); err != nil {
 		return err
 	}
-	_, err := c.bw.Write(p) // bufio: fills the buffer, flushes, writes the rest directly
+	if len(p) <= c.bw.Available() {
+		_, err := c.bw.Write(p)
+		return err
+	}
+	k := c.bw.Available()
+	c.bw.Write(p[:k])
+	if err := c.bw.Flush(); err != nil {
+		return err
+	}
+	p = p[k:]
+	if whole := len(p) / recordPayload * recordPayload; whole > 0 {
+		if _, err := c.out.Write(p[:whole]); err != nil {
+			return err
+		}
+		p = p[whole:]
+	}
+	_, err := c.bw.Write(p)
 	return err
 }
 

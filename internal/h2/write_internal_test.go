@@ -1,0 +1,94 @@
+package h2
+
+import (
+	"bufio"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// writeCounter counts the writes that reach it (the TLS connection's,
+// one record and system call each).
+type writeCounter struct {
+	writes int
+	data   []byte
+}
+
+func (w *writeCounter) Write(p []byte) (int, error) {
+	w.writes++
+	w.data = append(w.data, p...)
+	return len(p), nil
+}
+
+func lockOnly(out *writeCounter) *conn {
+	return &conn{wsem: make(chan struct{}, 1), out: out, bw: bufio.NewWriterSize(out, recordPayload), done: make(chan struct{})}
+}
+
+// TestReleaseHandsBufferToWaiter: a writer that lets go of the lock while
+// another waits for it leaves what bw holds to that waiter, which
+// completes it and flushes once: two streams' frames, one write.
+func TestReleaseHandsBufferToWaiter(t *testing.T) { synctest.Test(t, testReleaseHandsBufferToWaiter) }
+
+func testReleaseHandsBufferToWaiter(t *testing.T) {
+	var out writeCounter
+	c := lockOnly(&out)
+	if err := c.acquire(nil, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	c.bw.WriteString("a")
+	got := make(chan error)
+	go func() { got <- c.acquire(nil, time.Time{}) }()
+	synctest.Wait() // the second writer waits for the lock
+	c.release()
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+	if out.writes != 0 || c.bw.Buffered() != 1 {
+		t.Fatalf("released to a waiter: %d writes, %d octets left in bw; want 0 and 1", out.writes, c.bw.Buffered())
+	}
+	c.bw.WriteString("b")
+	c.release()
+	if out.writes != 1 || string(out.data) != "ab" {
+		t.Fatalf("%d writes of %q, want one of \"ab\"", out.writes, out.data)
+	}
+}
+
+// TestReleaseFlushesWhenNoWaiterTakes: a waiter counted but gone (it gave
+// up at its deadline) does not strand what bw holds: release takes the
+// lock back and flushes, and the lock ends free.
+func TestReleaseFlushesWhenNoWaiterTakes(t *testing.T) {
+	var out writeCounter
+	c := lockOnly(&out)
+	if err := c.acquire(nil, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	c.bw.WriteString("a")
+	c.waiting.Add(1) // a waiter between its count and its wait, or one that gave up
+	c.release()
+	if out.writes != 1 || string(out.data) != "a" {
+		t.Fatalf("%d writes of %q, want one of \"a\"", out.writes, out.data)
+	}
+	select {
+	case c.wsem <- struct{}{}:
+	default:
+		t.Fatal("the lock is still held")
+	}
+}
+
+// TestDataTailWaitsInBuffer: a DATA frame that starts in a part-filled
+// buffer fills it (one record), goes out in whole records from the
+// handler's memory, and leaves its tail in bw for the next frame to
+// complete, rather than as a record of its own.
+func TestDataTailWaitsInBuffer(t *testing.T) {
+	var out writeCounter
+	c := lockOnly(&out)
+	c.bw.Write(make([]byte, 100)) // another stream's frame
+	p := make([]byte, 40000)
+	if err := c.writeData(1, p, false); err != nil {
+		t.Fatal(err)
+	}
+	tail := 100 + 9 + len(p) - 2*recordPayload
+	if out.writes != 2 || len(out.data) != 2*recordPayload || c.bw.Buffered() != tail {
+		t.Fatalf("%d writes of %d octets, %d left in bw; want 2 writes of %d, %d left", out.writes, len(out.data), c.bw.Buffered(), 2*recordPayload, tail)
+	}
+}
