@@ -56,7 +56,7 @@ type conn struct {
 	sendWindow    int64  // the connection's send window
 	initialWindow int64  // the client's SETTINGS_INITIAL_WINDOW_SIZE
 	peerMaxFrame  int
-	windowWake    chan struct{}   // closed (and replaced) when the connection's send window grows
+	connQueue     []*stream       // writers waiting for the connection's send window, first come first
 	running       int             // handlers running
 	queued        []*stream       // streams whose handler waits for one to end
 	queueRoom     chan struct{}   // a handler ended or started: the queue may have room
@@ -104,7 +104,7 @@ func newConn(s *Server, hs *http.Server, tc *tls.Conn, h http.Handler) *conn {
 		done: make(chan struct{}), state: &state, remote: tc.RemoteAddr().String(),
 		wsem: make(chan struct{}, 1), ctrlKick: make(chan struct{}, 1), ctrlAlive: make(chan struct{}),
 		streams: map[uint32]*stream{}, sendWindow: 65535, initialWindow: 65535, peerMaxFrame: 16 << 10,
-		windowWake: make(chan struct{}), queueRoom: make(chan struct{}, 1), work: make(chan handlerJob),
+		queueRoom: make(chan struct{}, 1), work: make(chan handlerJob),
 	}
 	c.recvWindow.Store(65535)
 	c.out = tc
@@ -373,8 +373,7 @@ func (c *conn) processWindowUpdate(f *http2.WindowUpdateFrame) error {
 			return connError{http2.ErrCodeFlowControl, "connection window overflow"}
 		}
 		if prev <= 0 { // only then can a writer be waiting for it
-			close(c.windowWake)
-			c.windowWake = make(chan struct{})
+			c.wakeConnQueue()
 		}
 		return nil
 	}

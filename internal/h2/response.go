@@ -3,6 +3,7 @@ package h2
 import (
 	"errors"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -236,12 +237,22 @@ func (w *responseWriter) SetReadDeadline(t time.Time) error {
 func (w *responseWriter) EnableFullDuplex() error { return nil }
 
 // takeWindow waits until the windows let at least one octet of want go
-// on st, takes what the next frame carries and returns its size.
-func (c *conn) takeWindow(st *stream, want int, beforeWait func()) (int, error) {
+// on st, takes what the next frame carries and returns its size: all the
+// windows allow when they are what limits it (no sliver is left for
+// another frame), else as FrameSize cuts it. Writers waiting for the
+// connection's window queue for it: a WINDOW_UPDATE wakes the first, and
+// each leaves what it does not take to the next (rather than every
+// waiter woken to find that one took it).
+func (c *conn) takeWindow(st *stream, want int, beforeWait func()) (n int, err error) {
 	var timer *time.Timer
 	defer func() {
 		if timer != nil {
 			timer.Stop()
+		}
+		if err != nil {
+			c.mu.Lock()
+			c.leaveConnQueue(st)
+			c.mu.Unlock()
 		}
 	}()
 	for {
@@ -249,15 +260,23 @@ func (c *conn) takeWindow(st *stream, want int, beforeWait func()) (int, error) 
 			return 0, err
 		}
 		c.mu.Lock()
-		allowed := min(c.sendWindow, st.sendWindow, int64(c.peerMaxFrame))
-		if allowed > 0 {
-			n := FrameSize(want, int(allowed))
+		if window := min(c.sendWindow, st.sendWindow); window > 0 {
+			if window < int64(want) && window <= int64(c.peerMaxFrame) {
+				n = int(window)
+			} else {
+				n = FrameSize(want, int(min(window, int64(c.peerMaxFrame))))
+			}
 			c.sendWindow -= int64(n)
 			st.sendWindow -= int64(n)
+			c.leaveConnQueue(st)
 			c.mu.Unlock()
 			return n, nil
 		}
-		connWake := c.windowWake
+		if c.sendWindow <= 0 {
+			c.joinConnQueue(st)
+		} else {
+			c.leaveConnQueue(st) // the stream's window is what it lacks: the connection's goes to the next
+		}
 		c.mu.Unlock()
 		if beforeWait != nil {
 			beforeWait()
@@ -275,7 +294,6 @@ func (c *conn) takeWindow(st *stream, want int, beforeWait func()) (int, error) 
 		}
 		select {
 		case <-st.wakeCh:
-		case <-connWake:
 		case <-timeout:
 			return 0, errWriteTimeout
 		case <-st.ctx.Done():
@@ -285,13 +303,48 @@ func (c *conn) takeWindow(st *stream, want int, beforeWait func()) (int, error) 
 	}
 }
 
+// joinConnQueue (c.mu held) queues st for the connection's window.
+func (c *conn) joinConnQueue(st *stream) {
+	if !st.connQueued {
+		st.connQueued = true
+		c.connQueue = append(c.connQueue, st)
+	}
+}
+
+// leaveConnQueue (c.mu held): st no longer waits for the connection's
+// window; what is left of it goes to the next writer queued.
+func (c *conn) leaveConnQueue(st *stream) {
+	if st.connQueued {
+		st.connQueued = false
+		if i := slices.Index(c.connQueue, st); i >= 0 {
+			c.connQueue = slices.Delete(c.connQueue, i, i+1)
+		}
+	}
+	if c.sendWindow > 0 {
+		c.wakeConnQueue()
+	}
+}
+
+// wakeConnQueue (c.mu held) wakes the first writer queued for the
+// connection's window; it leaves the queue.
+func (c *conn) wakeConnQueue() {
+	if len(c.connQueue) == 0 {
+		return
+	}
+	st := c.connQueue[0]
+	st.connQueued = false
+	c.connQueue = slices.Delete(c.connQueue, 0, 1)
+	st.wake()
+}
+
 // giveBack returns window taken for a frame that did not go.
 func (c *conn) giveBack(st *stream, n int) {
 	c.mu.Lock()
 	c.sendWindow += int64(n)
 	st.sendWindow += int64(n)
-	close(c.windowWake)
-	c.windowWake = make(chan struct{})
+	if c.sendWindow > 0 {
+		c.wakeConnQueue()
+	}
 	c.mu.Unlock()
 }
 

@@ -28,6 +28,7 @@ type stream struct {
 
 	// Send side, under c.mu.
 	sendWindow int64
+	connQueued bool          // in c.connQueue
 	wakeCh     chan struct{} // a window grew, or a deadline changed
 
 	// Receive side: the window is taken by the serve goroutine and given

@@ -2,9 +2,13 @@ package h2
 
 import (
 	"bufio"
+	"context"
+	"errors"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"golang.org/x/net/http2"
 )
 
 // writeCounter counts the writes that reach it (the TLS connection's,
@@ -91,4 +95,62 @@ func TestDataTailWaitsInBuffer(t *testing.T) {
 	if out.writes != 2 || len(out.data) != 2*recordPayload || c.bw.Buffered() != tail {
 		t.Fatalf("%d writes of %d octets, %d left in bw; want 2 writes of %d, %d left", out.writes, len(out.data), c.bw.Buffered(), 2*recordPayload, tail)
 	}
+}
+
+// TestConnWindowQueue (RFC 9113 section 6.9.1): writers waiting for the
+// connection's window take it first come first, each grant whole (no
+// sliver cut off for another frame), and a writer that gives up as the
+// window opens leaves it to the next rather than stranding it.
+func TestConnWindowQueue(t *testing.T) { synctest.Test(t, testConnWindowQueue) }
+
+func testConnWindowQueue(t *testing.T) {
+	c := &conn{done: make(chan struct{}), baseCtx: context.Background(), initialWindow: 1 << 20, peerMaxFrame: 1 << 20}
+	type took struct{ i, n int }
+	got := make(chan took, 4)
+	var streams []*stream
+	for i := range 4 {
+		st := newStream(c, uint32(2*i+1))
+		streams = append(streams, st)
+		go func() {
+			n, err := c.takeWindow(st, 1<<20, nil)
+			if err != nil {
+				n = -1
+			}
+			got <- took{i, n}
+		}()
+		synctest.Wait() // queued in this order
+	}
+	grant := func(n uint32) {
+		if err := c.processWindowUpdate(&http2.WindowUpdateFrame{Increment: n}); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+	}
+	expect := func(want ...took) {
+		t.Helper()
+		for _, w := range want {
+			select {
+			case g := <-got:
+				if g != w {
+					t.Fatalf("writer %d took %d, want writer %d taking %d", g.i, g.n, w.i, w.n)
+				}
+			default:
+				t.Fatalf("no writer took window, want writer %d taking %d", w.i, w.n)
+			}
+		}
+		if len(got) > 0 {
+			t.Fatalf("another writer went: %v", <-got)
+		}
+	}
+
+	grant(32768)
+	expect(took{0, 32768})
+
+	streams[1].cancel(errors.New("reset by the client"))
+	grant(1000)
+	expect(took{1, -1}, took{2, 1000})
+
+	close(c.done)
+	synctest.Wait()
+	expect(took{3, -1})
 }
