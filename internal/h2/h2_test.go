@@ -319,6 +319,7 @@ func TestResetAndPanic(t *testing.T) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/stall", func(w http.ResponseWriter, r *http.Request) {
 		w.Write([]byte("x"))
+		http.NewResponseController(w).Flush() // a small write is held until then
 		<-r.Context().Done()
 		_, err := w.Write(block[:1<<20])
 		ended <- err
@@ -871,4 +872,56 @@ func TestHandlersReuseGoroutines(t *testing.T) {
 		}
 	}
 	t.Fatalf("%d goroutines more than before a burst of %d handlers, want at most 16 idle workers", extra, n)
+}
+
+// TestSmallWritesHeld: writes of a few octets are held and go out with the
+// next write (a container's header with its first sections: one DATA
+// frame), with the handler's return (one frame ending the stream), or at
+// a Flush, as net/http holds them.
+func TestSmallWritesHeld(t *testing.T) {
+	hdr := bytes.Repeat([]byte{'h'}, 532)
+	proceed := make(chan struct{})
+	mux := http.NewServeMux()
+	mux.HandleFunc("/pieces", func(w http.ResponseWriter, r *http.Request) {
+		for _, s := range []string{"a", "b", "c"} {
+			io.WriteString(w, s)
+		}
+	})
+	mux.HandleFunc("/container", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", strconv.Itoa(len(hdr)+64<<10))
+		w.Write(hdr)
+		w.Write(block[:64<<10])
+	})
+	mux.HandleFunc("/flush", func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "x")
+		http.NewResponseController(w).Flush()
+		<-proceed
+	})
+	s := startServer(t, h2.Config{}, mux)
+	rc := s.raw(t, http2.Setting{ID: http2.SettingMaxFrameSize, Val: 1 << 20}, http2.Setting{ID: http2.SettingInitialWindowSize, Val: 1 << 20})
+	rc.fr.SetMaxReadFrameSize(1 << 20)
+	rc.fr.WriteWindowUpdate(0, 1<<20)
+	data := func(id uint32) *http2.DataFrame {
+		t.Helper()
+		return rc.next(5*time.Second, func(f http2.Frame) bool { d, ok := f.(*http2.DataFrame); return ok && d.StreamID == id }).(*http2.DataFrame)
+	}
+
+	rc.request(1, "GET", "/pieces", true)
+	if d := data(1); string(d.Data()) != "abc" || !d.StreamEnded() {
+		t.Fatalf("three small writes: a frame of %q (END_STREAM %v), want one of \"abc\" ending the stream", d.Data(), d.StreamEnded())
+	}
+
+	rc.request(3, "GET", "/container", true)
+	if d := data(3); len(d.Data()) <= len(hdr) || !bytes.Equal(d.Data()[:len(hdr)], hdr) {
+		t.Fatalf("a header and its sections: a first frame of %d octets, want the header and sections in one", len(d.Data()))
+	}
+
+	rc.request(5, "GET", "/flush", true)
+	if d := data(5); string(d.Data()) != "x" || d.StreamEnded() {
+		t.Fatalf("flushed: %q (END_STREAM %v)", d.Data(), d.StreamEnded())
+	}
+	close(proceed)
+	if d := data(5); len(d.Data()) != 0 || !d.StreamEnded() {
+		t.Fatalf("then: %q (END_STREAM %v)", d.Data(), d.StreamEnded())
+	}
 }

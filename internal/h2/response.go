@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -13,12 +14,16 @@ import (
 
 // responseWriter is a stream's http.ResponseWriter. Its headers go out
 // with the first octets of the body (or at the end, with END_STREAM when
-// there is none); each Write goes to the connection before it returns,
-// in frames as large as the windows and the client's frame size allow,
-// the last one ending the stream when the declared Content-Length is
-// reached. (A frame's last octets short of a TLS record may wait in the
-// connection's buffer for a writer already waiting for the lock, which
-// flushes them with its own; see release.)
+// there is none). A write of fewer than heldMax octets that does not end
+// the body is held, as net/http holds it, and goes out with the next
+// write, a Flush or the handler's return (a container's header with its
+// sections, a handler's pieces of JSON: one frame, not one each); the
+// others go to the connection before they return, in frames as large as
+// the windows and the client's frame size allow, the last one ending the
+// stream when the declared Content-Length is reached. (A frame's last
+// octets short of a TLS record may wait in the connection's buffer for a
+// writer already waiting for the lock, which flushes them with its own;
+// see release.)
 type responseWriter struct {
 	st       *stream
 	head     bool // a HEAD request: no body goes out
@@ -28,7 +33,29 @@ type responseWriter struct {
 	sent     bool  // the header block went out
 	ended    bool  // END_STREAM went out
 	declared int64 // the response's Content-Length, -1 when none
-	written  int64
+	written  int64 // octets of the body the handler wrote (held ones too)
+	held     *[]byte
+}
+
+// heldMax bounds the octets a response holds back.
+const heldMax = 4 << 10
+
+var heldPool = sync.Pool{New: func() any { b := make([]byte, 0, heldMax); return &b }}
+
+// release returns the held buffer (the handler has returned).
+func (w *responseWriter) release() {
+	if w.held != nil {
+		*w.held = (*w.held)[:0]
+		heldPool.Put(w.held)
+		w.held = nil
+	}
+}
+
+func (w *responseWriter) heldLen() int {
+	if w.held == nil {
+		return 0
+	}
+	return len(*w.held)
 }
 
 func (w *responseWriter) Header() http.Header {
@@ -103,15 +130,47 @@ func (w *responseWriter) Write(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
-	st, c := w.st, w.st.c
-	n := 0
-	for n < len(p) {
-		k, err := c.takeWindow(st, len(p)-n, w.headersFirst)
-		if err != nil {
-			return n, err
+	w.written += int64(len(p))
+	if w.heldLen()+len(p) < heldMax && (w.declared < 0 || w.written < w.declared) {
+		if w.held == nil {
+			w.held = heldPool.Get().(*[]byte)
 		}
-		end := w.declared >= 0 && w.written+int64(k) == w.declared
-		chunk := p[n : n+k]
+		*w.held = append(*w.held, p...)
+		return len(p), nil
+	}
+	n, err := w.send(p, false)
+	if err != nil {
+		w.written -= int64(len(p) - n)
+	}
+	return n, err
+}
+
+// send writes what the response holds, then p, in frames as the windows
+// allow; with final, the last frame ends the stream. It returns the
+// octets of p sent.
+func (w *responseWriter) send(p []byte, final bool) (int, error) {
+	var pre []byte
+	if w.held != nil {
+		pre = *w.held
+		*w.held = pre[:0]
+	}
+	st, c := w.st, w.st.c
+	total := len(pre) + len(p)
+	done := 0
+	for done < total {
+		k, err := c.takeWindow(st, total-done, w.headersFirst)
+		if err != nil {
+			return max(done-len(pre), 0), err
+		}
+		sent := w.written - int64(total-done) // octets of the body in frames before this one
+		end := (w.declared >= 0 && sent+int64(k) == w.declared) || (final && done+k == total)
+		var a, b []byte
+		if done < len(pre) {
+			a = pre[done:min(len(pre), done+k)]
+		}
+		if done+k > len(pre) {
+			b = p[max(done-len(pre), 0) : done+k-len(pre)]
+		}
 		wrote := false
 		err = c.withWriteLock(st, func() error {
 			if err := st.err(); err != nil {
@@ -124,18 +183,17 @@ func (w *responseWriter) Write(p []byte) (int, error) {
 			if end {
 				w.end() // before END_STREAM can reach the client
 			}
-			return c.writeData(st.id, chunk, end)
+			return c.writeData(st.id, a, b, end)
 		})
 		if err != nil {
 			if !wrote {
 				c.giveBack(st, k)
 			}
-			return n, err
+			return max(done-len(pre), 0), err
 		}
-		n += k
-		w.written += int64(k)
+		done += k
 	}
-	return n, nil
+	return len(p), nil
 }
 
 // headersFirst sends the header block alone when the body must wait for
@@ -179,16 +237,21 @@ func (w *responseWriter) finish() {
 		w.WriteHeader(http.StatusOK)
 	}
 	c, st := w.st.c, w.st
-	err := c.withWriteLock(st, func() error {
-		if err := st.err(); err != nil {
-			return streamGone{err}
-		}
-		w.end()
-		if !w.sent {
-			return w.sendHeaders(true)
-		}
-		return c.writeData(st.id, nil, true)
-	})
+	var err error
+	if w.heldLen() > 0 {
+		_, err = w.send(nil, true)
+	} else {
+		err = c.withWriteLock(st, func() error {
+			if err := st.err(); err != nil {
+				return streamGone{err}
+			}
+			w.end()
+			if !w.sent {
+				return w.sendHeaders(true)
+			}
+			return c.writeData(st.id, nil, nil, true)
+		})
+	}
 	if err != nil && !w.ended {
 		c.resetStream(st.id, http2.ErrCodeCancel)
 	}
@@ -202,13 +265,17 @@ func (w *responseWriter) end() {
 	w.st.endLocal()
 }
 
-// Flush sends the headers if they have not gone (writes are not
-// buffered).
+// Flush sends what the response holds, or its headers if they have not
+// gone.
 func (w *responseWriter) Flush() { w.FlushError() }
 
 func (w *responseWriter) FlushError() error {
 	if w.status == 0 {
 		w.WriteHeader(http.StatusOK)
+	}
+	if w.heldLen() > 0 {
+		_, err := w.send(nil, false)
+		return err
 	}
 	if w.sent {
 		return nil

@@ -338,6 +338,7 @@ func (c *conn) runHandler(st *stream, req *http.Request) {
 	if st.handler != nil {
 		h = st.handler
 	}
+	defer w.release()
 	h.ServeHTTP(w, req)
 	returned = true
 	w.finish()

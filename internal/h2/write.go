@@ -223,23 +223,25 @@ func (c *conn) writeControl() {
 	}
 }
 
-// writeData (write lock held) writes one DATA frame: its header and the
-// first octets of p fill bw (one TLS record), whole records of the rest
-// go to the TLS connection from p itself, and what is left is copied into
-// bw, where the next frame (or the flush at release) completes its
-// record.
-func (c *conn) writeData(id uint32, p []byte, end bool) error {
+// writeData (write lock held) writes one DATA frame of a's octets, then
+// b's: its header and the first octets fill bw (one TLS record), whole
+// records of the rest of b go to the TLS connection from b itself, and
+// what is left is copied into bw, where the next frame (or the flush at
+// release) completes its record.
+func (c *conn) writeData(id uint32, a, b []byte, end bool) error {
 	var h [9]byte
-	n := len(p)
+	n := len(a) + len(b)
 	h[0], h[1], h[2] = byte(n>>16), byte(n>>8), byte(n)
 	h[3] = byte(http2.FrameData)
 	if end {
 		h[4] = byte(http2.FlagDataEndStream)
 	}
 	binary.BigEndian.PutUint32(h[5:], id)
-	if _, err := c.bw.Write(h[:]); err != nil {
+	c.bw.Write(h[:])
+	if _, err := c.bw.Write(a); err != nil {
 		return err
 	}
+	p := b
 	if len(p) <= c.bw.Available() {
 		_, err := c.bw.Write(p)
 		return err

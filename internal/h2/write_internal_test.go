@@ -88,7 +88,7 @@ func TestDataTailWaitsInBuffer(t *testing.T) {
 	c := lockOnly(&out)
 	c.bw.Write(make([]byte, 100)) // another stream's frame
 	p := make([]byte, 40000)
-	if err := c.writeData(1, p, false); err != nil {
+	if err := c.writeData(1, nil, p, false); err != nil {
 		t.Fatal(err)
 	}
 	tail := 100 + 9 + len(p) - 2*recordPayload
