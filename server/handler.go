@@ -155,6 +155,7 @@ func (s *Server) wrap(pattern string, rt Route, h HandlerFunc) http.Handler {
 	if maxBody == 0 {
 		maxBody = DefaultMaxBody
 	}
+	rm := s.metrics.forRoute(pattern)
 	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		start := s.now()
 		id := newRequestID()
@@ -233,7 +234,7 @@ func (s *Server) wrap(pattern string, rt Route, h HandlerFunc) http.Handler {
 				// truncated body rather than a complete-looking one.
 				s.metrics.aborted.WithLabelValues(pattern).Inc()
 				log(slog.LevelInfo, "aborted:"+pattern, "response cut after it started", "route", pattern, "err", err)
-				s.metrics.observe(pattern, r.Method, w.status, time.Since(start), w.bytes)
+				rm.observe(w.status, time.Since(start), w.bytes)
 				if r.ProtoMajor == 1 && abortConn(w) {
 					return
 				}
@@ -241,17 +242,20 @@ func (s *Server) wrap(pattern string, rt Route, h HandlerFunc) http.Handler {
 			}
 			writeProblem(w, err, id)
 		}
-		s.metrics.observe(pattern, r.Method, w.status, time.Since(start), w.bytes)
-		args := []any{"method", r.Method, "route", pattern, "status", w.status, "bytes", w.bytes, "duration_ms", time.Since(start).Milliseconds()}
+		elapsed := time.Since(start)
+		rm.observe(w.status, elapsed, w.bytes)
+		args := func() []any { // only for a line that is written
+			return []any{"method", r.Method, "route", pattern, "status", w.status, "bytes", w.bytes, "duration_ms", elapsed.Milliseconds()}
+		}
 		switch {
 		case err == nil:
 			if s.log.Enabled(r.Context(), slog.LevelDebug) {
-				rl.get().Debug("request", args...) // routine traffic
+				rl.get().Debug("request", args()...) // routine traffic
 			}
 		case w.status >= 500:
-			log(slog.LevelError, pattern+" "+ident+" "+errText(err), "request", append(args, "err", errText(err))...)
+			log(slog.LevelError, pattern+" "+ident+" "+errText(err), "request", append(args(), "err", errText(err))...)
 		default: // refused: worth seeing, but a flood of one refusal from one identity is a few lines
-			log(slog.LevelInfo, pattern+" "+ident+" "+errText(err), "request", append(args, "err", errText(err))...)
+			log(slog.LevelInfo, pattern+" "+ident+" "+errText(err), "request", append(args(), "err", errText(err))...)
 		}
 	})
 }
