@@ -413,7 +413,7 @@ func (h *Holder) getBlock(w http.ResponseWriter, r *http.Request) error {
 	}
 	n, err := body.WriteTo(out)
 	h.m.gets.Inc()
-	h.m.bytesServed.WithLabelValues(string(res.where()), r.Proto).Add(float64(n))
+	h.m.served(res.where(), r.Proto).Add(float64(n))
 	return err
 }
 

@@ -1,6 +1,12 @@
 package holder
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvsp/kvsp"
+)
 
 // metrics of a holder (R-OPS-5: lease rejections and digest failures among
 // them), registered on the Registerer of its Config.
@@ -10,6 +16,7 @@ type metrics struct {
 	evictions, demotions, corrupt      prometheus.Counter
 	leaseRejected                      prometheus.Counter
 	bytesServed                        *prometheus.CounterVec
+	servedBy                           sync.Map // servedKey -> prometheus.Counter
 	inFlight                           prometheus.Gauge
 	device                             *prometheus.GaugeVec
 	// publish: index updates that failed, by why (unreachable: no
@@ -51,4 +58,21 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		reg.MustRegister(m.gets, m.getMisses, m.puts, m.putRejected, m.slowBodies, m.evictions, m.demotions, m.corrupt, m.leaseRejected, m.bytesServed, m.inFlight, m.device, m.publishFailures, m.publishPending)
 	}
 	return m
+}
+
+type servedKey struct {
+	tier  kvsp.Tier
+	proto string
+}
+
+// served is bytesServed's counter of a tier and protocol, looked up by
+// label values once per pair rather than on every GET.
+func (m *metrics) served(t kvsp.Tier, proto string) prometheus.Counter {
+	k := servedKey{t, proto}
+	if c, ok := m.servedBy.Load(k); ok {
+		return c.(prometheus.Counter)
+	}
+	c := m.bytesServed.WithLabelValues(string(t), proto)
+	m.servedBy.Store(k, c)
+	return c
 }

@@ -189,7 +189,7 @@ func (h *Holder) createRDMARead(w http.ResponseWriter, r *http.Request) error {
 		n += s.Length
 	}
 	h.m.gets.Inc()
-	h.m.bytesServed.WithLabelValues(string(res.where()), "rdma").Add(float64(n))
+	h.m.served(res.where(), "rdma").Add(float64(n))
 	x.ID, x.Endpoint, x.TTLMs = id, local, uint64(ttl/time.Millisecond)
 	return server.WriteJSON(w, http.StatusCreated, x)
 }
