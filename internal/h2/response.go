@@ -40,6 +40,9 @@ type responseWriter struct {
 // heldMax bounds the octets a response holds back.
 const heldMax = 4 << 10
 
+// heldPool recycles the held buffers: all of one capacity, never grown,
+// so a sync.Pool of them does what bytebufferpool's size calibration
+// would have nothing to calibrate.
 var heldPool = sync.Pool{New: func() any { b := make([]byte, 0, heldMax); return &b }}
 
 // release returns the held buffer (the handler has returned).
