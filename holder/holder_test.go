@@ -585,6 +585,37 @@ func TestLocalStorageTier(t *testing.T) {
 	}
 }
 
+// TestBytesServedByProtocol: kvsp_holder_bytes_served_total counts a
+// GET's octets under the tier it was read from and the protocol it went
+// by, each pair its own series.
+func TestBytesServedByProtocol(t *testing.T) {
+	f := start(t, 1<<20)
+	data, blk := makeBlock(5, 0, 4)
+	if err := f.hold[kvsptest.ClientA].PutBlock(context.Background(), ref(5), bytes.NewReader(data), int64(len(data)), blk.ContainerDigest()); err != nil {
+		t.Fatal(err)
+	}
+	for _, proto := range []string{"h2", "http/1.1"} {
+		tc := f.pki.ClientTLS(f.pki.Leaf(kvsptest.ClientA))
+		tc.NextProtos = []string{proto}
+		c := kvsptest.HTTPClient(t, &http.Transport{TLSClientConfig: tc, ForceAttemptHTTP2: proto == "h2"})
+		resp, err := c.Get(f.srv.URL(path(ref(5))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	want := float64(len(data))
+	kvsptest.WaitFor(t, "both GETs counted", func() bool {
+		return servedFrom(f.reg, "host", "HTTP/2.0") >= want && servedFrom(f.reg, "host", "HTTP/1.1") >= want
+	})
+	for _, proto := range []string{"HTTP/2.0", "HTTP/1.1"} {
+		if n := servedFrom(f.reg, "host", proto); n != want {
+			t.Errorf("octets served from host over %s: %v, want %v", proto, n, want)
+		}
+	}
+}
+
 // TestPutChunked: a PUT without Content-Length (chunked) is read to its
 // end within the geometry's bound and verified the same way.
 func TestPutChunked(t *testing.T) {

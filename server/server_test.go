@@ -983,17 +983,20 @@ const (
 )
 
 // TestMetrics: requests are counted by route and status on the configured
-// registry.
+// registry, with their response octets and durations by route.
 func TestMetrics(t *testing.T) {
 	p := kvsptest.NewPKI(t)
 	reg := prometheus.NewRegistry()
 	s := kvsptest.StartServer(t, p, kvsptest.Options{Registerer: reg}, echoRoutes)
 	c := kvsptest.HTTPClient(t, &http.Transport{TLSClientConfig: p.ClientTLS(p.Leaf(kvsptest.ClientA))})
+	var octets int
 	for i := 0; i < 3; i++ {
 		resp, err := c.Get(s.URL("/t/any"))
 		if err != nil {
 			t.Fatal(err)
 		}
+		b, _ := io.ReadAll(resp.Body)
+		octets += len(b)
 		resp.Body.Close()
 	}
 	// A request is counted when its handler returns, which may be after
@@ -1004,6 +1007,30 @@ func TestMetrics(t *testing.T) {
 	kvsptest.WaitFor(t, "3 requests counted", func() bool { return counted() >= 3 })
 	if n := counted(); n != 3 {
 		t.Fatalf("kvsp_http_requests_total{route=GET /t/any,code=200} = %v, want 3", n)
+	}
+	route := map[string]string{"route": "GET /t/any"}
+	if n := kvsptest.MetricSum(t, reg, "kvsp_http_response_bytes_total", route); n != float64(octets) {
+		t.Fatalf("kvsp_http_response_bytes_total{route=GET /t/any} = %v, want the %d octets read", n, octets)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var observed uint64
+	for _, mf := range mfs {
+		if mf.GetName() != "kvsp_http_request_duration_seconds" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "route" && l.GetValue() == "GET /t/any" {
+					observed += m.GetHistogram().GetSampleCount()
+				}
+			}
+		}
+	}
+	if observed != 3 {
+		t.Fatalf("kvsp_http_request_duration_seconds{route=GET /t/any}: %d observations, want 3", observed)
 	}
 }
 

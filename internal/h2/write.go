@@ -237,7 +237,7 @@ func (c *conn) writeData(id uint32, a, b []byte, end bool) error {
 		h[4] = byte(http2.FlagDataEndStream)
 	}
 	binary.BigEndian.PutUint32(h[5:], id)
-	c.bw.Write(h[:])
+	c.bw.Write(h[:]) // bufio's error is sticky: the next Write returns it
 	if _, err := c.bw.Write(a); err != nil {
 		return err
 	}
