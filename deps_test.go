@@ -61,7 +61,7 @@ var mayImport = map[string][]string{
 	"container": {},
 	// Transports.
 	"client":   {"", "container"},
-	"server":   {"", "internal/h2", "internal/mtls", "internal/udpbuf"},
+	"server":   {"", "internal/h2", "internal/mtls", "internal/sockio", "internal/udpbuf"},
 	"quicbulk": {"", "internal/udpbuf"},
 	// Accelerator and fabric bindings: they import no project package,
 	// and only tier and cmd/kvsp import them.
@@ -97,6 +97,7 @@ var mayImport = map[string][]string{
 	"internal/nightly":    {"internal/figures"},
 	"internal/pki":        {},
 	"internal/simnet":     {},
+	"internal/sockio":     {},
 	"internal/udpbuf":     {},
 }
 

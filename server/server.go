@@ -22,6 +22,7 @@ import (
 	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/internal/h2"
 	"github.com/kvsp/kvsp/internal/mtls"
+	"github.com/kvsp/kvsp/internal/sockio"
 	"github.com/kvsp/kvsp/internal/udpbuf"
 )
 
@@ -60,6 +61,11 @@ type Config struct {
 	// project's (internal/h2, which writes block bodies without copying
 	// them): for comparison in benchmarks, and as a way back.
 	NetHTTP2 bool
+	// PlainSockets reads and writes TCP connections with net.TCPConn's own
+	// Read and Write rather than internal/sockio's raw system calls (which
+	// keep the Go runtime's monitor thread asleep while blocks stream):
+	// for comparison in benchmarks, and as a way back.
+	PlainSockets bool
 	// Now is the clock requests are authenticated against (a client
 	// certificate's validity, checked on every request); default
 	// time.Now.
@@ -281,6 +287,9 @@ func (s *Server) Serve(ln net.Listener) error {
 		s.quicLn, s.quicTr = qln, tr
 		s.mu.Unlock()
 		go func() { errc <- s.serveQUIC(qln) }()
+	}
+	if !s.cfg.PlainSockets {
+		ln = sockio.Listener{Listener: ln}
 	}
 	go func() { errc <- s.hs.Serve(tls.NewListener(ln, s.hs.TLSConfig)) }()
 	err := <-errc

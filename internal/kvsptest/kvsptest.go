@@ -129,6 +129,9 @@ type Options struct {
 	Logger *slog.Logger
 	// NetHTTP2 serves HTTP/2 with net/http's server (benchmarks compare).
 	NetHTTP2 bool
+	// PlainSockets serves with net.TCPConn's own reads and writes rather
+	// than internal/sockio's (benchmarks compare).
+	PlainSockets bool
 }
 
 // StartServer starts a server with a fresh server certificate (URI SAN
@@ -151,7 +154,7 @@ func StartServer(t testing.TB, p *PKI, o Options, mount func(*server.Server)) *S
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := server.New(server.Config{Credentials: creds, Policy: pol, HTTP3: o.HTTP3, QUIC: o.QUIC, QUICConfig: o.QUICConfig, ReadHeaderTimeout: o.ReadHeaderTimeout, Registerer: o.Registerer, Logger: o.Logger, NetHTTP2: o.NetHTTP2})
+	srv, err := server.New(server.Config{Credentials: creds, Policy: pol, HTTP3: o.HTTP3, QUIC: o.QUIC, QUICConfig: o.QUICConfig, ReadHeaderTimeout: o.ReadHeaderTimeout, Registerer: o.Registerer, Logger: o.Logger, NetHTTP2: o.NetHTTP2, PlainSockets: o.PlainSockets})
 	if err != nil {
 		t.Fatal(err)
 	}
