@@ -59,12 +59,12 @@ func newBenchFixture(b testing.TB, n int) *benchFixture { return newBenchFixture
 // newBenchFixtureCap is a holder of the given host capacity holding n
 // blocks.
 func newBenchFixtureCap(b testing.TB, n int, capacity int64) *benchFixture {
-	return newBenchFixtureOpts(b, n, capacity, false)
+	return newBenchFixtureOpts(b, n, capacity, kvsptest.Options{})
 }
 
-// newBenchFixtureOpts is newBenchFixtureCap, its HTTP/2 net/http's when
-// netHTTP2 is set.
-func newBenchFixtureOpts(b testing.TB, n int, capacity int64, netHTTP2 bool) *benchFixture {
+// newBenchFixtureOpts is newBenchFixtureCap with o's NetHTTP2 and
+// PlainSockets (the server's HTTP/2 and socket I/O).
+func newBenchFixtureOpts(b testing.TB, n int, capacity int64, o kvsptest.Options) *benchFixture {
 	f := &benchFixture{pki: kvsptest.NewPKI(b)}
 	var err error
 	f.h, err = holder.New(holder.Config{Base: "https://127.0.0.1/h1/", Geometries: map[kvsp.CompatID]container.Geometry{{7}: benchGeom},
@@ -76,7 +76,7 @@ func newBenchFixtureOpts(b testing.TB, n int, capacity int64, netHTTP2 bool) *be
 	// HTTP/3 and the bulk path on the UDP port, with quic-go's default
 	// (stock) server configuration.
 	bulk := &quicbulk.Server{}
-	f.srv = kvsptest.StartServer(b, f.pki, kvsptest.Options{HTTP3: true, QUIC: map[string]server.QUICHandler{quicbulk.ALPN: bulk}, NetHTTP2: netHTTP2}, func(s *server.Server) {
+	f.srv = kvsptest.StartServer(b, f.pki, kvsptest.Options{HTTP3: true, QUIC: map[string]server.QUICHandler{quicbulk.ALPN: bulk}, NetHTTP2: o.NetHTTP2, PlainSockets: o.PlainSockets}, func(s *server.Server) {
 		bulk.Handler = s.Handler()
 		f.h.Mount(s.Mount("/h1/"))
 	})

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -23,6 +24,7 @@ import (
 	"github.com/kvsp/kvsp/container"
 	"github.com/kvsp/kvsp/internal/h2"
 	"github.com/kvsp/kvsp/internal/kvsptest"
+	"github.com/kvsp/kvsp/internal/sockio"
 )
 
 // TestHolderServerProcess is not a test: BenchmarkVersusNginx runs the
@@ -35,7 +37,7 @@ func TestHolderServerProcess(t *testing.T) {
 	if os.Getenv("KVSP_ONE_P") == "1" {
 		runtime.GOMAXPROCS(1)
 	}
-	bf := newBenchFixtureOpts(t, 1, 1<<30, os.Getenv("KVSP_HOLDER_NETHTTP2") == "1")
+	bf := newBenchFixtureOpts(t, 1, 1<<30, kvsptest.Options{NetHTTP2: os.Getenv("KVSP_HOLDER_NETHTTP2") == "1", PlainSockets: os.Getenv("KVSP_PLAIN_SOCKETS") == "1"})
 	bf.pki.WriteLeaf("client.pem", "client.key", bf.pki.Leaf(kvsptest.ClientA))
 	ref := bf.refs[0]
 	kvsptest.ServeFromProcess(t, bf.srv.URL("/h1/blocks/"+ref.Compat.String()+"/"+ref.Scope.String()+"/"+ref.Key.String()), bf.pki, "KVSP_HOLDER_CPUPROFILE")
@@ -59,7 +61,9 @@ func TestHolderServerProcess(t *testing.T) {
 //     net/http's for HTTP/1.1 and internal/h2 (with its defaults) for
 //     HTTP/2, with a two-line handler writing the block from memory.
 //
-// KVSP_ONE_P=1 runs it with one P, KVSP_FLOOR_BODY=n serves the block's
+// Its sockets are read and written as the holder's are, through
+// internal/sockio; KVSP_PLAIN_SOCKETS=1 uses net.TCPConn's own Read and
+// Write. KVSP_ONE_P=1 runs it with one P, KVSP_FLOOR_BODY=n serves the block's
 // first n octets, KVSP_FLOOR_CPUPROFILE writes a CPU profile.
 func TestTLSFloorProcess(t *testing.T) {
 	dir := os.Getenv("KVSP_TLS_FLOOR")
@@ -79,11 +83,15 @@ func TestTLSFloorProcess(t *testing.T) {
 	}
 	cas := x509.NewCertPool()
 	cas.AppendCertsFromPEM(caPEM)
-	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{cert},
-		ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: cas, NextProtos: []string{"h2", "http/1.1"}})
+	tcp, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
+	if os.Getenv("KVSP_PLAIN_SOCKETS") != "1" {
+		tcp = sockio.Listener{Listener: tcp} // as the holder's server.Serve
+	}
+	ln := tls.NewListener(tcp, &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{cert},
+		ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: cas, NextProtos: []string{"h2", "http/1.1"}})
 	defer ln.Close()
 	data, _ := benchBlockBytes()
 	if n, err := strconv.Atoi(os.Getenv("KVSP_FLOOR_BODY")); err == nil && n < len(data) {
@@ -174,16 +182,21 @@ func BenchmarkVersusNginx(b *testing.B) {
 	// the Go scheduler's wake-ups across Ps cost when one connection
 	// idles between the client's WINDOW_UPDATEs.
 	op := kvsptest.StartProcess(b, "TestHolderServerProcess", "KVSP_HOLDER_SERVER=1", "KVSP_ONE_P=1", "KVSP_HOLDER_CPUPROFILE=")
+	// And the holder and the floor reading and writing their sockets with
+	// net.TCPConn's own Read and Write (system calls through the runtime's
+	// hand-off, which wake its monitor thread), not internal/sockio's.
+	pp := kvsptest.StartProcess(b, "TestHolderServerProcess", "KVSP_HOLDER_SERVER=1", "KVSP_PLAIN_SOCKETS=1", "KVSP_HOLDER_CPUPROFILE=")
 	floor := func(env ...string) *kvsptest.Process {
 		return kvsptest.StartProcess(b, "TestTLSFloorProcess", append([]string{"KVSP_TLS_FLOOR=" + filepath.Dir(pem("ca.pem"))}, env...)...)
 	}
 	fp := floor()
+	fpp := floor("KVSP_PLAIN_SOCKETS=1", "KVSP_FLOOR_CPUPROFILE=")
 	fop := floor("KVSP_ONE_P=1", "KVSP_FLOOR_CPUPROFILE=")
 	fhp := floor("KVSP_FLOOR_KIND=handlers", "KVSP_FLOOR_CPUPROFILE=")
 	bp := floor("KVSP_FLOOR_KIND=bare", "KVSP_FLOOR_CPUPROFILE=")
 	ngxURL, ngxPid := startNginx(b, pem, data)
-	procs := map[string]*kvsptest.Process{"holder": hp, "holder-nethttp2": np, "holder-1p": op,
-		"tls-floor": fp, "tls-floor-1p": fop, "tls-floor-handlers": fhp, "bare": bp}
+	procs := map[string]*kvsptest.Process{"holder": hp, "holder-plain": pp, "holder-nethttp2": np, "holder-1p": op,
+		"tls-floor": fp, "tls-floor-plain": fpp, "tls-floor-1p": fop, "tls-floor-handlers": fhp, "bare": bp}
 	pids := map[string]int{"nginx": ngxPid}
 	urls := map[string]string{"nginx": ngxURL + "/block"}
 	for name, p := range procs {
@@ -208,8 +221,8 @@ func BenchmarkVersusNginx(b *testing.B) {
 	}
 	for _, proto := range []string{"http1", "h2"} {
 		for _, clients := range []int{1, 8} {
-			for _, peer := range []string{"nginx", "holder", "holder-nethttp2", "holder-1p", "tls-floor", "tls-floor-1p", "tls-floor-handlers", "bare"} {
-				if proto != "h2" && peer != "nginx" && peer != "holder" && peer != "tls-floor" && peer != "bare" {
+			for _, peer := range []string{"nginx", "holder", "holder-plain", "holder-nethttp2", "holder-1p", "tls-floor", "tls-floor-plain", "tls-floor-1p", "tls-floor-handlers", "bare"} {
+				if proto != "h2" && (peer == "holder-nethttp2" || strings.HasSuffix(peer, "-1p") || peer == "tls-floor-handlers") {
 					continue // HTTP/2's questions: its server, one P, its layers above the floor
 				}
 				b.Run(fmt.Sprintf("%s/clients=%d/%s", proto, clients, peer), func(b *testing.B) {
@@ -219,6 +232,8 @@ func BenchmarkVersusNginx(b *testing.B) {
 						proc = np
 					case "holder-1p":
 						proc = op
+					case "holder-plain":
+						proc = pp
 					}
 					tc := proc.ClientTLS(b, "h2", "http/1.1")
 					if proto == "http1" {
