@@ -222,6 +222,7 @@ func (c *conn) serve() {
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			c.goAwayGracefully() // idle, or a client too slow to finish a frame
 			c.flushShortly()
+			c.finAndDrain()
 			return
 		default: // the client went away, or the connection broke
 			return
@@ -709,7 +710,8 @@ func (c *conn) closeSoon() {
 }
 
 // flushShortly writes what is queued (a GOAWAY), giving a client that
-// does not read a second.
+// does not read a second; it is on the wire when flushShortly returns (the
+// caller may send FIN next).
 func (c *conn) flushShortly() {
 	deadline := time.Now().Add(goAwayLinger)
 	if c.acquire(nil, deadline) != nil {
@@ -719,7 +721,7 @@ func (c *conn) flushShortly() {
 		c.deadline = deadline
 		c.tc.SetWriteDeadline(deadline)
 	}
-	c.release()
+	c.releaseFlushed()
 }
 
 // goAwayError sends GOAWAY with an error code and stops reading: the
@@ -731,12 +733,20 @@ func (c *conn) goAwayError(code http2.ErrCode) {
 	c.mu.Unlock()
 	c.queueControl(control{kind: http2.FrameGoAway, stream: last, val: uint32(code)})
 	c.flushShortly()
+	c.finAndDrain()
+}
+
+// finAndDrain, once the GOAWAY is written, sends FIN after it and reads
+// (and drops) a little of what the client still sends, for a short
+// linger, so that closing with unread octets (a reset) does not destroy
+// the GOAWAY in the client's receive buffer. A client's PING sent just
+// after its own GOAWAY, arriving once the serve goroutine had stopped
+// reading, was such an octet (h2spec 6.8 #1 saw a reset in about one run
+// of fifteen).
+func (c *conn) finAndDrain() {
 	if tcp, ok := c.tc.NetConn().(interface{ CloseWrite() error }); ok {
-		tcp.CloseWrite() // FIN after the GOAWAY
+		tcp.CloseWrite()
 	}
-	// Read (and drop) a little of what the client still sends, so that
-	// closing with unread octets (a reset) does not destroy the GOAWAY in
-	// the client's receive buffer.
 	c.tc.NetConn().SetReadDeadline(time.Now().Add(goAwayLinger))
 	io.CopyN(io.Discard, c.tc.NetConn(), goAwayReadAllowance)
 }

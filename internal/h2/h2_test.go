@@ -662,12 +662,18 @@ func TestShutdownWhilePinged(t *testing.T) {
 		rc := s.raw(t)
 		rc.request(1, "GET", "/wait", true)
 		<-started
-		go io.Copy(io.Discard, rc.c)
+		ended := make(chan struct{}) // the server's FIN: it went away
+		go func() { io.Copy(io.Discard, rc.c); close(ended) }()
 		stop := make(chan struct{})
 		go func() {
 			for i := 0; ; i++ {
 				select {
 				case <-stop:
+					return
+				case <-ended: // as a client does: its own FIN ends the server's linger
+					rc.mu.Lock()
+					rc.c.NetConn().(*net.TCPConn).CloseWrite()
+					rc.mu.Unlock()
 					return
 				default:
 				}
@@ -923,5 +929,48 @@ func TestSmallWritesHeld(t *testing.T) {
 	close(proceed)
 	if d := data(5); len(d.Data()) != 0 || !d.StreamEnded() {
 		t.Fatalf("then: %q (END_STREAM %v)", d.Data(), d.StreamEnded())
+	}
+}
+
+// TestGracefulCloseDrains: a connection that goes away gracefully (here
+// after the client's own GOAWAY) sends FIN after its GOAWAY and reads
+// what the client still sends for a short linger, rather than closing
+// with octets unread: a close with unread octets is a reset, which can
+// destroy the GOAWAY in the client's buffers (RFC 9113 section 6.8; h2spec
+// 6.8 #1 sends a PING after its GOAWAY). A client writing after the
+// server's GOAWAY still finds the connection open; closed at once, its
+// second write would meet the reset its first provoked.
+func TestGracefulCloseDrains(t *testing.T) {
+	s := startServer(t, h2.Config{}, blockHandler(1))
+	rc := s.raw(t)
+	rc.next(5*time.Second, func(f http2.Frame) bool { sf, ok := f.(*http2.SettingsFrame); return ok && !sf.IsAck() })
+	rc.mu.Lock()
+	rc.fr.WriteGoAway(0, http2.ErrCodeNo, nil)
+	rc.mu.Unlock()
+	rc.next(5*time.Second, func(f http2.Frame) bool { _, ok := f.(*http2.GoAwayFrame); return ok })
+	for i := range 2 {
+		if i > 0 {
+			time.Sleep(200 * time.Millisecond) // a reset provoked by the first PING has come back
+		}
+		rc.mu.Lock()
+		err := rc.fr.WritePing(false, [8]byte{byte(i)})
+		rc.mu.Unlock()
+		if err != nil {
+			t.Fatalf("PING %d after the server's GOAWAY: %v (the server closed without draining)", i, err)
+		}
+	}
+	rc.c.CloseWrite()
+	rc.c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	for { // a PING the server read before it stopped reading may be answered
+		f, err := rc.fr.ReadFrame()
+		if err == io.EOF {
+			return
+		}
+		if err != nil {
+			t.Fatalf("after the GOAWAYs: %v, want io.EOF (the server's FIN, not a reset)", err)
+		}
+		if pf, ok := f.(*http2.PingFrame); !ok || !pf.IsAck() {
+			t.Fatalf("after the GOAWAYs: %v, want io.EOF", f.Header())
+		}
 	}
 }

@@ -59,13 +59,21 @@ func (c *conn) acquire(st *stream, deadline time.Time) error {
 // and flush, so that the frames of several streams share TLS records and
 // system calls; if no waiter takes the lock (it gave up), this call takes
 // it back and flushes.
-func (c *conn) release() {
+func (c *conn) release() { c.releaseWith(true) }
+
+// releaseFlushed is release without the hand-off: when it returns, what
+// bw held is written (or the connection has failed), whoever waits. A
+// GOAWAY followed by the connection's FIN needs that: left to a waiter,
+// it could go after the FIN, or never.
+func (c *conn) releaseFlushed() { c.releaseWith(false) }
+
+func (c *conn) releaseWith(mayHandOff bool) {
 	ours := false // nobody took the lock after a hand-off: bw is this call's to flush
 	for {
 		c.writeControl()
 		handOff := false
 		if c.werr == nil && c.bw.Buffered() > 0 {
-			if handOff = !ours && c.waiting.Load() > 0; !handOff {
+			if handOff = mayHandOff && !ours && c.waiting.Load() > 0; !handOff {
 				if err := c.bw.Flush(); err != nil {
 					c.fail(err)
 				}

@@ -3,7 +3,9 @@ package h2
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
+	"net"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -153,4 +155,42 @@ func testConnWindowQueue(t *testing.T) {
 	close(c.done)
 	synctest.Wait()
 	expect(took{3, -1})
+}
+
+// TestFlushShortlyFlushesPastAWaiter: the GOAWAY flushShortly writes is
+// on the wire when it returns, even while another writer waits for the
+// lock (the control writer, woken by the GOAWAY's queueing): goAwayError
+// sends FIN next, and a GOAWAY left in bw for the waiter went after the
+// FIN or not at all (h2spec 6.9.1 #2 then saw the connection closed, not
+// its GOAWAY, in about one run of seven).
+func TestFlushShortlyFlushesPastAWaiter(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var out writeCounter
+		c := lockOnly(&out)
+		a, b := net.Pipe()
+		defer a.Close()
+		defer b.Close()
+		c.tc = tls.Client(a, &tls.Config{}) // for its write deadline; the frames go to out
+		if err := c.acquire(nil, time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+		c.bw.WriteString("goaway")
+		flushed := make(chan string)
+		go func() { // the lock's first waiter: goAwayError's flush
+			c.flushShortly()
+			flushed <- string(out.data)
+		}()
+		synctest.Wait()
+		waiter := make(chan error)
+		go func() { waiter <- c.acquire(nil, time.Time{}) }() // the second: the control writer
+		synctest.Wait()
+		c.release() // hands bw to flushShortly
+		if got := <-flushed; got != "goaway" {
+			t.Fatalf("flushShortly returned with %q written, want \"goaway\" (%d octets left in bw)", got, c.bw.Buffered())
+		}
+		if err := <-waiter; err != nil {
+			t.Fatal(err)
+		}
+		c.release()
+	})
 }
