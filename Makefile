@@ -84,6 +84,7 @@ vet: ## go vet
 test-race: ## go test -race over every package (shuffled); Redis tests are required, not skipped
 	$(REQUIRE) $(GO) test -race -shuffle=on -tags nogpu ./...
 	$(GO) test -tags nogpu,purego -run 'Hex' . # the portable paths of code that has assembly
+	$(GO) test -tags nogpu -run 'Monitor' ./internal/sockio/ # raw system calls (the race build makes them plain ones: raw_race.go)
 	$(REQUIRE) $(GO) test -tags nogpu,purego -run 'Transpose|Exact|StateConversion' ./engine/llamacpp/
 	$(GO) test -race ./gpu/ # the CUDA build of gpu: without a driver it must say so
 

@@ -60,7 +60,7 @@ var mayImport = map[string][]string{
 	"":          {},
 	"container": {},
 	// Transports.
-	"client":   {"", "container"},
+	"client":   {"", "container", "internal/sockio"},
 	"server":   {"", "internal/h2", "internal/mtls", "internal/sockio", "internal/udpbuf"},
 	"quicbulk": {"", "internal/udpbuf"},
 	// Accelerator and fabric bindings: they import no project package,

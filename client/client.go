@@ -17,6 +17,7 @@ import (
 	"io"
 	"log/slog"
 	"mime"
+	"net"
 	"net/http"
 	"slices"
 	"strings"
@@ -28,6 +29,7 @@ import (
 	"github.com/quic-go/quic-go/http3"
 
 	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/internal/sockio"
 )
 
 // Config configures a Client.
@@ -114,7 +116,18 @@ func New(cfg Config) (*Client, error) {
 			}
 		}
 	default:
+		var d net.Dialer
 		tr := &http.Transport{
+			// Reads and writes as raw system calls (internal/sockio): a
+			// client streaming blocks in does not wake the runtime's
+			// monitor thread each time it waits for the server.
+			DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+				c, err := d.DialContext(ctx, network, addr)
+				if err != nil {
+					return nil, err
+				}
+				return sockio.Wrap(c), nil
+			},
 			TLSClientConfig:     cfg.TLS.Clone(),
 			ForceAttemptHTTP2:   len(cfg.TLS.NextProtos) == 0 || slices.Contains(cfg.TLS.NextProtos, "h2"),
 			MaxIdleConnsPerHost: 64,

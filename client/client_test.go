@@ -3,10 +3,13 @@ package client_test
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
+	"net/http/httptrace"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -17,6 +20,7 @@ import (
 	"github.com/kvsp/kvsp/client"
 	"github.com/kvsp/kvsp/container"
 	"github.com/kvsp/kvsp/internal/kvsptest"
+	"github.com/kvsp/kvsp/internal/sockio"
 	"github.com/kvsp/kvsp/server"
 )
 
@@ -218,6 +222,26 @@ func TestRetries(t *testing.T) {
 	}
 	if _, _, err := client.DoForTest(c, ctx, "GET", p.URL("/pc/teapot")); !errors.Is(err, kvsp.ErrInvalid) {
 		t.Fatalf("418 is handled as 400: %v", err)
+	}
+}
+
+// TestConnsReadAndWriteRaw: the client's TCP connections are
+// internal/sockio's, whose reads and writes leave the runtime's monitor
+// thread asleep (TestRawCallsLeaveTheMonitorAsleep measures that), so an
+// instance streaming blocks in pays for it no more than the holder does.
+func TestConnsReadAndWriteRaw(t *testing.T) {
+	p, c := newPeer(t, false)
+	var conn net.Conn
+	ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { conn = i.Conn }})
+	if _, _, err := client.DoForTest(c, ctx, "GET", p.URL("/pc/teapot")); !errors.Is(err, kvsp.ErrInvalid) {
+		t.Fatal(err)
+	}
+	tc, ok := conn.(*tls.Conn)
+	if !ok {
+		t.Fatalf("the request went on a %T, want a *tls.Conn", conn)
+	}
+	if _, ok := tc.NetConn().(*sockio.Conn); !ok {
+		t.Fatalf("the TLS connection is over a %T, want a *sockio.Conn", tc.NetConn())
 	}
 }
 

@@ -19,11 +19,31 @@
 // the goroutine's P while it is in the kernel), so Conn makes them as raw
 // system calls through syscall.RawConn, and the monitor sleeps on. The
 // poller, deadlines and Close are net.TCPConn's own.
+//
+// What the monitor does is unchanged otherwise: it wakes for the next
+// timer (a deadline, a lease's expiry), for garbage collection and for any
+// other system call, and while any P is busy it polls as before. Only the
+// socket reads and writes no longer reset it to 20 µs polling. A raw call
+// keeps its goroutine's P for the call's length (microseconds: a write
+// copies at most the socket's free buffer and returns), where entersyscall
+// would let the monitor hand the P to another thread after 20 µs.
 package sockio
 
 import (
 	"net"
 )
+
+// Wrap returns c as a *Conn where it is a *net.TCPConn on a system Conn
+// serves, else c itself: for a dialer's connections (an http.Transport's
+// DialContext).
+func Wrap(c net.Conn) net.Conn {
+	if tc, ok := c.(*net.TCPConn); ok {
+		if rc, err := New(tc); err == nil {
+			return rc
+		}
+	}
+	return c
+}
 
 // Listener wraps the TCP connections a listener accepts in Conn.
 type Listener struct{ net.Listener }
@@ -35,10 +55,5 @@ func (l Listener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	if tc, ok := c.(*net.TCPConn); ok {
-		if rc, err := New(tc); err == nil {
-			return rc, nil
-		}
-	}
-	return c, nil
+	return Wrap(c), nil
 }

@@ -6,7 +6,6 @@ import (
 	"os"
 	"sync"
 	"syscall"
-	"unsafe"
 )
 
 // Conn is a *net.TCPConn whose Read and Write are raw system calls (see
@@ -66,10 +65,10 @@ func (c *Conn) Read(p []byte) (int, error) {
 
 func (c *Conn) read(fd uintptr) bool {
 	for {
-		n, _, errno := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&c.rbuf[0])), uintptr(len(c.rbuf)))
+		n, errno := sysRead(fd, c.rbuf)
 		switch errno {
 		case 0:
-			c.rn = int(n)
+			c.rn = n
 			return true
 		case syscall.EINTR:
 			continue
@@ -105,11 +104,10 @@ func (c *Conn) Write(p []byte) (int, error) {
 
 func (c *Conn) write(fd uintptr) bool {
 	for c.wn < len(c.wbuf) {
-		rest := c.wbuf[c.wn:]
-		n, _, errno := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&rest[0])), uintptr(len(rest)))
+		n, errno := sysWrite(fd, c.wbuf[c.wn:])
 		switch errno {
 		case 0:
-			c.wn += int(n)
+			c.wn += n
 		case syscall.EINTR:
 		case syscall.EAGAIN:
 			return false // wait in the poller for room

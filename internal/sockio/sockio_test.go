@@ -62,6 +62,20 @@ func pair(t *testing.T, raw bool) (server, client net.Conn) {
 	return server, client
 }
 
+// Wrap wraps a TCP connection and returns any other as it is.
+func TestWrap(t *testing.T) {
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	if got := sockio.Wrap(a); got != a {
+		t.Fatalf("Wrap(a pipe) = %T, want the pipe itself", got)
+	}
+	_, c := pair(t, false)
+	if _, ok := sockio.Wrap(c).(*sockio.Conn); !ok {
+		t.Fatalf("Wrap(%T) is not a *sockio.Conn", c)
+	}
+}
+
 // A stream larger than the socket buffers, written in one Write while the
 // reader takes small pieces, arrives whole and in order: Write waits in
 // the poller when the send buffer is full and goes on where it stopped.
@@ -170,6 +184,9 @@ func TestDeadlinesCloseAndEOF(t *testing.T) {
 // with plain connections (the control, which also checks that the runtime
 // still behaves as the package comment says) and with Conns.
 func TestRawCallsLeaveTheMonitorAsleep(t *testing.T) {
+	if sockio.RaceBuild {
+		t.Skip("built with -race, Conn's calls go through entersyscall for the detector's sake (raw_race.go); make test runs this test without -race")
+	}
 	mon := monitorThread(t)
 	trips := func(raw bool) int {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
