@@ -2,9 +2,9 @@
 # perf-h2.sh PEER [BLOCKS]: where a server of BenchmarkVersusNginx's HTTP/2
 # row at 8 clients spends its CPU, from `perf record -a` (1999 Hz) over
 # BLOCKS blocks (default 3000): the server process's samples per block,
-# by category. PEER is tls-floor, tls-floor-handlers, bare, holder,
-# holder-1p or tls-floor-1p (the Go servers; nginx's OpenSSL symbols are
-# not resolved here). HOLDER_TEST names a holder test binary to use
+# by category. PEER is tls-floor, tls-floor-plain, tls-floor-handlers,
+# bare, holder, holder-plain, holder-1p or tls-floor-1p (the Go servers;
+# nginx's OpenSSL symbols are not resolved here). HOLDER_TEST names a holder test binary to use
 # rather than one built from this tree. Needs perf, nginx, and root.
 set -eu
 peer=$1
