@@ -139,7 +139,7 @@ bench-llamacpp: deps ## the llama.cpp engine (issue 20): TTFT with the prefix at
 	$(GO) test ./engine/llamacpp/ -run '^$$' -bench 'TTFT' -benchtime 1x -count $(COUNT) -timeout 60m
 	$(GO) test ./engine/llamacpp/ -run '^$$' -bench 'LoadPath|Convert|Decode' -benchtime 10x -count $(COUNT) -timeout 30m
 
-bench-holder: ## the holder against nginx (installed from Debian when missing), against bare crypto/tls (the TLS floor: HTTP/1.1, and HTTP/2 with the least framing), and on HTTP/2 against itself on net/http's HTTP/2 and with one P, and the layers between the floor and the holder; per request with 1 KiB bodies: same certificate, same verifying client, HOLDER_COUNT (default 5) alternating runs; ratios with median and max (bin/bench-holder.txt)
+bench-holder: ## the holder against nginx (installed from Debian when missing), against bare crypto/tls (the TLS floor: HTTP/1.1, and HTTP/2 with the least framing), the holder and the floor with plain sockets (net.TCPConn's Read and Write, not internal/sockio's), and on HTTP/2 the holder on net/http's HTTP/2 and with one P, and the layers between the floor and the holder; per request with 1 KiB bodies: same certificate, same verifying client, HOLDER_COUNT (default 5) alternating runs; ratios with median and max (bin/bench-holder.txt)
 	@command -v nginx >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx-light >/dev/null; }
 	@mkdir -p $(BIN)
 	KVSP_BENCH_NGINX=1 $(GO) test -run '^$$' -bench 'VersusNginx|PerRequest' -benchtime 2s -count $(HOLDER_COUNT) ./holder/ | tee $(BIN)/bench-holder.txt
