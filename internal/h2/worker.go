@@ -1,6 +1,9 @@
 package h2
 
-import "net/http"
+import (
+	"net/http"
+	"time"
+)
 
 // Handlers run on worker goroutines that outlive them, one connection's
 // at a time. A new goroutine starts with a small stack and grows it, a
@@ -12,8 +15,13 @@ import "net/http"
 // one goroutine.
 
 // maxIdleWorkers is how many workers a connection keeps waiting for a
-// handler; a worker past it ends with its handler.
-const maxIdleWorkers = 16
+// handler; a worker past it ends with its handler. A worker idle for
+// workerIdle ends too: a burst's workers do not outlive it by more, while
+// a connection under steady load keeps its own.
+const (
+	maxIdleWorkers = 16
+	workerIdle     = time.Second
+)
 
 type handlerJob struct {
 	st  *stream
@@ -29,9 +37,15 @@ func (c *conn) goHandler(st *stream, req *http.Request) {
 	}
 }
 
-// worker runs handlers until the connection ends, or until it finds
-// maxIdleWorkers others waiting.
+// worker runs handlers until the connection ends, until it finds
+// maxIdleWorkers others waiting, or until it has waited workerIdle.
 func (c *conn) worker(j handlerJob) {
+	var idle *time.Timer
+	defer func() {
+		if idle != nil {
+			idle.Stop()
+		}
+	}()
 	for {
 		c.runHandler(j.st, j.req)
 		j = handlerJob{}
@@ -39,10 +53,18 @@ func (c *conn) worker(j handlerJob) {
 			c.idleWorkers.Add(-1)
 			return
 		}
+		if idle == nil {
+			idle = time.NewTimer(workerIdle)
+		} else {
+			idle.Reset(workerIdle)
+		}
 		select {
 		case j = <-c.work:
 			c.idleWorkers.Add(-1)
 		case <-c.done:
+			c.idleWorkers.Add(-1)
+			return
+		case <-idle.C:
 			c.idleWorkers.Add(-1)
 			return
 		}
