@@ -25,15 +25,8 @@ import (
 // a sockio.Conn when raw is true (the accepting end through Listener).
 func pair(t *testing.T, raw bool) (server, client net.Conn) {
 	t.Helper()
-	var ln net.Listener
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := listen(t, raw)
 	defer ln.Close()
-	if raw {
-		ln = sockio.Listener{Listener: ln}
-	}
 	accepted := make(chan net.Conn, 1)
 	go func() {
 		c, err := ln.Accept()
@@ -42,7 +35,7 @@ func pair(t *testing.T, raw bool) (server, client net.Conn) {
 		}
 		accepted <- c
 	}()
-	client, err = net.Dial("tcp", ln.Addr().String())
+	client, err := net.Dial("tcp", ln.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,6 +67,19 @@ func TestWrap(t *testing.T) {
 	if _, ok := sockio.Wrap(c).(*sockio.Conn); !ok {
 		t.Fatalf("Wrap(%T) is not a *sockio.Conn", c)
 	}
+}
+
+// listen listens on a loopback port, through Listener when raw is true.
+func listen(t *testing.T, raw bool) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if raw {
+		return sockio.Listener{Listener: ln}
+	}
+	return ln
 }
 
 // A stream larger than the socket buffers, written in one Write while the
@@ -189,14 +195,8 @@ func TestRawCallsLeaveTheMonitorAsleep(t *testing.T) {
 	}
 	mon := monitorThread(t)
 	trips := func(raw bool) int {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
+		ln := listen(t, raw)
 		defer ln.Close()
-		if raw {
-			ln = sockio.Listener{Listener: ln}
-		}
 		echo := exec.Command(os.Args[0], "-test.run=^TestEchoProcess$")
 		echo.Env = append(os.Environ(), "SOCKIO_ECHO="+ln.Addr().String())
 		echo.Stderr = os.Stderr
