@@ -30,6 +30,7 @@ import (
 	"github.com/kvsp/kvsp/internal/kvsptest"
 	"github.com/kvsp/kvsp/internal/mtls"
 	"github.com/kvsp/kvsp/internal/pki"
+	"github.com/kvsp/kvsp/internal/sockio"
 	"github.com/kvsp/kvsp/server"
 )
 
@@ -984,6 +985,38 @@ const (
 
 // TestMetrics: requests are counted by route and status on the configured
 // registry, with their response octets and durations by route.
+// TestSocketsReadAndWriteRaw: Serve reads and writes its TCP connections
+// through internal/sockio (raw system calls that leave the runtime's
+// monitor thread asleep: TestRawCallsLeaveTheMonitorAsleep), over HTTP/2
+// and HTTP/1.1, and with Config.PlainSockets through net.TCPConn's own.
+func TestSocketsReadAndWriteRaw(t *testing.T) {
+	for _, plain := range []bool{false, true} {
+		p := kvsptest.NewPKI(t)
+		conns := make(chan net.Conn, 2)
+		s := kvsptest.StartServer(t, p, kvsptest.Options{PlainSockets: plain}, func(s *server.Server) {
+			s.Mount("/t/").Handle("GET", "conn", server.Route{}, func(w http.ResponseWriter, r *http.Request) error {
+				conns <- server.NetConnForTest(r)
+				return nil
+			})
+		})
+		for _, protos := range [][]string{{"h2"}, {"http/1.1"}} {
+			tc := p.ClientTLS(p.Leaf(kvsptest.ClientA))
+			tc.NextProtos = protos
+			c := kvsptest.HTTPClient(t, &http.Transport{TLSClientConfig: tc, ForceAttemptHTTP2: protos[0] == "h2"})
+			resp, err := c.Get(s.URL("/t/conn"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			got := <-conns
+			_, raw := got.(*sockio.Conn)
+			if _, tcp := got.(*net.TCPConn); raw == plain || (plain && !tcp) {
+				t.Errorf("PlainSockets %v, %s: the request came on a %T", plain, protos[0], got)
+			}
+		}
+	}
+}
+
 func TestMetrics(t *testing.T) {
 	p := kvsptest.NewPKI(t)
 	reg := prometheus.NewRegistry()
