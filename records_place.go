@@ -48,8 +48,10 @@ func (q *PlaceRequest) validate(where string) error {
 		return invalidf("%s: tokens: required, at least one", where)
 	case len(q.Tokens) > MaxPlaceTokens:
 		return fmt.Errorf("%w: %s: tokens: more than %d", ErrTooLarge, where, MaxPlaceTokens) // 413
-	case q.MaxTokens == 0 || q.MaxTokens > MaxJSONInt:
-		return invalidf("%s: max_tokens: required, 1..2^53-1", where)
+	case q.MaxTokens == 0 || q.MaxTokens > MaxGenerateTokens:
+		// B14: no instance generates more (generate refuses it, 413, and
+		// checks that first): refused here before anything is placed.
+		return invalidf("%s: max_tokens: required, 1..%d", where, MaxGenerateTokens)
 	case q.Session != nil && q.Session.IsZero():
 		return invalidf("%s: session: the nil UUID", where)
 	}

@@ -39,6 +39,14 @@ type InstanceStatus struct {
 	// Holder, a kvsp extension member, is the holder that stores the
 	// instance's blocks: where peers fetch its shards from (A-26).
 	Holder string `json:"holder,omitzero"`
+	// VocabSize, ContextTokens and MaxOutputTokens, kvsp extension
+	// members, bound the requests the instance runs (0: not said): token
+	// ids below VocabSize, prompt and output within ContextTokens,
+	// max_tokens at most MaxOutputTokens. The PC refuses a place beyond
+	// them before it chooses an instance (RELIABILITY B14).
+	VocabSize       uint64 `json:"vocab_size,omitzero"`
+	ContextTokens   uint64 `json:"context_tokens,omitzero"`
+	MaxOutputTokens uint64 `json:"max_output_tokens,omitzero"`
 }
 
 // UnmarshalJSONFrom checks that the members whose zero is meaningful are
@@ -86,7 +94,8 @@ func (s *InstanceStatus) Validate() error {
 	for _, v := range []struct {
 		n string
 		v uint64
-	}{{"epoch", s.Epoch}, {"running", s.Running}, {"queued", s.Queued}, {"batch_size", s.BatchSize}, {"ttl_ms", s.TTLMs}} {
+	}{{"epoch", s.Epoch}, {"running", s.Running}, {"queued", s.Queued}, {"batch_size", s.BatchSize}, {"ttl_ms", s.TTLMs},
+		{"vocab_size", s.VocabSize}, {"context_tokens", s.ContextTokens}, {"max_output_tokens", s.MaxOutputTokens}} {
 		if err := checkInt("status: "+v.n, v.v); err != nil {
 			return err
 		}

@@ -41,6 +41,24 @@ type Engine interface {
 	Deterministic() bool
 }
 
+// Limits are the requests an engine can run, reported in its instance's
+// status so that the PC refuses a request beyond them before it places it
+// (RELIABILITY B14: a request no instance can run took room and made a
+// session before the instance refused it). Zero: no bound said.
+type Limits struct {
+	// VocabSize: every token id is below it.
+	VocabSize uint64
+	// ContextTokens bounds one session's prompt and output tokens.
+	ContextTokens uint64
+	// MaxOutputTokens bounds a request's max_tokens.
+	MaxOutputTokens uint64
+}
+
+// Bounded is implemented by engines that know their Limits.
+type Bounded interface {
+	Limits() Limits
+}
+
 // External is implemented by engines that run their requests themselves
 // (an attached real engine): the agent's generate is refused for them.
 type External interface {

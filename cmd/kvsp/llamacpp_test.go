@@ -326,22 +326,26 @@ func TestLlamaSharedPrefixAcrossInstances(t *testing.T) {
 	if float64(agree) < minAgreement*float64(total) {
 		t.Fatalf("greedy outputs agree on %d of %d tokens, below %.2f", agree, total, minAgreement)
 	}
-	// Bad input (test 5): a token outside the vocabulary and a prompt
-	// beyond the context are problems before anything is streamed (a
-	// native assertion in llama_decode would abort the process), and the
-	// instance goes on serving.
+	// Bad input (test 5, RELIABILITY B14): a token outside the
+	// vocabulary, a prompt beyond the context and max_tokens past it are
+	// refused by the PC (400 naming the member), from the limits the
+	// llama.cpp instances report in their status, before any instance is
+	// chosen; the instances go on serving.
 	ctx := context.Background()
-	for _, bad := range [][]uint32{append(llamaTokens(40, 20), uint32(llamaParams.Vocab)), llamaTokens(41, 2100)} {
-		q := &kvsp.PlaceRequest{ScopeID: c.sk.ID(), CompatID: c.q.CompatID, Tokens: bad, MaxTokens: 4}
-		pl, err := c.front.Controller(c.pc).Place(ctx, q)
-		if err != nil {
-			t.Fatal(err)
-		}
+	for _, bad := range []struct {
+		tokens    []uint32
+		maxTokens uint64
+		member    string
+	}{
+		{append(llamaTokens(40, 20), uint32(llamaParams.Vocab)), 4, "tokens[20]"},
+		{llamaTokens(41, 2100), 4, "tokens"},
+		{llamaTokens(41, 20), 1<<20 - 1, "max_tokens"},
+	} {
+		q := &kvsp.PlaceRequest{ScopeID: c.sk.ID(), CompatID: c.q.CompatID, Tokens: bad.tokens, MaxTokens: bad.maxTokens}
+		_, err := c.front.Controller(c.pc).Place(ctx, q)
 		var p *kvsp.Problem
-		err = c.front.Instance(pl.Instance).Generate(ctx, &kvsp.GenerateRequest{Session: pl.Session, Epoch: pl.Epoch, ScopeID: q.ScopeID, CompatID: q.CompatID,
-			Tokens: bad, MaxTokens: 4}, func(kvsp.GeneratedToken) error { t.Fatal("a token streamed"); return nil })
-		if !errors.As(err, &p) || p.Status != 400 || !strings.Contains(p.Detail, "tokens") {
-			t.Fatalf("a prompt of %d tokens, the last %d: %v", len(bad), bad[len(bad)-1], err)
+		if !errors.As(err, &p) || p.Status != 400 || p.Extensions["member"] != bad.member {
+			t.Fatalf("a place of %d tokens, the last %d, max_tokens %d: %v; want 400 naming %s", len(bad.tokens), bad.tokens[len(bad.tokens)-1], bad.maxTokens, err, bad.member)
 		}
 	}
 	if g, _ := c.place(t, llamaTokens(42, 30), 4, 1); len(g.tokens) != 4 {

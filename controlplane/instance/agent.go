@@ -77,6 +77,7 @@ type Agent struct {
 	cfg     Config
 	compat  kvsp.CompatID
 	g       container.Geometry
+	limits  engine.Limits // what the engine can run, reported in its status
 	keys    map[kvsp.ScopeID]kvsp.ScopeKey
 	epoch   uint64
 	log     *slog.Logger
@@ -138,6 +139,9 @@ func New(cfg Config) (*Agent, error) {
 		work: make(chan struct{}, cfg.Workers), state: kvsp.StateActive, directives: map[kvsp.UUID]*directive{}, resumes: map[sessionKey]*resumed{}, shards: map[shardKey]*shard{},
 		flights: map[kvsp.BlockKey]*flight{}}
 	a.stopCtx, a.stop = context.WithCancel(context.Background())
+	if b, ok := cfg.Engine.(engine.Bounded); ok {
+		a.limits = b.Limits()
+	}
 	a.occ.batch = int(max(1, cfg.Engine.Stats().BatchSize))
 	if reg := cfg.Registerer; reg != nil {
 		eng := cfg.Engine
@@ -223,7 +227,8 @@ func (a *Agent) Status() *kvsp.InstanceStatus {
 	}
 	return &kvsp.InstanceStatus{Instance: a.cfg.Base, Epoch: a.epoch, State: state, Running: st.Running, Queued: queued,
 		BatchSize: st.BatchSize, KVUtilization: min(1, st.KVUtilization), PrefillTokensPerS: st.PrefillTokensPerS, DecodeTokensPerS: st.DecodeTokensPerS,
-		Links: append([]kvsp.Link{}, a.cfg.Links...), TTLMs: uint64(a.cfg.StatusTTL.Milliseconds()), CompatID: a.compat, Holder: a.cfg.Holder}
+		Links: append([]kvsp.Link{}, a.cfg.Links...), TTLMs: uint64(a.cfg.StatusTTL.Milliseconds()), CompatID: a.compat, Holder: a.cfg.Holder,
+		VocabSize: a.limits.VocabSize, ContextTokens: a.limits.ContextTokens, MaxOutputTokens: a.limits.MaxOutputTokens}
 }
 
 // Close stops the agent as a crash would, for tests and shutdown: running

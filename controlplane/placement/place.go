@@ -1,6 +1,7 @@
 package placement
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -688,6 +689,9 @@ func (c *Controller) placeOn(ctx context.Context, q *kvsp.PlaceRequest, mig *mig
 	}
 	bt := c.cfg.BlockTokens[q.CompatID]
 	var active, sleeping []candidate
+	lim := limitCheck{q: q}
+	var refused error // what the limits of the instances passed over refuse
+	fits := false
 	for _, s := range c.reg.All() {
 		if s.Status.CompatID != q.CompatID || (mig != nil && s.Status.Instance == mig.exclude) {
 			continue
@@ -695,6 +699,13 @@ func (c *Controller) placeOn(ctx context.Context, q *kvsp.PlaceRequest, mig *mig
 		if !c.authorized(s, q.ScopeID) { // S12: never a scope's requests (or its directives) to an instance outside it
 			c.m.unauthorized.Inc()
 			continue
+		}
+		if mig == nil { // B14: only to an instance that can run it (a migration's checkpoint ran already)
+			if err := lim.check(&s.Status); err != nil {
+				refused = cmp.Or(refused, err)
+				continue
+			}
+			fits = true
 		}
 		switch s.State {
 		case kvsp.StateActive:
@@ -707,6 +718,10 @@ func (c *Controller) placeOn(ctx context.Context, q *kvsp.PlaceRequest, mig *mig
 		case kvsp.StateSleeping:
 			sleeping = append(sleeping, candidate{snap: s})
 		}
+	}
+	if refused != nil && !fits { // no instance of the model can run it: 400, before any is chosen
+		c.m.placements.WithLabelValues("beyond_limits").Inc()
+		return nil, refused
 	}
 	if bt == 0 || (len(active) == 0 && len(sleeping) == 0 && !c.served(q.CompatID, q.ScopeID)) {
 		c.m.placements.WithLabelValues("incompatible").Inc()
@@ -988,7 +1003,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		checkpoints: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_pc_checkpoints_total",
 			Help: "Session checkpoints accepted: recorded (a higher offset) or ignored (not newer)."}, []string{"outcome"}),
 		placements: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_pc_placements_total",
-			Help: "Placement requests by outcome (placed, migrated, incompatible, no_capacity: refused with 503 once CapacityWait ran out; waited: a status record came while the request waited for room, and it looked again)."}, []string{"outcome"}),
+			Help: "Placement requests by outcome (placed, migrated, incompatible, beyond_limits: refused with 400, past every instance's vocabulary, context or output limit; no_capacity: refused with 503 once CapacityWait ran out; waited: a status record came while the request waited for room, and it looked again)."}, []string{"outcome"}),
 		directives: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_pc_directives_total",
 			Help: "Prefetch directives by outcome: sent; failed (the instance did not accept it); quota (not sent: the instance's pending directives at the limit); recompute (not sent: a cached prefix matched, and recomputing it was estimated cheaper than loading it, or no link to its sources is known)."}, []string{"outcome"}),
 		wakeups: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvsp_pc_wakeups_total", Help: "Sleeping instances woken for a request."}),

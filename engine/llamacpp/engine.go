@@ -312,6 +312,13 @@ func (e *Engine) Deterministic() bool { return false }
 // Vocab is the model's vocabulary size.
 func (e *Engine) Vocab() int { return e.vocab }
 
+// Limits implements engine.Bounded: the vocabulary, and the context each
+// session has (Check refuses what passes them).
+func (e *Engine) Limits() engine.Limits {
+	ctx := uint64(e.cfg.ContextTokens)
+	return engine.Limits{VocabSize: uint64(e.vocab), ContextTokens: ctx, MaxOutputTokens: min(ctx-1, kvsp.MaxGenerateTokens)}
+}
+
 // Evaluated is the number of tokens llama_decode has evaluated, by
 // llama.cpp's own count (llama_perf_context: prompt and single-token
 // evaluations), the probe's not counted.
