@@ -72,6 +72,12 @@ type PlaceResponse struct {
 	Instance  string `json:"instance"`
 	Matched   int    `json:"matched"`
 	Directive *UUID  `json:"directive"`
+	// Grant, a new session's or a continued one's, is the PC's
+	// permission to run it at Instance (kvsp.Grant's wire form), which
+	// the front end passes on in its generate: an instance runs nothing
+	// without one (RELIABILITY S14). Opaque to front ends; it expires
+	// after the PC's placement_ttl_ms.
+	Grant string `json:"grant,omitempty"`
 }
 
 // Validate implements Validator.
@@ -81,6 +87,8 @@ func (r *PlaceResponse) Validate() error {
 		return invalidf("place: session: required")
 	case r.Epoch == 0:
 		return invalidf("place: epoch: required, at least 1")
+	case len(r.Grant) > MaxGrantLen:
+		return invalidf("place: grant: longer than %d characters", MaxGrantLen)
 	}
 	return ValidateBaseURI("place: instance", r.Instance)
 }
@@ -103,6 +111,10 @@ type GenerateRequest struct {
 	// end lacks: tokens the checkpoint holds from there are sent again
 	// before generation continues (a stream cut in flight leaves no gap).
 	From *uint64 `json:"from,omitempty"`
+	// Grant is the place answer's grant for this session and epoch:
+	// without a valid one the instance refuses the request (403) before
+	// any engine work (RELIABILITY S14).
+	Grant string `json:"grant,omitempty"`
 }
 
 // MaxGenerateTokens bounds one generation's output.
@@ -124,6 +136,8 @@ func (q *GenerateRequest) Validate() error {
 		return invalidf("generate: epoch: required, at least 1")
 	case q.MaxTokens > MaxGenerateTokens:
 		return fmt.Errorf("%w: generate: max_tokens: at most %d", ErrTooLarge, MaxGenerateTokens)
+	case len(q.Grant) > MaxGrantLen:
+		return invalidf("generate: grant: longer than %d characters", MaxGrantLen)
 	}
 	p := PlaceRequest{ScopeID: q.ScopeID, CompatID: q.CompatID, Tokens: q.Tokens, MaxTokens: q.MaxTokens, Sampler: q.Sampler}
 	return p.validate("generate")

@@ -47,7 +47,16 @@ type InstanceStatus struct {
 	VocabSize       uint64 `json:"vocab_size,omitzero"`
 	ContextTokens   uint64 `json:"context_tokens,omitzero"`
 	MaxOutputTokens uint64 `json:"max_output_tokens,omitzero"`
+	// Started, a kvsp extension member, lists the placements (grant IDs)
+	// whose generate the instance accepted since its last record the PC
+	// acknowledged: from this record on they are in running or queued,
+	// and the PC stops counting them as placements holding room
+	// (RELIABILITY L5). At most MaxStarted.
+	Started []GrantID `json:"started,omitempty"`
 }
+
+// MaxStarted bounds a status record's started list.
+const MaxStarted = 4096
 
 // UnmarshalJSONFrom checks that the members whose zero is meaningful are
 // present.
@@ -90,6 +99,8 @@ func (s *InstanceStatus) Validate() error {
 		return invalidf("status: holder: must be a base URI")
 	case s.RequestedState != nil && *s.RequestedState != StateSleeping:
 		return invalidf("status: requested_state: must be null or \"sleeping\"")
+	case len(s.Started) > MaxStarted:
+		return invalidf("status: started: more than %d", MaxStarted)
 	}
 	for _, v := range []struct {
 		n string

@@ -41,7 +41,7 @@ func (c *Client) RunSession(ctx context.Context, ctl *Controller, q *kvsp.PlaceR
 	for {
 		from := next
 		err := c.Instance(at.Instance).Generate(ctx, &kvsp.GenerateRequest{Session: session, Epoch: at.Epoch, ScopeID: q.ScopeID, CompatID: q.CompatID,
-			Tokens: q.Tokens, MaxTokens: q.MaxTokens, Sampler: q.Sampler, From: &from}, func(t kvsp.GeneratedToken) error {
+			Tokens: q.Tokens, MaxTokens: q.MaxTokens, Sampler: q.Sampler, From: &from, Grant: at.Grant}, func(t kvsp.GeneratedToken) error {
 			switch {
 			case t.Epoch < maxEpoch: // R-SES-9
 				return nil
@@ -94,11 +94,12 @@ func (c *Client) RunSession(ctx context.Context, ctl *Controller, q *kvsp.PlaceR
 }
 
 // transient reports an error worth another try of the same request: no
-// answer (a transport error), or 502, 503, 504.
+// answer (a transport error), or 429 (the PC's share of room, RELIABILITY
+// L5), 502, 503, 504.
 func transient(err error) bool {
 	var p *kvsp.Problem
 	if errors.As(err, &p) {
-		return p.Status == 502 || p.Status == 503 || p.Status == 504
+		return p.Status == 429 || p.Status == 502 || p.Status == 503 || p.Status == 504
 	}
 	return !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
 }

@@ -198,7 +198,7 @@ func (c *sessionCluster) place(t *testing.T, tokens []uint32, maxTokens int, wan
 	}
 	var g generated
 	err = c.front.Instance(pl.Instance).Generate(ctx, &kvsp.GenerateRequest{Session: pl.Session, Epoch: pl.Epoch, ScopeID: q.ScopeID, CompatID: q.CompatID,
-		Tokens: tokens, MaxTokens: q.MaxTokens}, func(tok kvsp.GeneratedToken) error {
+		Tokens: tokens, MaxTokens: q.MaxTokens, Grant: pl.Grant}, func(tok kvsp.GeneratedToken) error {
 		if tok.Prefill != nil {
 			g.prefill = tok.Prefill
 		}
@@ -413,7 +413,7 @@ func TestLlamaMigrationSIGKILL(t *testing.T) {
 	for epochs = 1; ; epochs++ {
 		from := uint64(len(got))
 		err := c.front.Instance(at.Instance).Generate(ctx, &kvsp.GenerateRequest{Session: session, Epoch: at.Epoch, ScopeID: q.ScopeID, CompatID: q.CompatID,
-			Tokens: q.Tokens, MaxTokens: q.MaxTokens, Sampler: q.Sampler, From: &from}, func(tok kvsp.GeneratedToken) error {
+			Tokens: q.Tokens, MaxTokens: q.MaxTokens, Sampler: q.Sampler, From: &from, Grant: at.Grant}, func(tok kvsp.GeneratedToken) error {
 			if epochs > 1 && resumed == nil { // the first lines may be tokens of the checkpoint sent again
 				resumed = tok.Prefill
 			}

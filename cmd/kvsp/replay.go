@@ -124,7 +124,7 @@ func (rp *replayer) one(ctx context.Context, q *traceRequest, arrival time.Time)
 	var err error
 	for try := 0; ; try++ { // no capacity: the PC says when to come back
 		at, err = rp.ctl.Place(ctx, &kvsp.PlaceRequest{ScopeID: rp.scope, CompatID: rp.compat, Tokens: tokens, MaxTokens: out})
-		if err == nil || try == 50 || ctx.Err() != nil || !errors.Is(err, kvsp.ErrUnavailable) {
+		if err == nil || try == 50 || ctx.Err() != nil || !(errors.Is(err, kvsp.ErrUnavailable) || errors.Is(err, kvsp.ErrTooManyRequests)) {
 			break
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -135,7 +135,7 @@ func (rp *replayer) one(ctx context.Context, q *traceRequest, arrival time.Time)
 	}
 	first := true
 	err = rp.c.Instance(at.Instance).Generate(ctx, &kvsp.GenerateRequest{Session: at.Session, Epoch: at.Epoch, ScopeID: rp.scope, CompatID: rp.compat,
-		Tokens: tokens, MaxTokens: out}, func(t kvsp.GeneratedToken) error {
+		Tokens: tokens, MaxTokens: out, Grant: at.Grant}, func(t kvsp.GeneratedToken) error {
 		if first {
 			r.ttft, first = time.Since(arrival), false
 			r.computed = q.InputLength

@@ -245,7 +245,8 @@ func (e *roleEnv) mountController(out *mounted) error {
 	}
 	pc, err := placement.New(placement.Config{Scopes: e.scopeKeys(), BlockTokens: e.blockTokens, Index: pcc.Index(x.Index),
 		Instances: placement.ClientInstances{C: pcc}, OnStatus: e.statuses.Update, State: state, Logger: e.log, Registerer: e.reg,
-		Self: x.Base, Standby: group != nil, MinDeadline: time.Duration(x.MinDeadlineMs) * time.Millisecond})
+		Self: x.Base, Standby: group != nil, MinDeadline: time.Duration(x.MinDeadlineMs) * time.Millisecond,
+		PlacementTTL: time.Duration(x.PlacementTTLMs) * time.Millisecond, MaxShare: x.MaxShare})
 	if err != nil {
 		return err
 	}

@@ -88,6 +88,7 @@ type Agent struct {
 	kick    chan struct{} // a status record is due before the next tick (kickStatus)
 	ctl     *client.Controller
 	fetcher Fetcher
+	grants  grants
 
 	mu         sync.Mutex
 	state      kvsp.InstanceState
@@ -228,7 +229,8 @@ func (a *Agent) Status() *kvsp.InstanceStatus {
 	return &kvsp.InstanceStatus{Instance: a.cfg.Base, Epoch: a.epoch, State: state, Running: st.Running, Queued: queued,
 		BatchSize: st.BatchSize, KVUtilization: min(1, st.KVUtilization), PrefillTokensPerS: st.PrefillTokensPerS, DecodeTokensPerS: st.DecodeTokensPerS,
 		Links: append([]kvsp.Link{}, a.cfg.Links...), TTLMs: uint64(a.cfg.StatusTTL.Milliseconds()), CompatID: a.compat, Holder: a.cfg.Holder,
-		VocabSize: a.limits.VocabSize, ContextTokens: a.limits.ContextTokens, MaxOutputTokens: a.limits.MaxOutputTokens}
+		VocabSize: a.limits.VocabSize, ContextTokens: a.limits.ContextTokens, MaxOutputTokens: a.limits.MaxOutputTokens,
+		Started: a.startedGrants()}
 }
 
 // Close stops the agent as a crash would, for tests and shutdown: running
@@ -278,13 +280,17 @@ func (a *Agent) Run(ctx context.Context) {
 		}
 		if a.cfg.Controller != "" {
 			pctx, cancel := context.WithTimeout(ctx, a.cfg.StatusTTL/3)
-			got, err := a.ctl.PutStatus(pctx, a.Status())
+			st := a.Status()
+			got, err := a.ctl.PutStatus(pctx, st)
 			cancel()
 			switch {
 			case err != nil:
 				a.log.Warn("status not accepted by the PC", "err", err)
 			case got.State == kvsp.StateDraining:
 				a.setState(kvsp.StateDraining)
+			}
+			if err == nil {
+				a.ackStarted(st.Started)
 			}
 		}
 		select {
@@ -344,6 +350,8 @@ type metrics struct {
 	offloadDelay   prometheus.Histogram
 	lost           prometheus.Counter
 	reshards       *prometheus.CounterVec
+	grants         *prometheus.CounterVec
+	notReading     prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -369,11 +377,15 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Buckets: []float64{.001, .005, .02, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}}),
 		lost: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvsp_instance_prompt_blocks_lost_total",
 			Help: "Prompt blocks resident (local or loaded) when a request's wait for its directives ended, evicted before its prefill began (recomputed)."}),
+		grants: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_instance_grants_total",
+			Help: "Generate requests by their placement grant: taken (the PC placed it here; it runs), refused (403: none, not the PC's, for another instance, session, prompt or epoch, expired or taken before), before any engine work."}, []string{"outcome"}),
+		notReading: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvsp_instance_generations_unread_total",
+			Help: "Generations cut because their token stream failed: the front end stopped reading (its write deadline passed, or its unread tokens passed the bound) or went away; their sequences and pins freed."}),
 		reshards: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_instance_reshard_messages_total",
 			Help: "Reshard messages handled, by outcome (acknowledged, failed, committed, aborted)."}, []string{"outcome"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.checkpoints, m.directives, m.blocks, m.digestFailures, m.fetched, m.rdmaBlocks, m.prompt, m.offloads, m.offloadDelay, m.lost, m.reshards)
+		reg.MustRegister(m.checkpoints, m.directives, m.blocks, m.digestFailures, m.fetched, m.rdmaBlocks, m.prompt, m.offloads, m.offloadDelay, m.lost, m.reshards, m.grants, m.notReading)
 	}
 	return m
 }

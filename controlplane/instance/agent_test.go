@@ -111,6 +111,8 @@ type rigOptions struct {
 	// digest pinned to its first live replica's).
 	h2              bool
 	producerDigests bool
+	// pc edits the PC's configuration.
+	pc func(*placement.Config)
 }
 
 // nondeterministic is the rig's engine declaring what llama.cpp declares.
@@ -245,9 +247,15 @@ func newRig(t testing.TB, o rigOptions) *rig {
 	if o.scopeB {
 		keys = append(keys, w.scopeB)
 	}
-	w.ctl, _ = placement.New(placement.Config{Scopes: keys, BlockTokens: map[kvsp.CompatID]int{w.compat: 16},
+	pcfg := placement.Config{Scopes: keys, BlockTokens: map[kvsp.CompatID]int{w.compat: 16},
 		Index: mk(kvsptest.PC).Index(isURL), Instances: placement.ClientInstances{C: mk(kvsptest.PC)}, Logger: o.ctlLog, Registerer: o.ctlReg,
-		SessionRetention: o.sessionRetention})
+		SessionRetention: o.sessionRetention}
+	if o.pc != nil {
+		o.pc(&pcfg)
+	}
+	if w.ctl, err = placement.New(pcfg); err != nil {
+		t.Fatal(err)
+	}
 	w.ctl.Mount(w.srv.Server.Mount("/pc/"))
 	own := w.url("/hi/")
 	if o.noStore {
@@ -313,8 +321,8 @@ func TestGenerateWaitsForItsPrefetch(t *testing.T) {
 	w := newRig(t, rigOptions{})
 	tokens := prompt(4)
 	session, _ := w.prefetchForSession(t, tokens)
-	err := w.front.Instance(w.url("/ii1/")).Generate(context.Background(), &kvsp.GenerateRequest{Session: session, Epoch: 1, ScopeID: w.scopeKey.ID(),
-		CompatID: w.compat, Tokens: tokens, MaxTokens: 2}, func(kvsp.GeneratedToken) error { return nil })
+	err := w.front.Instance(w.url("/ii1/")).Generate(context.Background(), w.granted(t, &kvsp.GenerateRequest{Session: session, Epoch: 1, ScopeID: w.scopeKey.ID(),
+		CompatID: w.compat, Tokens: tokens, MaxTokens: 2}), func(kvsp.GeneratedToken) error { return nil })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -323,6 +331,32 @@ func TestGenerateWaitsForItsPrefetch(t *testing.T) {
 	if cached != 64 || computed != 3 {
 		t.Fatalf("prompt tokens: %v cached, %v computed; want 64 and 3 (the tail)", cached, computed)
 	}
+}
+
+// granted is q with the grant a PC would have sealed for it at ii1 (the
+// rig's first agent): tests that call generate without a place.
+func (w *rig) granted(t testing.TB, q *kvsp.GenerateRequest) *kvsp.GenerateRequest {
+	return w.grantAt(t, w.agent, w.url("/ii1/"), q)
+}
+
+// grantAt seals q's grant for the agent a at base.
+func (w *rig) grantAt(t testing.TB, a *instance.Agent, base string, q *kvsp.GenerateRequest) *kvsp.GenerateRequest {
+	t.Helper()
+	key := w.scopeKey
+	if q.ScopeID == scopeBKey().ID() {
+		key = scopeBKey()
+	}
+	keys, err := kvsp.BlockKeys(key, q.CompatID, int(w.g.BlockTokens), q.Tokens)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := kvsp.Grant{ID: kvsp.NewGrantID(), Session: q.Session, Epoch: q.Epoch, ScopeID: q.ScopeID, CompatID: q.CompatID,
+		Prompt: kvsp.PromptDigest(keys, q.Tokens[len(keys)*int(w.g.BlockTokens):]), MaxTokens: q.MaxTokens,
+		Instance: base, InstanceEpoch: a.Status().Epoch, Expires: time.Now().Add(time.Minute)}
+	if q.Grant, err = g.Seal(key); err != nil {
+		t.Fatal(err)
+	}
+	return q
 }
 
 // floodKV writes n blocks no request uses into the rig's engine, enough
@@ -355,8 +389,8 @@ func TestPrefetchedBlocksStayForTheirRequest(t *testing.T) {
 	}
 	w.floodKV(t, 600)
 	var cached uint64
-	err := w.front.Instance(w.url("/ii1/")).Generate(context.Background(), &kvsp.GenerateRequest{Session: session, Epoch: 1, ScopeID: w.scopeKey.ID(),
-		CompatID: w.compat, Tokens: tokens, MaxTokens: 2}, func(t kvsp.GeneratedToken) error {
+	err := w.front.Instance(w.url("/ii1/")).Generate(context.Background(), w.granted(t, &kvsp.GenerateRequest{Session: session, Epoch: 1, ScopeID: w.scopeKey.ID(),
+		CompatID: w.compat, Tokens: tokens, MaxTokens: 2}), func(t kvsp.GeneratedToken) error {
 		if t.Prefill != nil {
 			cached = t.Prefill.CachedTokens
 		}
@@ -995,15 +1029,15 @@ func TestStatusPlaceGenerate(t *testing.T) {
 	var got []kvsp.GeneratedToken
 	gen := make(chan error, 1)
 	go func() {
-		gen <- ii.Generate(context.Background(), &kvsp.GenerateRequest{Session: pl.Session, Epoch: pl.Epoch, ScopeID: w.scopeKey.ID(),
+		gen <- ii.Generate(context.Background(), &kvsp.GenerateRequest{Session: pl.Session, Epoch: pl.Epoch, Grant: pl.Grant, ScopeID: w.scopeKey.ID(),
 			CompatID: w.compat, Tokens: tokens, MaxTokens: 600}, func(tok kvsp.GeneratedToken) error { got = append(got, tok); return nil })
 	}()
 	time.Sleep(20 * time.Millisecond) // the generation is running
 	if st, err := w.pc.SetState(context.Background(), kvsp.StateDraining); err != nil || st.State != kvsp.StateDraining {
 		t.Fatalf("drain while generating: %v %v", st, err)
 	}
-	err = ii.Generate(context.Background(), &kvsp.GenerateRequest{Session: kvsp.NewUUID(), Epoch: 1, ScopeID: w.scopeKey.ID(),
-		CompatID: w.compat, Tokens: tokens, MaxTokens: 1}, func(kvsp.GeneratedToken) error { return nil })
+	err = ii.Generate(context.Background(), w.granted(t, &kvsp.GenerateRequest{Session: kvsp.NewUUID(), Epoch: 1, ScopeID: w.scopeKey.ID(),
+		CompatID: w.compat, Tokens: tokens, MaxTokens: 1}), func(kvsp.GeneratedToken) error { return nil })
 	if !errors.Is(err, kvsp.ErrInvalidState) {
 		t.Fatalf("a new generation while draining: %v", err)
 	}
@@ -1053,7 +1087,7 @@ func TestGenerateTopPReleasesAfterAck(t *testing.T) {
 		t.Fatal(err)
 	}
 	n := 0
-	err = w.front.Instance(pl.Instance).Generate(context.Background(), &kvsp.GenerateRequest{Session: pl.Session, Epoch: pl.Epoch, ScopeID: w.scopeKey.ID(),
+	err = w.front.Instance(pl.Instance).Generate(context.Background(), &kvsp.GenerateRequest{Session: pl.Session, Epoch: pl.Epoch, Grant: pl.Grant, ScopeID: w.scopeKey.ID(),
 		CompatID: w.compat, Tokens: tokens, MaxTokens: 100, Sampler: sampler}, func(tok kvsp.GeneratedToken) error {
 		s, _ := w.ctl.Session(w.scopeKey.ID(), pl.Session)
 		if s.Checkpoint == nil || tok.Index >= s.Checkpoint.OutputOffset {
@@ -1087,7 +1121,7 @@ func TestGreedyOnNondeterministicEngineHeldForAck(t *testing.T) {
 		t.Fatal(err)
 	}
 	n := 0
-	err = w.front.Instance(pl.Instance).Generate(context.Background(), &kvsp.GenerateRequest{Session: pl.Session, Epoch: pl.Epoch, ScopeID: w.scopeKey.ID(),
+	err = w.front.Instance(pl.Instance).Generate(context.Background(), &kvsp.GenerateRequest{Session: pl.Session, Epoch: pl.Epoch, Grant: pl.Grant, ScopeID: w.scopeKey.ID(),
 		CompatID: w.compat, Tokens: tokens, MaxTokens: 100}, func(tok kvsp.GeneratedToken) error {
 		s, _ := w.ctl.Session(w.scopeKey.ID(), pl.Session)
 		if s.Checkpoint == nil || tok.Index >= s.Checkpoint.OutputOffset {

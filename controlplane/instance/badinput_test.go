@@ -158,8 +158,11 @@ func TestB10_SamplerParameters(t *testing.T) {
 			t.Errorf("resume, %s: %d %s; want 400 naming the sampler", s.name, st, got)
 		}
 		// Nothing was resumed: a generate at the new epoch finds no session.
-		if st, got := w.rawBody(t, kvsptest.ClientA, w.url("/ii1/generate"), `{"session":"`+id.String()+`","epoch":2,"scope_id":"`+scope+
-			`","compat_id":"`+compat+`","tokens":[9],"max_tokens":2}`); st != 404 {
+		gen, err := kvsp.Marshal(w.granted(t, &kvsp.GenerateRequest{Session: id, Epoch: 2, ScopeID: w.scopeKey.ID(), CompatID: w.compat, Tokens: []uint32{9}, MaxTokens: 2}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st, got := w.rawBody(t, kvsptest.ClientA, w.url("/ii1/generate"), string(gen)); st != 404 {
 			t.Errorf("resume, %s: the refused resume left a session (%d %s)", s.name, st, got)
 		}
 	}

@@ -75,7 +75,7 @@ func BenchmarkReleaseLatency(b *testing.B) {
 				}
 				t0 := time.Now()
 				gotFirst := false
-				err = w.front.Instance(pl.Instance).Generate(context.Background(), &kvsp.GenerateRequest{Session: pl.Session, Epoch: pl.Epoch, ScopeID: w.scopeKey.ID(),
+				err = w.front.Instance(pl.Instance).Generate(context.Background(), &kvsp.GenerateRequest{Session: pl.Session, Epoch: pl.Epoch, Grant: pl.Grant, ScopeID: w.scopeKey.ID(),
 					CompatID: w.compat, Tokens: tokens, MaxTokens: 256, Sampler: sampler}, func(kvsp.GeneratedToken) error {
 					if !gotFirst {
 						gotFirst = true

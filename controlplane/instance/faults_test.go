@@ -109,8 +109,8 @@ func TestF13_PrefetchUnderBadNetworks(t *testing.T) {
 				own[i] += 7
 			}
 			probe := time.Now()
-			err := w.front.Instance(w.url("/ii1/")).Generate(context.Background(), &kvsp.GenerateRequest{Session: kvsp.NewUUID(), Epoch: 1,
-				ScopeID: w.scopeKey.ID(), CompatID: w.compat, Tokens: own, MaxTokens: 1}, func(kvsp.GeneratedToken) error { return nil })
+			err := w.front.Instance(w.url("/ii1/")).Generate(context.Background(), w.granted(t, &kvsp.GenerateRequest{Session: kvsp.NewUUID(), Epoch: 1,
+				ScopeID: w.scopeKey.ID(), CompatID: w.compat, Tokens: own, MaxTokens: 1}), func(kvsp.GeneratedToken) error { return nil })
 			if err != nil || time.Since(probe) > time.Second {
 				t.Errorf("a request during the prefetch: %v after %v", err, time.Since(probe))
 			}

@@ -1,13 +1,13 @@
 package instance
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -111,12 +111,14 @@ func (a *Agent) generate(w http.ResponseWriter, r *http.Request) error {
 	if q.CompatID != a.compat {
 		return fmt.Errorf("%w: this instance serves compat_id %s", kvsp.ErrIncompatible, a.compat)
 	}
-	bt := int(a.g.BlockTokens)
-	keys, err := kvsp.BlockKeys(key, q.CompatID, bt, q.Tokens)
+	// S14: only what the PC placed here.
+	keys, err := a.placed(&q, key)
 	if err != nil {
 		return err
 	}
-	x, err := a.resumeOf(r.Context(), &q, keys, q.Tokens[len(keys)*bt:])
+	bt := int(a.g.BlockTokens)
+	tail := q.Tokens[len(keys)*bt:]
+	x, err := a.resumeOf(r.Context(), &q, keys, tail)
 	if err != nil {
 		return err
 	}
@@ -133,14 +135,21 @@ func (a *Agent) generate(w http.ResponseWriter, r *http.Request) error {
 	a.occ.change(a.running, a.cfg.Now())
 	a.running++
 	a.mu.Unlock()
-	defer func() {
-		a.mu.Lock()
-		a.occ.change(a.running, a.cfg.Now())
-		a.running--
-		a.mu.Unlock()
-		a.settle()
-		a.kickStatus() // room for the next request: the PC hears it now, not at the next tick
-	}()
+	// The request counts as running (and, beyond the engine's batch, as
+	// queued) while the engine works on it: once its last token is made,
+	// lines still waiting for a slow client hold no room (B11).
+	var once sync.Once
+	engineDone := func() {
+		once.Do(func() {
+			a.mu.Lock()
+			a.occ.change(a.running, a.cfg.Now())
+			a.running--
+			a.mu.Unlock()
+			a.settle()
+			a.kickStatus() // room for the next request: the PC hears it now, not at the next tick
+		})
+	}
+	defer engineDone()
 	// The blocks the PC's directive for this request is loading are
 	// worth waiting for: the directive's deadline bounds the wait (R-PF-*).
 	held := a.awaitPrefetch(r.Context(), q.ScopeID, q.Session)
@@ -194,16 +203,18 @@ func (a *Agent) generate(w http.ResponseWriter, r *http.Request) error {
 	w.Header().Set("Content-Type", kvsp.MediaTypeTokens)
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusOK)
-	bw := bufio.NewWriter(w)
-	rc := http.NewResponseController(w) // reaches the connection through the server's wrappers
+	ctx, cancel := context.WithCancelCause(r.Context())
+	defer cancel(nil)
+	stop := context.AfterFunc(a.stopCtx, func() { cancel(a.stopCtx.Err()) }) // Close cuts the stream
+	defer stop()
+	// A front end that stops reading cancels the generation (its
+	// sequence and pins freed): its stream is cut at the server's write
+	// deadline, or its unread lines pass maxQueuedTokens.
+	out := newTokenWriter(w, cancel)
+	defer out.close()
 	line := func(t kvsp.GeneratedToken) error {
 		t.Prefill = prefill.Swap(nil)
-		b, _ := kvsp.Marshal(&t)
-		bw.Write(append(b, '\n'))
-		if err := bw.Flush(); err != nil {
-			return err
-		}
-		return rc.Flush() // each token leaves at once
+		return out.line(t)
 	}
 	cp := a.newCheckpointer(&q, keys, req.PromptTail(int(a.g.BlockTokens)), line)
 	if x != nil {
@@ -211,15 +222,15 @@ func (a *Agent) generate(w http.ResponseWriter, r *http.Request) error {
 			return nil
 		}
 	}
-	ctx, cancel := context.WithCancel(r.Context())
-	defer cancel()
-	stop := context.AfterFunc(a.stopCtx, cancel) // Close cuts the stream
-	defer stop()
 	err = a.cfg.Engine.Generate(ctx, req, cp.token)
 	if err == nil {
 		err = cp.finish()
 	}
+	engineDone()
 	if err != nil {
+		if out.failed() != nil {
+			a.m.notReading.Inc()
+		}
 		// The status is sent: the stream ends without its done line. A
 		// client that went away (a reset stream) is routine: debug, not
 		// one warning per stream (issue 19 item 9).
@@ -232,6 +243,9 @@ func (a *Agent) generate(w http.ResponseWriter, r *http.Request) error {
 	}
 	if err := line(kvsp.GeneratedToken{Index: q.MaxTokens, Epoch: q.Epoch, Done: true}); err != nil {
 		return nil // the status is sent
+	}
+	if out.close() != nil {
+		return nil // cut before its done line
 	}
 	if x != nil { // delivered whole: kept a while for a front end that missed the done line, then dropped
 		a.mu.Lock()

@@ -33,8 +33,8 @@ func TestOffloadCopiedAtOffer(t *testing.T) {
 	}})
 	tokens := prompt(16) // twice the PUTs under way at once: half wait in the agent's queue
 	keys, _ := kvsp.BlockKeys(w.scopeKey, w.compat, 16, tokens)
-	err := w.front.Instance(w.url("/ii1/")).Generate(context.Background(), &kvsp.GenerateRequest{Session: kvsp.NewUUID(), Epoch: 1, ScopeID: w.scopeKey.ID(),
-		CompatID: w.compat, Tokens: tokens, MaxTokens: 2}, func(kvsp.GeneratedToken) error { return nil })
+	err := w.front.Instance(w.url("/ii1/")).Generate(context.Background(), w.granted(t, &kvsp.GenerateRequest{Session: kvsp.NewUUID(), Epoch: 1, ScopeID: w.scopeKey.ID(),
+		CompatID: w.compat, Tokens: tokens, MaxTokens: 2}), func(kvsp.GeneratedToken) error { return nil })
 	if err != nil {
 		close(gate)
 		t.Fatal(err)
@@ -83,15 +83,15 @@ func TestPrefetchedBlocksKeptUntilPrefill(t *testing.T) {
 	busy, stop := context.WithCancel(context.Background())
 	defer stop()
 	for i := range 4 {
-		go w.front.Instance(w.url("/ii1/")).Generate(busy, &kvsp.GenerateRequest{Session: kvsp.NewUUID(), Epoch: 1, ScopeID: w.scopeKey.ID(),
-			CompatID: w.compat, Tokens: prompt(1 + i), MaxTokens: 1 << 16}, func(kvsp.GeneratedToken) error { return nil })
+		go w.front.Instance(w.url("/ii1/")).Generate(busy, w.granted(t, &kvsp.GenerateRequest{Session: kvsp.NewUUID(), Epoch: 1, ScopeID: w.scopeKey.ID(),
+			CompatID: w.compat, Tokens: prompt(1 + i), MaxTokens: 1 << 16}), func(kvsp.GeneratedToken) error { return nil })
 	}
 	kvsptest.WaitFor(t, "the batch full", func() bool { return w.eng.Stats().Running == 4 })
 	done := make(chan error, 1)
 	var cached uint64
 	go func() {
-		done <- w.front.Instance(w.url("/ii1/")).Generate(context.Background(), &kvsp.GenerateRequest{Session: session, Epoch: 1, ScopeID: w.scopeKey.ID(),
-			CompatID: w.compat, Tokens: tokens, MaxTokens: 2}, func(t kvsp.GeneratedToken) error {
+		done <- w.front.Instance(w.url("/ii1/")).Generate(context.Background(), w.granted(t, &kvsp.GenerateRequest{Session: session, Epoch: 1, ScopeID: w.scopeKey.ID(),
+			CompatID: w.compat, Tokens: tokens, MaxTokens: 2}), func(t kvsp.GeneratedToken) error {
 			if t.Prefill != nil {
 				cached = t.Prefill.CachedTokens
 			}

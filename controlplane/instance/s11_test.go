@@ -81,7 +81,7 @@ func TestS11_SessionsNeverCrossScopes(t *testing.T) {
 	w.resumeB(t, session)
 	gen := w.url("/ii1/") + "generate"
 	req := func(scope kvsp.ScopeID, id kvsp.UUID, epoch uint64, tokens ...uint32) *kvsp.GenerateRequest {
-		return &kvsp.GenerateRequest{Session: id, Epoch: epoch, ScopeID: scope, CompatID: w.compat, Tokens: tokens, MaxTokens: 4}
+		return w.granted(t, &kvsp.GenerateRequest{Session: id, Epoch: epoch, ScopeID: scope, CompatID: w.compat, Tokens: tokens, MaxTokens: 4})
 	}
 	a := w.scopeKey.ID()
 

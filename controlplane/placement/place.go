@@ -89,6 +89,19 @@ type Config struct {
 	// estimated fetch and the recomputation of the matched prefix, at
 	// least MinDeadline); default 2s.
 	MaxDeadline time.Duration
+	// PlacementTTL is how long a placement's grant is taken by its
+	// instance, and how long a placement whose generate the instance has
+	// not reported started holds its room (RELIABILITY L5: placements
+	// never generated are released after it); default 10s.
+	PlacementTTL time.Duration
+	// MaxShare is the share of an instance's room (its batch running and
+	// a batch queued) that one principal, and one scope, may hold in
+	// placements not started yet, and of its pending directives: past
+	// it, a place is refused with 429 and Retry-After once CapacityWait
+	// has passed (the room of another principal's flood of unused
+	// placements is never all of it, RELIABILITY L5), and a directive is
+	// not sent (the request recomputes). Default 0.5; 1 turns it off.
+	MaxShare float64
 	// MinDeadline is the least deadline_ms a directive is given; default
 	// 10 ms. The estimates come from the links' declared rates and round
 	// trips: where the instances' real round trips to holders are longer
@@ -193,8 +206,17 @@ func New(cfg Config) (*Controller, error) {
 	if cfg.Index == nil || cfg.Instances == nil {
 		return nil, errors.New("placement: index and instances required")
 	}
-	if cfg.MinDeadline < 0 || cfg.MaxDeadline < 0 {
-		return nil, errors.New("placement: MinDeadline and MaxDeadline must not be negative")
+	if cfg.MinDeadline < 0 || cfg.MaxDeadline < 0 || cfg.PlacementTTL < 0 {
+		return nil, errors.New("placement: MinDeadline, MaxDeadline and PlacementTTL must not be negative")
+	}
+	if cfg.MaxShare < 0 || cfg.MaxShare > 1 {
+		return nil, errors.New("placement: MaxShare must be in (0, 1]")
+	}
+	if cfg.MaxShare == 0 {
+		cfg.MaxShare = 0.5
+	}
+	if cfg.PlacementTTL == 0 {
+		cfg.PlacementTTL = 10 * time.Second
 	}
 	if cfg.MaxPending == 0 {
 		cfg.MaxPending = 64 // the instance agent's default
@@ -317,6 +339,14 @@ var ErrNoCapacity = fmt.Errorf("%w: no instance of this model has capacity", kvs
 // before it waits for a status record.
 const maxRaces = 4
 
+// ErrShare refuses a place whose principal, or scope, holds its share of
+// the room of every instance that has room, in placements not started
+// yet (429 with Retry-After, RELIABILITY L5).
+var ErrShare = fmt.Errorf("%w: this principal or scope holds its share of the instances' room in placements not yet generated; retry once they start or expire", kvsp.ErrTooManyRequests)
+
+// errShare is ErrShare while the request may wait for room.
+var errShare = fmt.Errorf("%w: share", ErrNoCapacity)
+
 // errRoomTaken: the room of the instance chosen went to requests placed
 // meanwhile; the request chooses again.
 var errRoomTaken = fmt.Errorf("%w: the instance chosen filled meanwhile", ErrNoCapacity)
@@ -368,17 +398,23 @@ func (c *Controller) Place(ctx context.Context, q *kvsp.PlaceRequest) (*kvsp.Pla
 		s := c.sessions[SessionKey{q.ScopeID, *q.Session}]
 		c.mu.Unlock()
 		if s != nil {
-			return c.continueSession(ctx, s, q)
+			out, err := c.continueSession(ctx, s, q)
+			if err != nil {
+				return nil, err
+			}
+			return c.withGrant(out, q)
 		}
 	}
 	var timeout <-chan time.Time
+	who := holderOf(ctx, q.ScopeID)
 	for races := 0; ; {
 		changed := c.reg.changed()
-		out, err := c.placeOn(ctx, q, nil)
+		out, err := c.placeOn(ctx, q, nil, who)
 		if err == errRoomTaken && races < maxRaces { // another instance may have room yet
 			races++
 			continue
 		}
+		share := err == errShare
 		if errors.Is(err, ErrNoCapacity) {
 			err = ErrNoCapacity
 		}
@@ -394,13 +430,69 @@ func (c *Controller) Place(ctx context.Context, q *kvsp.PlaceRequest) (*kvsp.Pla
 		case <-changed:
 			c.m.placements.WithLabelValues("waited").Inc()
 		case <-timeout:
-			c.m.placements.WithLabelValues("no_capacity").Inc()
-			return nil, err
+			return nil, c.refuse(share, who)
 		case <-ctx.Done():
-			c.m.placements.WithLabelValues("no_capacity").Inc()
-			return nil, err
+			return nil, c.refuse(share, who)
 		}
 	}
+}
+
+// refuse counts a place refused for want of room: 503, or 429 when what
+// the principal or its scope already holds was in the way.
+func (c *Controller) refuse(share bool, who Holder) error {
+	if !share {
+		c.m.placements.WithLabelValues("no_capacity").Inc()
+		return ErrNoCapacity
+	}
+	c.m.placements.WithLabelValues("share").Inc()
+	c.m.shareRefused.WithLabelValues(who.Principal).Inc()
+	return ErrShare
+}
+
+// holderOf is who a request is placed for: the principal of the request
+// ctx carries (the HTTP route's) and the scope.
+func holderOf(ctx context.Context, scope kvsp.ScopeID) Holder {
+	who := Holder{Scope: scope}
+	if p := server.PrincipalFrom(ctx); p != nil {
+		who.Principal = p.ID
+	}
+	return who
+}
+
+// withGrant seals the grant of a continued session's answer: for the
+// session at the instance and epoch where it continues (its room was
+// taken when it was first placed).
+func (c *Controller) withGrant(out *kvsp.PlaceResponse, q *kvsp.PlaceRequest) (*kvsp.PlaceResponse, error) {
+	c.mu.Lock()
+	s := c.sessions[SessionKey{q.ScopeID, out.Session}]
+	var prompt [32]byte
+	var instEpoch uint64
+	if s != nil {
+		prompt = s.Prompt
+		if s.Instance == out.Instance {
+			instEpoch = s.InstanceEpoch
+		}
+	}
+	c.mu.Unlock()
+	if prompt == [32]byte{} { // stored before prompts were kept: the place's, which continueSession checked against nothing
+		_, _, d, err := c.prompt(q.ScopeID, q.CompatID, q.Tokens)
+		if err != nil {
+			return nil, err
+		}
+		prompt = d
+	}
+	if instEpoch == 0 {
+		if st, ok := c.reg.Get(out.Instance); ok {
+			instEpoch = st.Status.Epoch
+		}
+	}
+	g := kvsp.Grant{ID: kvsp.NewGrantID(), Session: out.Session, Epoch: out.Epoch, ScopeID: q.ScopeID, CompatID: q.CompatID, Prompt: prompt,
+		MaxTokens: q.MaxTokens, Instance: out.Instance, InstanceEpoch: instEpoch, Expires: time.Now().Add(c.cfg.PlacementTTL)}
+	var err error
+	if out.Grant, err = g.Seal(c.keys[q.ScopeID]); err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // prompt returns a request's Block Keys and tail, and their digest.
@@ -557,7 +649,7 @@ func (c *Controller) migrate(ctx context.Context, id SessionKey, q *kvsp.PlaceRe
 	if _, _, _, failed := c.lost(s); failed {
 		mig.exclude = from // a restarted instance may take its session back
 	}
-	out, err := c.placeOn(ctx, &pq, mig)
+	out, err := c.placeOn(ctx, &pq, mig, Holder{})
 	if err != nil {
 		return nil, err
 	}
@@ -682,7 +774,7 @@ func (c *Controller) forget(now time.Time) {
 	}
 }
 
-func (c *Controller) placeOn(ctx context.Context, q *kvsp.PlaceRequest, mig *migration) (*kvsp.PlaceResponse, error) {
+func (c *Controller) placeOn(ctx context.Context, q *kvsp.PlaceRequest, mig *migration, who Holder) (*kvsp.PlaceResponse, error) {
 	key, ok := c.keys[q.ScopeID]
 	if !ok {
 		return nil, fmt.Errorf("%w: the PC holds no key for this scope", kvsp.ErrScopeDenied)
@@ -691,8 +783,8 @@ func (c *Controller) placeOn(ctx context.Context, q *kvsp.PlaceRequest, mig *mig
 	var active, sleeping []candidate
 	lim := limitCheck{q: q}
 	var refused error // what the limits of the instances passed over refuse
-	fits := false
-	for _, s := range c.reg.All() {
+	fits, atShareOnly := false, false
+	for _, s := range c.reg.AllFor(&who) {
 		if s.Status.CompatID != q.CompatID || (mig != nil && s.Status.Instance == mig.exclude) {
 			continue
 		}
@@ -712,9 +804,16 @@ func (c *Controller) placeOn(ctx context.Context, q *kvsp.PlaceRequest, mig *mig
 			// Capacity: the queue as last reported and what was placed
 			// since, below a batch (R-PLC-7): a burst between two status
 			// records does not pile onto one instance.
-			if s.QueuedNow() < max(1, s.Status.BatchSize) {
-				active = append(active, candidate{snap: s})
+			if s.QueuedNow() >= max(1, s.Status.BatchSize) {
+				break
 			}
+			// L5: never past the share of its room that the principal
+			// or its scope may hold in placements not started.
+			if mig == nil && atShare(s.held.placements, s.held.placementsScope, c.cfg.MaxShare, room(&s.Status)) {
+				atShareOnly = true
+				break
+			}
+			active = append(active, candidate{snap: s})
 		case kvsp.StateSleeping:
 			sleeping = append(sleeping, candidate{snap: s})
 		}
@@ -731,6 +830,9 @@ func (c *Controller) placeOn(ctx context.Context, q *kvsp.PlaceRequest, mig *mig
 		// Nothing has room: known before any key is computed or looked up,
 		// so the requests waiting for room (Place) cost the IS nothing
 		// each time a status record wakes them.
+		if atShareOnly {
+			return nil, errShare
+		}
 		return nil, ErrNoCapacity
 	}
 
@@ -799,8 +901,12 @@ func (c *Controller) placeOn(ctx context.Context, q *kvsp.PlaceRequest, mig *mig
 		return nil, ErrNoCapacity
 	}
 	uri := chosen.snap.Status.Instance
-	if mig == nil && !c.reg.admit(uri, c.estimateServiceUs(&chosen.snap.Status, len(q.Tokens), q.MaxTokens)) {
-		return nil, errRoomTaken
+	grant := kvsp.Grant{ID: kvsp.NewGrantID(), Instance: uri, InstanceEpoch: chosen.snap.Status.Epoch, ScopeID: q.ScopeID, CompatID: q.CompatID,
+		MaxTokens: q.MaxTokens, Expires: time.Now().Add(c.cfg.PlacementTTL)}
+	if mig == nil {
+		if err := c.reg.admit(uri, c.estimateServiceUs(&chosen.snap.Status, len(q.Tokens), q.MaxTokens), grant.ID, who, c.cfg.MaxShare, grant.Expires); err != nil {
+			return nil, err
+		}
 	}
 
 	out := &kvsp.PlaceResponse{Epoch: 1, Instance: uri, Matched: len(replicas)}
@@ -864,9 +970,13 @@ func (c *Controller) placeOn(ctx context.Context, q *kvsp.PlaceRequest, mig *mig
 	}
 	c.sessions[s.key()] = s
 	c.mu.Unlock()
+	grant.Session, grant.Epoch, grant.Prompt = s.ID, s.Epoch, s.Prompt
+	if out.Grant, err = grant.Seal(key); err != nil {
+		return nil, err
+	}
 
 	if chosen.cost.Fetch {
-		out.Directive = c.prefetch(ctx, uri, q, out.Session, keys[:len(replicas)], replicas, chosen.cost)
+		out.Directive = c.prefetch(ctx, uri, q, out.Session, keys[:len(replicas)], replicas, chosen.cost, who)
 	} else if len(replicas) > 0 { // a cached prefix left to recompute: counted, so that it shows
 		c.m.directives.WithLabelValues("recompute").Inc()
 	}
@@ -937,7 +1047,7 @@ func (c *Controller) estimateServiceUs(st *kvsp.InstanceStatus, tokens int, maxT
 
 // prefetch sends the instance a directive for the matched blocks it does
 // not hold, and returns its id (nil when nothing was sent).
-func (c *Controller) prefetch(ctx context.Context, uri string, q *kvsp.PlaceRequest, session kvsp.UUID, keys []kvsp.BlockKey, replicas [][]kvsp.ReplicaRecord, cost Cost) *kvsp.UUID {
+func (c *Controller) prefetch(ctx context.Context, uri string, q *kvsp.PlaceRequest, session kvsp.UUID, keys []kvsp.BlockKey, replicas [][]kvsp.ReplicaRecord, cost Cost, who Holder) *kvsp.UUID {
 	d := &kvsp.PrefetchDirective{Directive: kvsp.NewUUID(), RequestRef: session.String(), ScopeID: q.ScopeID, CompatID: q.CompatID,
 		LayerOrder: kvsp.LayerOrderAscending, LeaseMs: c.cfg.LeaseMs}
 	for i, reps := range replicas {
@@ -967,7 +1077,12 @@ func (c *Controller) prefetch(ctx context.Context, uri string, q *kvsp.PlaceRequ
 	deadline = min(deadline, c.cfg.MaxDeadline)
 	d.DeadlineMs = uint64((deadline + time.Millisecond - 1) / time.Millisecond)
 	// Pending at the instance until done, at the latest its deadline.
-	if !c.reg.reserve(uri, c.cfg.MaxPending, time.Now().Add(time.Duration(d.DeadlineMs)*time.Millisecond)) {
+	switch err := c.reg.reserve(uri, c.cfg.MaxPending, c.cfg.MaxShare, who, time.Now().Add(time.Duration(d.DeadlineMs)*time.Millisecond)); err {
+	case nil:
+	case errShare: // L5: the principal or scope holds its share of them
+		c.m.directives.WithLabelValues("share").Inc()
+		return nil
+	default:
 		c.m.directives.WithLabelValues("quota").Inc()
 		return nil // R-PF-13: the request recomputes instead
 	}
@@ -993,6 +1108,7 @@ type metrics struct {
 	lookups      *prometheus.CounterVec
 	matched      prometheus.Histogram
 	unauthorized prometheus.Counter
+	shareRefused *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -1003,9 +1119,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		checkpoints: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_pc_checkpoints_total",
 			Help: "Session checkpoints accepted: recorded (a higher offset) or ignored (not newer)."}, []string{"outcome"}),
 		placements: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_pc_placements_total",
-			Help: "Placement requests by outcome (placed, migrated, incompatible, beyond_limits: refused with 400, past every instance's vocabulary, context or output limit; no_capacity: refused with 503 once CapacityWait ran out; waited: a status record came while the request waited for room, and it looked again)."}, []string{"outcome"}),
+			Help: "Placement requests by outcome (placed, migrated, incompatible, beyond_limits: refused with 400, past every instance's vocabulary, context or output limit; share: refused with 429, the principal or scope holding its share of the room; no_capacity: refused with 503 once CapacityWait ran out; waited: a status record came while the request waited for room, and it looked again)."}, []string{"outcome"}),
 		directives: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_pc_directives_total",
-			Help: "Prefetch directives by outcome: sent; failed (the instance did not accept it); quota (not sent: the instance's pending directives at the limit); recompute (not sent: a cached prefix matched, and recomputing it was estimated cheaper than loading it, or no link to its sources is known)."}, []string{"outcome"}),
+			Help: "Prefetch directives by outcome: sent; failed (the instance did not accept it); quota (not sent: the instance's pending directives at the limit); share (not sent: the principal or scope of the request holds its share of them); recompute (not sent: a cached prefix matched, and recomputing it was estimated cheaper than loading it, or no link to its sources is known)."}, []string{"outcome"}),
 		wakeups: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvsp_pc_wakeups_total", Help: "Sleeping instances woken for a request."}),
 		lookups: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_pc_lookups_total",
 			Help: "IS lookups of placements, by outcome (ok; failed: placed without the cache)."}, []string{"outcome"}),
@@ -1018,11 +1134,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		leader: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kvsp_pc_leader",
 			Help: "1 while this controller serves (the leader of its group, or alone), 0 while a standby."}),
 	}
-	for _, o := range []string{"sent", "failed", "quota", "recompute"} {
+	m.shareRefused = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_pc_share_refused_total",
+		Help: "Places refused with 429 because the principal (label), or its scope, held its share of every instance's room in placements not yet generated."}, []string{"principal"})
+	for _, o := range []string{"sent", "failed", "quota", "share", "recompute"} {
 		m.directives.WithLabelValues(o) // each series exists from the start, at 0
 	}
 	if reg != nil {
-		reg.MustRegister(m.migrations, m.stalls, m.forgotten, m.checkpoints, m.placements, m.directives, m.wakeups, m.lookups, m.matched, m.reshards, m.leader, m.unauthorized)
+		reg.MustRegister(m.migrations, m.stalls, m.forgotten, m.checkpoints, m.placements, m.directives, m.wakeups, m.lookups, m.matched, m.reshards, m.leader, m.unauthorized, m.shareRefused)
 	}
 	return m
 }

@@ -107,6 +107,35 @@ type world struct {
 	front    *client.Client     // a front end (client role)
 	scopeKey kvsp.ScopeKey
 	pki      *kvsptest.PKI
+
+	mu      sync.Mutex
+	granted map[string][]kvsp.GrantID // placements per instance, reported started by its next status
+}
+
+// track notes a place answer's placement, which the next status of its
+// instance reports started, as an instance would once its generate
+// arrived: the room it held is then in the instance's own counts.
+func (w *world) track(t *testing.T, out *kvsp.PlaceResponse, key kvsp.ScopeKey) {
+	t.Helper()
+	g, err := kvsp.OpenGrant(key, out.Grant)
+	if err != nil {
+		t.Fatalf("the place answer's grant: %v", err)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.granted == nil {
+		w.granted = map[string][]kvsp.GrantID{}
+	}
+	w.granted[g.Instance] = append(w.granted[g.Instance], g.ID)
+}
+
+// started takes the placements tracked at an instance.
+func (w *world) started(base string) []kvsp.GrantID {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	ids := w.granted[base]
+	delete(w.granted, base)
+	return ids
 }
 
 func newWorld(t *testing.T, maxPending int) *world { return newWorldWith(t, maxPending, nil) }
@@ -175,7 +204,8 @@ func (w *world) status(t *testing.T, name string, epoch, queued uint64, state kv
 func (w *world) statusTTL(t *testing.T, name string, epoch, queued uint64, state kvsp.InstanceState, ttlMs uint64, links ...kvsp.Link) kvsp.InstanceState {
 	t.Helper()
 	st := &kvsp.InstanceStatus{Instance: w.base[name], Epoch: epoch, State: state, Queued: queued, BatchSize: 8,
-		PrefillTokensPerS: 42000, DecodeTokensPerS: 3100, Links: append([]kvsp.Link{}, links...), TTLMs: ttlMs, CompatID: compat}
+		PrefillTokensPerS: 42000, DecodeTokensPerS: 3100, Links: append([]kvsp.Link{}, links...), TTLMs: ttlMs, CompatID: compat,
+		Started: w.started(w.base[name])}
 	got, err := w.ctl.PutStatus(context.Background(), st)
 	if err != nil {
 		t.Fatalf("status of %s: %v", name, err)
@@ -208,7 +238,11 @@ func (w *world) checkpoint(session kvsp.UUID, epoch uint64, tokens []uint32, gen
 func (w *world) place(t *testing.T, tokens []uint32) (*kvsp.PlaceResponse, error) {
 	t.Helper()
 	q := &kvsp.PlaceRequest{ScopeID: w.scopeKey.ID(), CompatID: compat, Tokens: tokens, MaxTokens: 16}
-	return w.front.Controller(w.srv.URL("/pc/")).Place(context.Background(), q)
+	out, err := w.front.Controller(w.srv.URL("/pc/")).Place(context.Background(), q)
+	if err == nil {
+		w.track(t, out, w.scopeKey)
+	}
+	return out, err
 }
 
 func prompt(n int, seed uint32) []uint32 {
@@ -401,7 +435,7 @@ func TestPlaceWaitsForCapacity(t *testing.T) {
 // requests placed on it since its last record; a burst does not pile onto
 // it, and the next record (its queue drained) makes room again.
 func TestPlaceCountsWhatItPlaced(t *testing.T) {
-	w := newWorldWith(t, 0, func(c *placement.Config) { c.CapacityWait = -1 })
+	w := newWorldWith(t, 0, func(c *placement.Config) { c.CapacityWait = -1; c.MaxShare = 1 })
 	tokens := prompt(2*bt, 4)
 	link := kvsp.Link{Holder: h1Base, MbitPerS: 200000, RTTUs: 12}
 	w.status(t, "ii1", 1, 0, kvsp.StateActive, link) // idle, batch 8
@@ -428,7 +462,7 @@ func TestPlaceCountsWhatItPlaced(t *testing.T) {
 // at each instance, where the blocks loaded for the waiting requests were
 // evicted before their prefill.
 func TestPlaceConcurrentBurstTakesTheRoomOnce(t *testing.T) {
-	w := newWorldWith(t, 0, func(c *placement.Config) { c.CapacityWait = -1 })
+	w := newWorldWith(t, 0, func(c *placement.Config) { c.CapacityWait = -1; c.MaxShare = 1 })
 	tokens := prompt(2*bt, 4)
 	link := kvsp.Link{Holder: h1Base, MbitPerS: 200000, RTTUs: 12}
 	w.status(t, "ii1", 1, 0, kvsp.StateActive, link) // idle, batch 8: room for 16

@@ -2,6 +2,7 @@ package placement
 
 import (
 	"container/heap"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -23,9 +24,44 @@ type instance struct {
 	// serviceUs is the running estimate of a request's service time at
 	// the instance (EWMA), for wait_us.
 	serviceUs float64
-	// placed counts the requests placed on it since its last status
-	// record, which does not show them yet.
-	placed int
+	// placements are the requests placed on it whose generate it has not
+	// reported started (status "started"), until their grant expires:
+	// its status records do not show them, so they hold room beside its
+	// running and queued (RELIABILITY L5: a placement never generated
+	// releases its room when its grant expires, not before).
+	placements map[kvsp.GrantID]placed
+}
+
+// placed is one placement holding room at an instance, and who holds it.
+type placed struct {
+	who     Holder
+	expires time.Time
+}
+
+// Holder is who a placement or a directive is held for: the principal
+// that asked for it and its scope. Each holds at most the PC's share of an
+// instance's room and of its pending directives (RELIABILITY L5).
+type Holder struct {
+	Principal string // "" through the Go API
+	Scope     kvsp.ScopeID
+}
+
+// live drops the placements whose grant expired and returns how many
+// remain, and how many of them who holds by principal and by scope.
+func (in *instance) live(now time.Time, who Holder) (all, principal, scope int) {
+	for id, p := range in.placements {
+		if !now.Before(p.expires) {
+			delete(in.placements, id)
+			continue
+		}
+		if p.who.Principal == who.Principal {
+			principal++
+		}
+		if p.who.Scope == who.Scope {
+			scope++
+		}
+	}
+	return len(in.placements), principal, scope
 }
 
 // state is the state the PC assigns at now: failed once the record
@@ -43,23 +79,49 @@ func (in *instance) state(now time.Time) kvsp.InstanceState {
 // pendingAt counts the directives not yet past their deadline, dropping
 // the others (O(expired)).
 func (in *instance) pendingAt(now time.Time) int {
-	for len(in.pending) > 0 && !now.Before(in.pending[0]) {
+	for len(in.pending) > 0 && !now.Before(in.pending[0].deadline) {
 		heap.Pop(&in.pending)
 	}
 	return len(in.pending)
 }
 
-func (in *instance) snapshot(now time.Time) Snapshot {
-	return Snapshot{Status: in.st, State: in.state(now), Pending: in.pendingAt(now), ServiceUs: in.serviceUs, Placed: in.placed, Reporter: in.reporter}
+// heldDirectives counts the pending directives (past the expired, which
+// pendingAt dropped) who holds, by principal and by scope.
+func (in *instance) heldDirectives(who Holder) (principal, scope int) {
+	for _, d := range in.pending {
+		if d.who.Principal == who.Principal {
+			principal++
+		}
+		if d.who.Scope == who.Scope {
+			scope++
+		}
+	}
+	return principal, scope
 }
 
-// expiries is a min-heap of times.
-type expiries []time.Time
+func (in *instance) snapshot(now time.Time, who *Holder) Snapshot {
+	s := Snapshot{Status: in.st, State: in.state(now), Pending: in.pendingAt(now), ServiceUs: in.serviceUs, Reporter: in.reporter}
+	if who != nil {
+		s.Placed, s.held.placements, s.held.placementsScope = in.live(now, *who)
+		s.held.directives, s.held.directivesScope = in.heldDirectives(*who)
+	} else {
+		s.Placed, _, _ = in.live(now, Holder{})
+	}
+	return s
+}
+
+// expiries is a min-heap of pending directives by deadline.
+type expiries []directiveHeld
+
+type directiveHeld struct {
+	deadline time.Time
+	who      Holder
+}
 
 func (h expiries) Len() int           { return len(h) }
-func (h expiries) Less(i, j int) bool { return h[i].Before(h[j]) }
+func (h expiries) Less(i, j int) bool { return h[i].deadline.Before(h[j].deadline) }
 func (h expiries) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *expiries) Push(x any)        { *h = append(*h, x.(time.Time)) }
+func (h *expiries) Push(x any)        { *h = append(*h, x.(directiveHeld)) }
 func (h *expiries) Pop() any {
 	old := *h
 	t := old[len(old)-1]
@@ -123,11 +185,14 @@ func (r *Registry) PutFrom(st *kvsp.InstanceStatus, reporter string) (kvsp.Insta
 				return "", fmt.Errorf("%w: the controller's state could not be written", kvsp.ErrUnavailable)
 			}
 		}
-		in.maxEpoch, in.draining, in.pending = st.Epoch, false, nil
+		in.maxEpoch, in.draining, in.pending, in.placements = st.Epoch, false, nil, nil
+	}
+	for _, id := range st.Started { // in its running and queued from now on
+		delete(in.placements, id)
 	}
 	in.st = *st
+	in.st.Started = nil
 	in.reporter = reporter
-	in.placed = 0
 	in.st.Links = append([]kvsp.Link(nil), st.Links...)
 	in.expires = now.Add(time.Duration(st.TTLMs) * time.Millisecond)
 	if st.State != kvsp.StateActive {
@@ -163,10 +228,15 @@ type Snapshot struct {
 	Pending int
 	// ServiceUs is the mean service time estimate (0: none yet).
 	ServiceUs float64
-	// Placed counts the requests placed since its last status record.
+	// Placed counts the requests placed on it that it has not reported
+	// started, their grants unexpired.
 	Placed int
 	// Reporter is the identity that sent the status record.
 	Reporter string
+	// held is what the Holder a snapshot was taken for holds there
+	// (AllFor): placements not started and pending directives, by
+	// principal and by scope.
+	held struct{ placements, placementsScope, directives, directivesScope int }
 }
 
 // Load estimates the requests at the instance now: running and queued as
@@ -191,17 +261,21 @@ func (r *Registry) Get(uri string) (Snapshot, bool) {
 		return Snapshot{}, false
 	}
 	now := time.Now()
-	return in.snapshot(now), true
+	return in.snapshot(now, nil), true
 }
 
 // All returns every instance's snapshot.
-func (r *Registry) All() []Snapshot {
+func (r *Registry) All() []Snapshot { return r.AllFor(nil) }
+
+// AllFor returns every instance's snapshot with what who holds there
+// (nil: nobody's).
+func (r *Registry) AllFor(who *Holder) []Snapshot {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	now := time.Now()
 	out := make([]Snapshot, 0, len(r.m))
 	for _, in := range r.m {
-		out = append(out, in.snapshot(now))
+		out = append(out, in.snapshot(now, who))
 	}
 	return out
 }
@@ -228,41 +302,69 @@ func (r *Registry) setState(uri string, s kvsp.InstanceState) {
 	}
 }
 
-// reserve takes one of the instance's pending-directive slots until
-// deadline, if fewer than max are taken (R-PF-13).
-func (r *Registry) reserve(uri string, max int, deadline time.Time) bool {
+// reserve takes one of the instance's pending-directive slots for who
+// until deadline, if fewer than max are taken (R-PF-13) and who holds
+// fewer than share of them, by principal and by scope (RELIABILITY L5).
+// It returns errShare when who's share is what is full.
+func (r *Registry) reserve(uri string, max int, share float64, who Holder, deadline time.Time) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	in := r.m[uri]
 	if in == nil || in.pendingAt(time.Now()) >= max {
-		return false
+		return errDirectivesFull
 	}
-	heap.Push(&in.pending, deadline)
-	return true
+	if p, s := in.heldDirectives(who); atShare(p, s, share, max) {
+		return errShare
+	}
+	heap.Push(&in.pending, directiveHeld{deadline, who})
+	return nil
+}
+
+// errDirectivesFull: the instance's pending directives are at MaxPending.
+var errDirectivesFull = errors.New("placement: the instance's pending directives are at the limit")
+
+// room is the requests an instance takes at once as the PC places them
+// (R-PLC-7): its batch running and a batch queued.
+func room(st *kvsp.InstanceStatus) int { return 2 * int(max(1, st.BatchSize)) }
+
+// atShare reports that a principal holding p and its scope holding s of a
+// limit are at their share of it (at least one each).
+func atShare(p, s int, share float64, limit int) bool {
+	n := max(1, int(share*float64(limit)))
+	return p >= n || s >= n
 }
 
 // admit reserves the instance's room for one request (R-PLC-7): under
 // the registry's lock, so that requests choosing at once (those a status
 // record woke, each having seen the same room) do not all pile onto it.
-// It reports false when the queue, counting what was placed since the
-// last record, is a batch already; otherwise the request counts as placed
-// and its estimated service time folds into the instance's mean (EWMA,
+// It refuses when the queue, counting the placements not started yet, is
+// a batch already (errRoomTaken), or when who holds its share of the
+// instance's room in placements not started (errShare); otherwise the
+// placement id holds room until its generate starts or expires, and the
+// request's estimated service time folds into the instance's mean (EWMA,
 // weight 1/8).
-func (r *Registry) admit(uri string, us float64) bool {
+func (r *Registry) admit(uri string, us float64, id kvsp.GrantID, who Holder, share float64, expires time.Time) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	in := r.m[uri]
 	if in == nil {
-		return false
+		return errRoomTaken
 	}
-	if snap := in.snapshot(time.Now()); snap.QueuedNow() >= max(1, snap.Status.BatchSize) {
-		return false
+	snap := in.snapshot(time.Now(), &who)
+	if snap.QueuedNow() >= max(1, snap.Status.BatchSize) {
+		return errRoomTaken
 	}
-	in.placed++
+	if atShare(snap.held.placements, snap.held.placementsScope, share, room(&snap.Status)) {
+		return errShare
+	}
+	if in.placements == nil {
+		in.placements = map[kvsp.GrantID]placed{}
+	}
+	in.placements[id] = placed{who, expires}
 	if in.serviceUs == 0 {
 		in.serviceUs = us
 	} else {
 		in.serviceUs += (us - in.serviceUs) / 8
 	}
-	return true
+	return nil
 }

@@ -61,7 +61,7 @@ func TestS12_PlacementRespectsScopes(t *testing.T) {
 	w.status(t, "ii2", 1, 5, kvsp.StateActive, link)
 	ii3 := func() {
 		st := &kvsp.InstanceStatus{Instance: w.base["ii3"], Epoch: 1, State: kvsp.StateActive, BatchSize: 8, PrefillTokensPerS: 42000,
-			DecodeTokensPerS: 3100, Links: []kvsp.Link{link}, TTLMs: 60000, CompatID: compat}
+			DecodeTokensPerS: 3100, Links: []kvsp.Link{link}, TTLMs: 60000, CompatID: compat, Started: w.started(w.base["ii3"])}
 		if _, err := mk(iiA).Controller(w.srv.URL("/pc/")).PutStatus(ctx, st); err != nil {
 			t.Fatal(err)
 		}
@@ -87,6 +87,7 @@ func TestS12_PlacementRespectsScopes(t *testing.T) {
 			t.Fatal(err)
 		}
 		placedB[out.Instance]++
+		w.track(t, out, scopeB)
 		ii3()                                            // its status keeps showing nothing queued
 		w.status(t, "ii1", 1, 5, kvsp.StateActive, link) // and theirs room: what was placed is running
 		w.status(t, "ii2", 1, 5, kvsp.StateActive, link)

@@ -135,10 +135,22 @@ type Controller struct {
 	// instance to load the blocks (default 10): raise it where the
 	// instances' round trips to holders are slower than their links say.
 	MinDeadlineMs uint64 `yaml:"min_deadline_ms"`
+	// PlacementTTLMs is how long a place's grant lets its instance run the
+	// request, and how long a placement never generated holds room there
+	// (default 10000).
+	PlacementTTLMs uint64 `yaml:"placement_ttl_ms"`
+	// MaxShare is the share of an instance's room, and of its pending
+	// directives, that one principal and one scope may hold in placements
+	// not yet generated (default 0.5; 1: no limit); past it, 429.
+	MaxShare float64 `yaml:"max_share"`
 }
 
-// maxMinDeadlineMs bounds controller.min_deadline_ms.
-const maxMinDeadlineMs = 60000
+// maxMinDeadlineMs bounds controller.min_deadline_ms, and
+// maxPlacementTTLMs controller.placement_ttl_ms.
+const (
+	maxMinDeadlineMs  = 60000
+	maxPlacementTTLMs = 600000
+)
 
 // Holder configures one holder role.
 type Holder struct {
@@ -627,6 +639,12 @@ func (x *Controller) validate(bases basePaths) error {
 	}
 	if x.MinDeadlineMs > maxMinDeadlineMs {
 		return fieldErr("controller.min_deadline_ms", "%d: at most %d (a directive's deadline is capped at 2 s anyway)", x.MinDeadlineMs, maxMinDeadlineMs)
+	}
+	if x.PlacementTTLMs > maxPlacementTTLMs {
+		return fieldErr("controller.placement_ttl_ms", "%d: at most %d", x.PlacementTTLMs, maxPlacementTTLMs)
+	}
+	if !(x.MaxShare >= 0 && x.MaxShare <= 1) {
+		return fieldErr("controller.max_share", "%v: a share in (0, 1]", x.MaxShare)
 	}
 	return nil
 }
