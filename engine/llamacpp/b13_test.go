@@ -16,11 +16,11 @@ import (
 )
 
 // TestB13_GGUFMetadataAmplification (RELIABILITY B13), at an instance's
-// start: a header past gguf's caps and a block_count of 2^31 (which had
-// Describe list 19 billion tensor names) are refused by New before
-// llama.cpp is asked to load them (it keeps more per key and tensor than
-// the file spends), each with under 4 MiB allocated; a model at the key
-// cap starts.
+// start: a header past gguf's caps, a block_count of 2^31 (which had
+// Describe list 19 billion tensor names) and a vocabulary longer than the
+// embeddings are refused by New before llama.cpp is asked to load them
+// (it keeps more per key, tensor and token than the file spends), each
+// with under 4 MiB allocated; a model at the key cap starts.
 func TestB13_GGUFMetadataAmplification(t *testing.T) {
 	keys := func(n int) func(w *gguf.Writer) {
 		return func(w *gguf.Writer) {
@@ -48,6 +48,9 @@ func TestB13_GGUFMetadataAmplification(t *testing.T) {
 	}{
 		{"past the key cap", writeModel(t, "llama", "", keys(gguf.MaxKeys-10)), fmt.Sprintf("%d keys exceed the cap of %d at offset 16", gguf.MaxKeys+1, gguf.MaxKeys)},
 		{"2^31 layers", layersPath, "tensor blk.4.attn_norm.weight missing"},
+		{"a vocabulary longer than the embeddings", writeModelTokenizer(t, "llama", "gpt2", "", func(w *gguf.Writer) {
+			w.AddStrings("tokenizer.ggml.tokens", make([]string, gguf.DefaultTiny().Vocab+1))
+		}), fmt.Sprintf("tokenizer.ggml.tokens has %d tokens, token_embd.weight %d rows", gguf.DefaultTiny().Vocab+1, gguf.DefaultTiny().Vocab)},
 	} {
 		var err error
 		var before, after runtime.MemStats
@@ -65,6 +68,12 @@ func TestB13_GGUFMetadataAmplification(t *testing.T) {
 	}
 	if _, err := Describe(atCap, DescribeOptions{BlockTokens: 16}); err != nil {
 		t.Fatalf("a model at the key cap: %v", err)
+	}
+	// A model without a vocabulary: llama.cpp ignores the array.
+	if _, err := Describe(writeModel(t, "llama", "", func(w *gguf.Writer) {
+		w.AddStrings("tokenizer.ggml.tokens", make([]string, gguf.DefaultTiny().Vocab+1))
+	}), DescribeOptions{BlockTokens: 16}); err != nil {
+		t.Fatalf("a no_vocab model with a tokens array: %v", err)
 	}
 
 	t.Run("llama.cpp", func(t *testing.T) {

@@ -63,8 +63,9 @@ const defaultTheta = 10000
 //     refused, never dropped;
 //   - block_tokens is opts.BlockTokens and layout is kvsp-layout-1.
 //
-// Only the llama architecture is run, and every tensor it needs must be
-// in the file.
+// Only the llama architecture is run, every tensor it needs must be in
+// the file, and a vocabulary must have a token per row of
+// token_embd.weight, as llama.cpp requires.
 func Describe(path string, opts DescribeOptions) (Info, error) {
 	f, err := gguf.Open(path)
 	if err != nil {
@@ -159,6 +160,16 @@ func describe(f *gguf.File, opts DescribeOptions) (Info, error) {
 	in.Vocab = int(emb.Dims[1])
 	if v, ok := f.Uint("llama.vocab_size"); ok && int(v) != in.Vocab {
 		return in, fmt.Errorf("llama.vocab_size %d, token_embd.weight has %d rows", v, in.Vocab)
+	}
+	// llama.cpp builds its vocabulary from this array (a string, an id
+	// map entry and more per token) before it finds the embeddings do not
+	// match; checked here, a vocabulary costs no more than the rows of
+	// embeddings the file holds for it. A model without a vocabulary
+	// ("no_vocab", or "none") has its array ignored.
+	if m, _ := f.String("tokenizer.ggml.model"); m != "no_vocab" && m != "none" {
+		if _, n, ok := f.ArrayLen("tokenizer.ggml.tokens"); ok && n != uint64(in.Vocab) {
+			return in, fmt.Errorf("tokenizer.ggml.tokens has %d tokens, token_embd.weight %d rows", n, in.Vocab)
+		}
 	}
 	// The tensors are looked up as they are named, not listed first:
 	// block_count is the file's, and a list of 9 names per claimed layer
