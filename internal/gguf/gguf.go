@@ -188,7 +188,7 @@ type File struct {
 	version    uint32
 	alignment  uint64
 	dataOffset uint64
-	hdr        []byte
+	hdr        []byte   // at most MaxHeaderSize octets, so offsets in it fit a uint32
 	kv         []uint32 // kv[i]: hdr offset of entry i; kv[len(kv)-1]: the end of the last
 	kvSorted   []uint32 // entry numbers in ascending bytewise key order
 	tensors    []uint32 // hdr offset of tensor info i
