@@ -19,6 +19,12 @@ import (
 // Describe reads these files).
 func writeModel(t *testing.T, arch string, skipTensor string, extra func(w *gguf.Writer)) string {
 	t.Helper()
+	return writeModelTokenizer(t, arch, "no_vocab", skipTensor, extra)
+}
+
+// writeModelTokenizer is writeModel with tokenizer.ggml.model tok.
+func writeModelTokenizer(t *testing.T, arch, tok, skipTensor string, extra func(w *gguf.Writer)) string {
+	t.Helper()
 	p := gguf.DefaultTiny()
 	path := filepath.Join(t.TempDir(), "m.gguf")
 	f, err := os.Create(path)
@@ -34,7 +40,7 @@ func writeModel(t *testing.T, arch string, skipTensor string, extra func(w *gguf
 		w.AddUint32("llama."+k, uint32(v))
 	}
 	w.AddFloat32("llama.attention.layer_norm_rms_epsilon", 1e-5)
-	w.AddString("tokenizer.ggml.model", "no_vocab")
+	w.AddString("tokenizer.ggml.model", tok)
 	if extra != nil {
 		extra(w)
 	}

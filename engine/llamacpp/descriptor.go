@@ -63,8 +63,9 @@ const defaultTheta = 10000
 //     refused, never dropped;
 //   - block_tokens is opts.BlockTokens and layout is kvsp-layout-1.
 //
-// Only the llama architecture is run, and every tensor it needs must be
-// in the file.
+// Only the llama architecture is run, every tensor it needs must be in
+// the file, and a vocabulary must have a token per row of
+// token_embd.weight, as llama.cpp requires.
 func Describe(path string, opts DescribeOptions) (Info, error) {
 	f, err := gguf.Open(path)
 	if err != nil {
@@ -160,26 +161,45 @@ func describe(f *gguf.File, opts DescribeOptions) (Info, error) {
 	if v, ok := f.Uint("llama.vocab_size"); ok && int(v) != in.Vocab {
 		return in, fmt.Errorf("llama.vocab_size %d, token_embd.weight has %d rows", v, in.Vocab)
 	}
-	need := []string{"output_norm.weight"}
+	// llama.cpp builds its vocabulary from this array (a string, an id
+	// map entry and more per token) before it finds the embeddings do not
+	// match; checked here, a vocabulary costs no more than the rows of
+	// embeddings the file holds for it. A model without a vocabulary
+	// ("no_vocab", or "none") has its array ignored.
+	if m, _ := f.String("tokenizer.ggml.model"); m != "no_vocab" && m != "none" {
+		if _, n, ok := f.ArrayLen("tokenizer.ggml.tokens"); ok && n != uint64(in.Vocab) {
+			return in, fmt.Errorf("tokenizer.ggml.tokens has %d tokens, token_embd.weight %d rows", n, in.Vocab)
+		}
+	}
+	// The tensors are looked up as they are named, not listed first:
+	// block_count is the file's, and a list of 9 names per claimed layer
+	// would cost what it claims. The first layer missing one ends the
+	// loop, so it runs at most once per 9 tensors the file has.
+	if _, ok := f.Tensor("output_norm.weight"); !ok {
+		return in, errors.New("tensor output_norm.weight missing")
+	}
 	for i := 0; i < layers; i++ {
 		for _, t := range []string{"attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"} {
-			need = append(need, fmt.Sprintf("blk.%d.%s.weight", i, t))
+			name := fmt.Sprintf("blk.%d.%s.weight", i, t)
+			if _, found := f.Tensor(name); !found {
+				return in, fmt.Errorf("tensor %s missing", name)
+			}
 		}
 	}
-	for _, t := range need {
-		if _, ok := f.Tensor(t); !ok {
-			return in, fmt.Errorf("tensor %s missing", t)
-		}
-	}
-	tok := f.RawEntries("tokenizer.")
-	if len(tok) == 0 {
+	// The digest reads the entries where the File holds them: the
+	// tokenizer may be most of the header, and a copy of it would add as
+	// much again to the memory Describe needs.
+	h := sha256.New()
+	if n, _ := f.WriteRawEntries(h, "tokenizer."); n == 0 {
 		return in, errors.New("no tokenizer.* metadata (a model without a vocabulary has tokenizer.ggml.model = \"no_vocab\")")
 	}
+	var tok kvsp.Digest
+	h.Sum(tok[:0])
 	dt, err := kvDType(opts.KVType)
 	if err != nil {
 		return in, err
 	}
-	in.Descriptor = kvsp.Descriptor{Model: name, TokenizerDigest: kvsp.Digest(sha256.Sum256(tok)), Layers: layers, KVHeads: kvHeads, HeadDim: headDim,
+	in.Descriptor = kvsp.Descriptor{Model: name, TokenizerDigest: tok, Layers: layers, KVHeads: kvHeads, HeadDim: headDim,
 		KVDType: dt, Positional: pos, BlockTokens: opts.BlockTokens, Layout: "kvsp-layout-1"}
 	return in, nil
 }

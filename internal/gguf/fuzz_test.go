@@ -3,11 +3,14 @@ package gguf
 import (
 	"bytes"
 	"errors"
+	"runtime"
 	"testing"
 )
 
 // FuzzParse: Parse never panics; a bytes.Reader cannot fail, so every
-// error is ErrFormat; an accepted file's tensors lie inside it, its raw
+// error is ErrFormat; it allocates at most twice the input plus a
+// constant (B13: the window, and a key's copy and error context, each at
+// most MaxKeyLen); an accepted file's tensors lie inside it, its raw
 // entries are no larger than it, and parsing is a function of the octets.
 func FuzzParse(f *testing.F) {
 	f.Add(sampleFile(f))
@@ -16,7 +19,11 @@ func FuzzParse(f *testing.F) {
 	f.Add(header(0, 1).str("general.alignment").u32(uint32(TypeUint32)).u32(64).b)
 	f.Add(header(1, 0).str("t").u32(2).u64(32).u64(1).u32(GGMLTypeQ8_0).u64(0).pad(32).raw(make([]byte, 34)...).b)
 	f.Fuzz(func(t *testing.T, b []byte) {
-		file, err := parse(b)
+		var file *File
+		var err error
+		if alloc := allocatedNoGC(func() { file, err = parse(b) }); alloc > 2*uint64(len(b))+512<<10 {
+			t.Fatalf("parsing %d octets allocated %d (%v)", len(b), alloc, err)
+		}
 		if err != nil {
 			if !errors.Is(err, ErrFormat) {
 				t.Fatalf("error %v does not wrap ErrFormat", err)
@@ -49,4 +56,15 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("second parse differs: %v", err)
 		}
 	})
+}
+
+// allocatedNoGC is the octets fn allocates, without allocated's
+// collection first (TotalAlloc does not need one), which would slow
+// fuzzing.
+func allocatedNoGC(fn func()) uint64 {
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	fn()
+	runtime.ReadMemStats(&after)
+	return after.TotalAlloc - before.TotalAlloc
 }

@@ -719,3 +719,43 @@ func TestTinyStreams(t *testing.T) {
 		t.Errorf("wrote %d octets, allocated %d", cw.n, alloc)
 	}
 }
+
+// changingReader serves first, then second: a file rewritten between
+// Parse's two reads of its header.
+type changingReader struct {
+	first, second []byte
+	reads         int
+}
+
+func (c *changingReader) ReadAt(p []byte, off int64) (int, error) {
+	c.reads++
+	b := c.first
+	if c.reads > 1 {
+		b = c.second
+	}
+	return bytes.NewReader(b).ReadAt(p, off)
+}
+
+// TestParseFileChanged: the File holds what the second read checked. A
+// header that grew between the reads is refused; one rewritten in place
+// is read as rewritten, never as a mix of the two.
+func TestParseFileChanged(t *testing.T) {
+	b := sampleFile(t)
+	grown := slices.Clone(b)
+	binary.LittleEndian.PutUint64(grown[16:], binary.LittleEndian.Uint64(b[16:])+1)
+	if _, err := Parse(&changingReader{first: b, second: grown}, int64(len(b))); err == nil {
+		t.Error("a header that grew between the reads was accepted")
+	}
+	renamed := bytes.Replace(b, []byte("general.architecture"), []byte("general.architectur2"), 1)
+	f, err := Parse(&changingReader{first: b, second: renamed}, int64(len(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := f.String("general.architecture"); ok || !slices.Contains(f.Keys(), "general.architectur2") {
+		t.Errorf("keys %q after a rename between the reads", f.Keys())
+	}
+	short := []byte("GGUF\x03\x00\x00\x00" + strings.Repeat("\x00", 16))
+	if _, err := Parse(&changingReader{first: b, second: short}, int64(len(b))); err == nil {
+		t.Error("a header cut between the reads was accepted")
+	}
+}
