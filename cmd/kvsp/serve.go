@@ -79,7 +79,14 @@ func serve(ctx context.Context, args []string, stderr io.Writer, hup <-chan os.S
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	scfg := server.Config{Credentials: creds, Policy: policy, HTTP3: cfg.HTTP3, UDPBuffer: cfg.UDPBufferBytes, Logger: log, Registerer: reg}
+	scfg := server.Config{Credentials: creds, Policy: policy, HTTP3: cfg.HTTP3, UDPBuffer: cfg.UDPBufferBytes, Logger: log, Registerer: reg,
+		WriteGrace: time.Duration(cfg.WriteGraceMs) * time.Millisecond}
+	if r := cfg.MinWriteRate; r != nil {
+		scfg.MinWriteRate = int64(*r)
+		if *r == 0 {
+			scfg.MinWriteRate = -1 // 0 in the file turns it off; server.Config's 0 is its default
+		}
+	}
 	var bulk *quicbulk.Server
 	if cfg.QUICBulk {
 		bulk = &quicbulk.Server{Logger: log}

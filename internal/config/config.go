@@ -50,6 +50,16 @@ type Config struct {
 	Instances      []Instance   `yaml:"instances"`
 	Dir            string       `yaml:"-"` // the file's directory
 	ScopeKeys      []ScopeEntry `yaml:"-"` // loaded from Scopes
+
+	// MinWriteRate is the rate (octets per second, "1MiB" allowed) at
+	// which a client must read every response once WriteGraceMs has
+	// passed: a response whose writes wait for their reader longer than
+	// the grace plus their octets at this rate is cut (its stream reset,
+	// its HTTP/1.1 connection closed) and its handler stopped (RELIABILITY
+	// B11); time a handler spends producing does not count. Defaults
+	// 1 MiB/s and 5000 ms; 0 turns it off.
+	MinWriteRate *Size  `yaml:"min_write_rate"`
+	WriteGraceMs uint64 `yaml:"write_grace_ms"`
 }
 
 // TLS names the PEM files: the listener's certificate, the CA bundle of
@@ -136,6 +146,9 @@ type Controller struct {
 	// instances' round trips to holders are slower than their links say.
 	MinDeadlineMs uint64 `yaml:"min_deadline_ms"`
 }
+
+// maxWriteGraceMs bounds write_grace_ms (ten minutes).
+const maxWriteGraceMs = 600000
 
 // maxMinDeadlineMs bounds controller.min_deadline_ms.
 const maxMinDeadlineMs = 60000
@@ -509,6 +522,9 @@ func (c *Config) validateProcess() error {
 	}
 	if c.UDPBufferBytes < 0 {
 		return fieldErr("udp_buffer_bytes", "want a size in octets")
+	}
+	if c.WriteGraceMs > maxWriteGraceMs {
+		return fieldErr("write_grace_ms", "want at most %d", maxWriteGraceMs)
 	}
 	if c.MetricsListen != "" {
 		if _, _, err := net.SplitHostPort(c.MetricsListen); err != nil {
