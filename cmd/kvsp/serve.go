@@ -346,6 +346,7 @@ func newHolder(cfg *config.Config, hcfg *config.Holder, c *client.Client, target
 	hc.LeaseQuota = holder.LeaseQuota{Octets: int64(hcfg.LeaseQuota.Octets), MaxTTL: time.Duration(hcfg.LeaseQuota.MaxTTLMs) * time.Millisecond, MaxLeases: hcfg.LeaseQuota.MaxLeases}
 	hc.Index, hc.RecordTTL, hc.Logger, hc.Registerer = c.Index(hcfg.Index), time.Duration(hcfg.RecordTTLMs)*time.Millisecond, log, reg
 	hc.MinBodyRate, hc.BodyGrace = int64(hcfg.MinBodyRate), time.Duration(hcfg.BodyGraceMs)*time.Millisecond
+	hc.MaxReadPerClient = int64(hcfg.MaxReadPerClient)
 	// Without descriptors of its own, a holder is a cache server: any
 	// compat_id is stored (those of its instances still checked against
 	// their geometry).

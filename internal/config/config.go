@@ -180,6 +180,12 @@ type Holder struct {
 	// for: without descriptors, a holder stores any compat_id (a cache
 	// server shared by many models); default 64 MiB.
 	MaxBlockSize Size `yaml:"max_block_size"`
+	// MaxReadPerClient is one client's allowance of memory its block GETs
+	// hold beyond the host tier (blocks read back from local storage or
+	// copied for one GET, blocks evicted while they are sent): a GET past
+	// it is refused with 429, or cut (RELIABILITY B12); default 64 MiB, at
+	// least four of the largest block.
+	MaxReadPerClient Size `yaml:"max_read_per_client"`
 }
 
 // RDMA names an RDMA device.

@@ -106,4 +106,11 @@ holders: [{base: https://h/h1/, index: https://h/is/, tiers: [{name: host, capac
 	if !c.Index.ProducerDigests {
 		t.Fatal("index.producer_digests not read")
 	}
+	if c.Holders[0].MaxReadPerClient != 0 { // absent: holder.Config's default
+		t.Fatalf("max_read_per_client %d when absent", c.Holders[0].MaxReadPerClient)
+	}
+	c, err = Parse([]byte(strings.Replace(base, "%s", ", max_read_per_client: 128MiB", 1)), dir)
+	if err != nil || c.Holders[0].MaxReadPerClient != 128<<20 {
+		t.Fatalf("max_read_per_client: %v %v", c, err)
+	}
 }
