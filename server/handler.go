@@ -145,10 +145,13 @@ type statusWriter struct {
 // when the handler returns.
 const heldOctets = 4 << 10
 
-// ErrSlowReader is the cause of a handler's context ended because its
-// client did not read the response at the minimum rate (Config.MinWriteRate
-// after WriteGrace): the response is cut (its HTTP/2 or HTTP/3 stream reset,
-// its HTTP/1.1 connection closed).
+// ErrSlowReader is the cause the adapter gives a handler's context when
+// its client did not read the response at the minimum rate
+// (Config.MinWriteRate after WriteGrace): the response is cut (its HTTP/2
+// or HTTP/3 stream reset, its HTTP/1.1 connection closed). The transport
+// may have ended the context first, with a cause of its own (internal/h2
+// as it resets the stream, net/http at the socket's failed write); the
+// write's error is a timeout (a net.Error) on every transport.
 var ErrSlowReader = errors.New("server: the client read the response below the minimum rate")
 
 // pace starts the minimum rate on w's writes.
@@ -158,17 +161,25 @@ func (w *statusWriter) pace(rate int64, grace time.Duration, cancel context.Canc
 	w.slack = grace / 4
 }
 
-// arm sets the deadline of a write of n octets about to start, and
-// returns when it starts and how long it may wait; an error when an
-// earlier write ran past its deadline.
-func (w *statusWriter) arm(n int) (time.Time, time.Duration, error) {
+// pending is a write under way: when it started, how long the rate lets
+// it wait, and whether a deadline of the route's or the handler's comes
+// sooner.
+type pending struct {
+	start   time.Time
+	allowed time.Duration
+	limited bool
+}
+
+// arm sets the deadline of a write of n octets about to start; an error
+// when an earlier write ran past its deadline.
+func (w *statusWriter) arm(n int) (pending, error) {
 	now := time.Now()
 	allowed := w.credit + time.Duration(float64(n)/w.rate*float64(time.Second))
 	want := now.Add(allowed)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.failed != nil {
-		return now, 0, w.failed
+		return pending{}, w.failed
 	}
 	limited := !w.limit.IsZero() && !w.limit.After(want)
 	if limited {
@@ -189,13 +200,15 @@ func (w *statusWriter) arm(n int) (time.Time, time.Duration, error) {
 			w.set = d
 		}
 	}
-	return now, allowed, nil
+	return pending{now, allowed, limited}, nil
 }
 
 // settle takes the time a write waited from the credit; a write past its
-// deadline fails every later one and ends the handler's context.
-func (w *statusWriter) settle(start time.Time, allowed time.Duration, err error) {
-	w.credit = min(w.grace, max(0, allowed-time.Since(start)))
+// deadline fails every later one and ends the handler's context: for a
+// slow reader when the rate's deadline was the one that passed, else
+// (the route's Timeout, a role's cut) with the write's error.
+func (w *statusWriter) settle(p pending, err error) {
+	w.credit = min(w.grace, max(0, p.allowed-time.Since(p.start)))
 	var ne net.Error
 	if err == nil || !(errors.Is(err, os.ErrDeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()) {
 		return
@@ -206,7 +219,11 @@ func (w *statusWriter) settle(start time.Time, allowed time.Duration, err error)
 		w.failed = err
 	}
 	w.mu.Unlock()
-	if first {
+	switch {
+	case !first:
+	case p.limited:
+		w.cancel(err)
+	default:
 		w.slow.Inc()
 		w.cancel(ErrSlowReader)
 	}
@@ -238,12 +255,12 @@ func (w *statusWriter) Write(p []byte) (int, error) {
 		w.bytes += int64(n)
 		return n, err
 	}
-	start, allowed, err := w.arm(len(p))
+	pw, err := w.arm(len(p))
 	if err != nil {
 		return 0, err
 	}
 	n, err := w.ResponseWriter.Write(p)
-	w.settle(start, allowed, err)
+	w.settle(pw, err)
 	w.bytes += int64(n)
 	return n, err
 }
@@ -257,12 +274,12 @@ func (w *statusWriter) FlushError() error {
 	if w.rc == nil {
 		return http.NewResponseController(w.ResponseWriter).Flush()
 	}
-	start, allowed, err := w.arm(heldOctets)
+	pw, err := w.arm(heldOctets)
 	if err != nil {
 		return err
 	}
 	err = w.rc.Flush()
-	w.settle(start, allowed, err)
+	w.settle(pw, err)
 	return err
 }
 
