@@ -10,7 +10,11 @@
 // before the whole block is verified and stored. A GET hands the stored
 // octets to the connection without copying them (container.View.WriteTo),
 // with the Repr-Digest computed at PUT for whole blocks and once per layer
-// range; memory in use by a GET is not recycled until it finishes.
+// range; memory in use by a GET is not recycled until it finishes, and
+// what GETs hold beyond the host tier's capacity (blocks evicted while
+// they are sent, blocks read back from local storage or copied for one
+// GET) counts against their client's read allowance (reads.go): past it
+// a GET is refused with 429, or cut.
 //
 // Tiers: device (tier.Device: accelerator memory through package gpu, a
 // host-memory stand-in under -tags nogpu) takes the first layers of each

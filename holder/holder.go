@@ -66,6 +66,15 @@ type Config struct {
 	// MaxInFlightPerClient is one client's share of it (beyond it, 429);
 	// default a quarter of MaxInFlight, at least the largest block.
 	MaxInFlight, MaxInFlightPerClient int64
+	// MaxReadPerClient is one client's allowance of memory its block GETs
+	// hold beyond the host tier's capacity (RELIABILITY B12): blocks read
+	// back from local storage or copied (from device memory, into another
+	// codec) for one GET, and blocks evicted or demoted while its GETs
+	// still send them. A GET whose copies do not fit is refused with 429;
+	// a GET whose block is evicted past it is cut. GETs of blocks in host
+	// memory take nothing from it. Default DefaultMaxReadPerClient, at
+	// least four of the largest block.
+	MaxReadPerClient int64
 	// MinBodyRate is the average rate, in octets per second, at which a
 	// block body must arrive once BodyGrace has passed (slower: 408, the
 	// reservation released); defaults DefaultMinBodyRate and
@@ -107,6 +116,8 @@ type Holder struct {
 	m      *metrics
 	// res holds the octets of PUTs being received (MaxInFlight).
 	res *reservations
+	// reads is the memory GETs hold beyond the host tier (MaxReadPerClient).
+	reads *readMemory
 
 	pubMu   sync.Mutex
 	pubWake chan struct{}
@@ -136,14 +147,10 @@ func New(cfg Config) (*Holder, error) {
 		cfg.MaxBlockSize = 64 << 20
 	}
 	if cfg.MaxInFlightPerClient == 0 {
-		largest := int64(0)
-		if cfg.AnyCompat {
-			largest = cfg.MaxBlockSize
-		}
-		for _, g := range cfg.Geometries {
-			largest = max(largest, maxBlockLen(g))
-		}
-		cfg.MaxInFlightPerClient = min(cfg.MaxInFlight, max(cfg.MaxInFlight/4, largest))
+		cfg.MaxInFlightPerClient = min(cfg.MaxInFlight, max(cfg.MaxInFlight/4, largestBlock(cfg)))
+	}
+	if cfg.MaxReadPerClient == 0 {
+		cfg.MaxReadPerClient = max(DefaultMaxReadPerClient, 4*largestBlock(cfg))
 	}
 	if cfg.MinBodyRate == 0 {
 		cfg.MinBodyRate = DefaultMinBodyRate
@@ -157,7 +164,14 @@ func New(cfg Config) (*Holder, error) {
 	l := newLeases(cfg.LeaseQuota)
 	h := &Holder{cfg: cfg, log: cfg.Logger, leases: l, res: &reservations{byClient: map[string]int64{}, max: cfg.MaxInFlight, each: cfg.MaxInFlightPerClient}, rdma: newRDMAReads(), store: newStore(cfg.Capacity, l, cfg.Disk), m: newMetrics(cfg.Registerer),
 		pubWake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	h.reads = newReadMemory(cfg.MaxReadPerClient, h.m)
 	if cfg.Registerer != nil {
+		const readHeld = "Memory block GETs hold beyond the host tier's capacity, by kind: evicted (blocks evicted or demoted from host memory while GETs still send them) and copy (blocks read back from local storage, or copied out of device memory or into another codec, for one GET); each client's is bounded by its read allowance (max_read_per_client)."
+		cfg.Registerer.MustRegister(
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvsp_holder_read_held_bytes", Help: readHeld, ConstLabels: prometheus.Labels{"kind": "evicted"}},
+				func() float64 { return float64(h.store.evictedHeld()) }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvsp_holder_read_held_bytes", Help: readHeld, ConstLabels: prometheus.Labels{"kind": "copy"}},
+				func() float64 { return float64(h.reads.copied()) }))
 		cfg.Registerer.MustRegister(
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvsp_holder_active_leases", Help: "Leases not expired (released or expired ones are dropped)."},
 				func() float64 { n, _ := l.live(time.Now()); return float64(n) }),
@@ -201,6 +215,23 @@ func New(cfg Config) (*Holder, error) {
 	h.store.startDemoter(h.demoted)
 	go h.publisher()
 	return h, nil
+}
+
+// DefaultMaxReadPerClient is Config.MaxReadPerClient's least default:
+// sixteen blocks of 4 MiB read back from local storage at once (an
+// instance prefetching a prompt's blocks from a holder that demoted them).
+const DefaultMaxReadPerClient = 64 << 20
+
+// largestBlock is the largest block cfg stores (MaxBlockSize filled in).
+func largestBlock(cfg Config) int64 {
+	largest := int64(0)
+	if cfg.AnyCompat {
+		largest = cfg.MaxBlockSize
+	}
+	for _, g := range cfg.Geometries {
+		largest = max(largest, maxBlockLen(g))
+	}
+	return largest
 }
 
 // demoted publishes what left the host tier: the new residency of blocks
@@ -352,9 +383,17 @@ func (h *Holder) getBlock(w http.ResponseWriter, r *http.Request) error {
 	if first < hdr.FirstLayer || last > hdr.LastLayer() {
 		return fmt.Errorf("%w: layers %d-%d", kvsp.ErrLayersUnavailable, first, last)
 	}
-	res, release, err := h.store.acquire(e, g)
+	rd, err := h.reads.open(server.PrincipalFrom(r.Context()).ID, w)
+	if err != nil {
+		return err
+	}
+	defer rd.done() // after release: no charge comes once the reference is given back
+	res, release, err := h.store.acquireFor(e, g, rd)
 	if errors.Is(err, errGone) {
 		h.m.getMisses.Inc()
+		return err
+	}
+	if errors.Is(err, kvsp.ErrTooManyRequests) {
 		return err
 	}
 	if err != nil {
@@ -377,6 +416,15 @@ func (h *Holder) getBlock(w http.ResponseWriter, r *http.Request) error {
 	wh.Set("Content-Type", kvsp.MediaTypeBlock)
 	wh.Set("Cache-Control", "private, immutable, max-age="+strconv.Itoa(maxAge))
 	if codec != 0 && codec != hdr.Codec && !g.Unknown() { // transcoding needs the geometry
+		copies := e.octets // the transcoded body (no larger than the raw one)
+		if _, inHost := res.(hostBlock); !inHost {
+			if _, readBack := res.(diskBlock); !readBack {
+				copies += e.octets // and the block assembled in host memory
+			}
+		}
+		if err := rd.reserve(copies); err != nil {
+			return err
+		}
 		blk, done, err := res.materialize()
 		if err != nil {
 			return fmt.Errorf("%w: reading the block from device memory: %v", kvsp.ErrUnavailable, err)

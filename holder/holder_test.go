@@ -54,12 +54,18 @@ type fixture struct {
 }
 
 func start(t *testing.T, capacity int64, mods ...func(*holder.Config)) *fixture {
+	return startWith(t, kvsptest.Options{}, capacity, mods...)
+}
+
+// startWith is start with the server's options (its policy is otherPol).
+func startWith(t *testing.T, so kvsptest.Options, capacity int64, mods ...func(*holder.Config)) *fixture {
 	f := &fixture{pki: kvsptest.NewPKI(t), hold: map[string]*client.Holder{}, reg: prometheus.NewRegistry()}
 	mem := index.NewMemory(time.Second)
 	t.Cleanup(func() { mem.Close() })
 	svc, _ := index.New(index.Config{MaxTTL: time.Minute, MaxLookupKeys: 64}, mem)
 	var h *holder.Holder
-	f.srv = kvsptest.StartServer(t, f.pki, kvsptest.Options{Policy: otherPol}, func(s *server.Server) {
+	so.Policy, so.Registerer = otherPol, f.reg
+	f.srv = kvsptest.StartServer(t, f.pki, so, func(s *server.Server) {
 		svc.Mount(s.Mount("/is/"))
 	})
 	// The holder calls the IS with its own identity.

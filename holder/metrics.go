@@ -12,6 +12,7 @@ import (
 // them), registered on the Registerer of its Config.
 type metrics struct {
 	gets, getMisses, puts, putRejected prometheus.Counter
+	getsRefused, getsCut               prometheus.Counter
 	slowBodies                         prometheus.Counter
 	evictions, demotions, corrupt      prometheus.Counter
 	leaseRejected                      prometheus.Counter
@@ -33,6 +34,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		gets:          c("gets_total", "Block GETs served."),
 		getMisses:     c("get_misses_total", "Block GETs of blocks not held."),
+		getsRefused:   c("gets_refused_total", "Block GETs refused (429) because their client's GETs under way held its read allowance (max_read_per_client) of memory beyond the host tier."),
+		getsCut:       c("gets_cut_total", "Block GETs cut because their block left host memory while their client's GETs held more than its read allowance beyond the host tier."),
 		puts:          c("puts_total", "Blocks stored."),
 		putRejected:   c("puts_rejected_total", "Block PUTs refused (invalid, digest mismatch, existing, incompatible)."),
 		slowBodies:    c("slow_bodies_total", "Block PUT bodies cut for arriving below the minimum rate (408)."),
@@ -55,7 +58,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.publishFailures.WithLabelValues(why) // each series exists from the start, at 0
 	}
 	if reg != nil {
-		reg.MustRegister(m.gets, m.getMisses, m.puts, m.putRejected, m.slowBodies, m.evictions, m.demotions, m.corrupt, m.leaseRejected, m.bytesServed, m.inFlight, m.device, m.publishFailures, m.publishPending)
+		reg.MustRegister(m.gets, m.getMisses, m.getsRefused, m.getsCut, m.puts, m.putRejected, m.slowBodies, m.evictions, m.demotions, m.corrupt, m.leaseRejected, m.bytesServed, m.inFlight, m.device, m.publishFailures, m.publishPending)
 	}
 	return m
 }

@@ -3,6 +3,7 @@ package holder
 import (
 	"container/list"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -39,9 +40,10 @@ type entry struct {
 
 	blk       *container.Block // nil when split or only on disk
 	onDisk    bool
-	demoting  bool   // its file is being written (out of the host tier's LRU and count)
-	refs      int    // GETs using blk, or dev and tail (under store.mu)
-	orphan    []byte // host memory given up while refs > 0
+	demoting  bool      // its file is being written (out of the host tier's LRU and count)
+	refs      int       // GETs using blk, or dev and tail (under store.mu)
+	readers   []*reader // the GETs among them, charged if it is orphaned
+	orphan    []byte    // host memory given up while refs > 0
 	devOrphan tier.DeviceBuffer
 
 	dev       tier.DeviceBuffer
@@ -99,6 +101,9 @@ type store struct {
 	disk     *tier.Disk
 	bufs     *bufferPool
 	dev      *deviceTier // nil: no device tier
+	// orphaned is the host memory of entries released while GETs still
+	// send them (their orphans): held beyond capacity until they end.
+	orphaned int64
 	// Demotions to local storage are chosen under mu and written
 	// outside it (encryption, file, two fsyncs: about a millisecond that
 	// would stall every GET and PUT): toDisk are those chosen and not
@@ -222,7 +227,13 @@ func (s *store) releaseBlockLocked(e *entry) {
 		return
 	}
 	if e.refs > 0 {
+		// Held beyond capacity by the GETs sending it, each charged to
+		// its client's read allowance (reads.go).
 		e.orphan = buf
+		s.orphaned += int64(cap(buf))
+		for _, rd := range e.readers {
+			rd.evicted(int64(cap(buf)))
+		}
 		return
 	}
 	s.bufs.put(buf)
@@ -475,7 +486,7 @@ func (s *store) writeDemotions() (demoted, evicted []*entry) {
 			demoted = append(demoted, v)
 		}
 		s.mu.Unlock()
-		s.unref(v)
+		s.unref(v, nil)
 	}
 	return demoted, evicted
 }
@@ -698,21 +709,37 @@ func (s *store) residence(e *entry) residence {
 // (tier.ErrCorrupt when that fails). The caller calls release when done:
 // until then an eviction or demotion does not reuse their memory.
 func (s *store) acquire(e *entry, g container.Geometry) (r residence, release func(), err error) {
+	return s.acquireFor(e, g, nil)
+}
+
+// acquireFor is acquire for a GET's reader (nil: none, an RDMA read): the
+// reader is charged for a block read back from disk (429 past its
+// client's allowance, before the read) and, if the block leaves host
+// memory while it is read, for that memory.
+func (s *store) acquireFor(e *entry, g container.Geometry, rd *reader) (r residence, release func(), err error) {
 	s.mu.Lock()
-	if e.att != nil && s.m[e.id] != e { // unpublished since it was found: its pages are the engine's again
+	if s.m[e.id] != e { // evicted, dropped or unpublished since it was found: its memory is no longer its own
 		s.mu.Unlock()
 		return nil, nil, errGone
 	}
 	r = s.residenceLocked(e)
 	if _, onDisk := r.(diskBlock); !onDisk {
 		e.refs++
+		if rd != nil {
+			e.readers = append(e.readers, rd)
+		}
 		if e.devElem != nil {
 			s.dev.lru.MoveToFront(e.devElem)
 		}
 		s.mu.Unlock()
-		return r, func() { s.unref(e) }, nil
+		return r, func() { s.unref(e, rd) }, nil
 	}
 	s.mu.Unlock()
+	if rd != nil {
+		if err := rd.reserve(e.octets); err != nil { // the copy read back
+			return nil, nil, err
+		}
+	}
 	blk, err := s.disk.Get(e.id.name(), g)
 	if err != nil {
 		return nil, nil, err
@@ -720,10 +747,17 @@ func (s *store) acquire(e *entry, g container.Geometry) (r residence, release fu
 	return diskBlock{hostBlock{blk}}, func() {}, nil
 }
 
-func (s *store) unref(e *entry) {
+// unref ends a reference to e taken by acquireFor (rd: its reader, or
+// nil), or by the demotion writer.
+func (s *store) unref(e *entry, rd *reader) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e.refs--
+	if rd != nil {
+		if i := slices.Index(e.readers, rd); i >= 0 {
+			e.readers = slices.Delete(e.readers, i, i+1)
+		}
+	}
 	if e.refs > 0 {
 		return
 	}
@@ -732,6 +766,7 @@ func (s *store) unref(e *entry) {
 		e.idle = nil
 	}
 	if e.orphan != nil {
+		s.orphaned -= int64(cap(e.orphan))
 		s.bufs.put(e.orphan)
 		e.orphan = nil
 	}
@@ -765,4 +800,12 @@ func (s *store) all() []*entry {
 		out = append(out, e)
 	}
 	return out
+}
+
+// evictedHeld is the host memory held beyond capacity by GETs of blocks
+// that left the tier while they were sent (the metric's "evicted").
+func (s *store) evictedHeld() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.orphaned
 }

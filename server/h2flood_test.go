@@ -32,11 +32,12 @@ type h2conn struct {
 	maxStreams atomic.Uint32 // the server's SETTINGS_MAX_CONCURRENT_STREAMS
 	settings   chan struct{} // closed at the server's first SETTINGS
 	goAway     atomic.Pointer[http2.GoAwayFrame]
-	done       chan struct{} // closed when the server ends the connection
+	resets     chan http2.RSTStreamFrame // the server's RST_STREAMs (while there is room)
+	done       chan struct{}             // closed when the server ends the connection
 	readErr    error
 }
 
-func dialH2(t *testing.T, addr string, conf *tls.Config) *h2conn {
+func dialH2(t *testing.T, addr string, conf *tls.Config, settings ...http2.Setting) *h2conn {
 	t.Helper()
 	conf = conf.Clone()
 	conf.NextProtos = []string{"h2"}
@@ -47,11 +48,11 @@ func dialH2(t *testing.T, addr string, conf *tls.Config) *h2conn {
 	if p := c.ConnectionState().NegotiatedProtocol; p != "h2" {
 		t.Fatalf("ALPN %q, want h2", p)
 	}
-	h := &h2conn{c: c, fr: http2.NewFramer(c, c), settings: make(chan struct{}), done: make(chan struct{})}
+	h := &h2conn{c: c, fr: http2.NewFramer(c, c), settings: make(chan struct{}), resets: make(chan http2.RSTStreamFrame, 1024), done: make(chan struct{})}
 	if _, err := io.WriteString(c, http2.ClientPreface); err != nil {
 		t.Fatal(err)
 	}
-	if err := h.fr.WriteSettings(); err != nil {
+	if err := h.fr.WriteSettings(settings...); err != nil {
 		t.Fatal(err)
 	}
 	go h.read()
@@ -90,6 +91,11 @@ func (h *h2conn) read() {
 		case *http2.GoAwayFrame:
 			g := *f
 			h.goAway.Store(&g)
+		case *http2.RSTStreamFrame:
+			select {
+			case h.resets <- *f:
+			default:
+			}
 		}
 	}
 }

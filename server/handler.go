@@ -10,7 +10,9 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"mime"
+	"net"
 	"net/http"
+	"os"
 	"runtime/debug"
 	"slices"
 	"strconv"
@@ -18,6 +20,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/bytebufferpool"
 
 	"github.com/kvsp/kvsp"
@@ -105,11 +108,135 @@ func newRequestID() string {
 	return hex.EncodeToString(b[:])
 }
 
-// statusWriter records whether and what the handler wrote.
+// statusWriter records whether and what the handler wrote, and sets the
+// write deadline of each of its writes (the minimum rate, below).
 type statusWriter struct {
 	http.ResponseWriter
 	status int
 	bytes  int64
+
+	// The minimum rate (Config.MinWriteRate, WriteGrace). A response's
+	// writes may wait for its reader (for HTTP/2 window, the connection's
+	// write lock, the socket) the credit it has, plus the time their own
+	// octets take at the rate: before each write or flush its deadline is
+	// set to that, and the time it waited is taken from the credit, which
+	// its octets at the rate add to, up to the grace. A reader that keeps
+	// up the rate is never cut, a stalled one is at the grace (plus the
+	// time of the octets of the write it stalls in), and time the handler
+	// spends between writes, producing, does not count: a slow producer
+	// (a token stream) is never cut, only a slow reader. The credit is
+	// capped so that a response that went fast for long cannot bank a
+	// stall as long.
+	rc           *http.ResponseController // the underlying writer's; nil: writes are not paced
+	rate         float64                  // octets per second
+	grace, slack time.Duration
+	credit       time.Duration
+	cancel       context.CancelCauseFunc // the handler's context
+	slow         prometheus.Counter      // the route's responses cut for a slow reader
+
+	mu     sync.Mutex // limit, set and failed: SetWriteDeadline may come from another goroutine
+	limit  time.Time  // the route's deadline (Timeout), or the handler's own (SetWriteDeadline)
+	set    time.Time  // the deadline now set on the underlying writer
+	failed error      // a write ran past its deadline: later ones fail at once
+}
+
+// heldOctets is what a write that waits for nothing may leave unsent (net/http's
+// buffer, internal/h2's held writes): a flush's allowance, and the final one's
+// when the handler returns.
+const heldOctets = 4 << 10
+
+// ErrSlowReader is the cause the adapter gives a handler's context when
+// its client did not read the response at the minimum rate
+// (Config.MinWriteRate after WriteGrace): the response is cut (its HTTP/2
+// or HTTP/3 stream reset, its HTTP/1.1 connection closed). The transport
+// may have ended the context first, with a cause of its own (internal/h2
+// as it resets the stream, net/http at the socket's failed write); the
+// write's error is a timeout (a net.Error) on every transport.
+var ErrSlowReader = errors.New("server: the client read the response below the minimum rate")
+
+// pace starts the minimum rate on w's writes.
+func (w *statusWriter) pace(rate int64, grace time.Duration, cancel context.CancelCauseFunc, slow prometheus.Counter) {
+	w.rc = http.NewResponseController(w.ResponseWriter)
+	w.rate, w.grace, w.credit, w.cancel, w.slow = float64(rate), grace, grace, cancel, slow
+	w.slack = grace / 4
+}
+
+// pending is a write under way: when it started, how long the rate lets
+// it wait, and whether a deadline of the route's or the handler's comes
+// sooner.
+type pending struct {
+	start   time.Time
+	allowed time.Duration
+	limited bool
+}
+
+// arm sets the deadline of a write of n octets about to start; an error
+// when an earlier write ran past its deadline.
+func (w *statusWriter) arm(n int) (pending, error) {
+	now := time.Now()
+	allowed := w.credit + time.Duration(float64(n)/w.rate*float64(time.Second))
+	want := now.Add(allowed)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.failed != nil {
+		return pending{}, w.failed
+	}
+	limited := !w.limit.IsZero() && !w.limit.After(want)
+	if limited {
+		want = w.limit
+	}
+	// The deadline set is kept while it is no earlier than wanted and at
+	// most slack later: a reader that keeps up has it moved about once
+	// per slack, not a timer's reset per write.
+	if w.set.Before(want) || w.set.Sub(want) > w.slack {
+		d := want
+		if !limited {
+			d = want.Add(w.slack)
+			if !w.limit.IsZero() && w.limit.Before(d) {
+				d = w.limit
+			}
+		}
+		if w.rc.SetWriteDeadline(d) == nil { // else a writer without deadlines: unpaced
+			w.set = d
+		}
+	}
+	return pending{now, allowed, limited}, nil
+}
+
+// settle takes the time a write waited from the credit; a write past its
+// deadline fails every later one and ends the handler's context: for a
+// slow reader when the rate's deadline was the one that passed, else
+// (the route's Timeout, a role's cut) with the write's error.
+func (w *statusWriter) settle(p pending, err error) {
+	w.credit = min(w.grace, max(0, p.allowed-time.Since(p.start)))
+	var ne net.Error
+	if err == nil || !(errors.Is(err, os.ErrDeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()) {
+		return
+	}
+	w.mu.Lock()
+	first := w.failed == nil
+	if first {
+		w.failed = err
+	}
+	w.mu.Unlock()
+	switch {
+	case !first:
+	case p.limited:
+		w.cancel(err)
+	default:
+		w.slow.Inc()
+		w.cancel(ErrSlowReader)
+	}
+}
+
+// timedOut returns the error of a write that ran past its deadline.
+func (w *statusWriter) timedOut() error {
+	if w.rc == nil {
+		return nil
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.failed
 }
 
 func (w *statusWriter) WriteHeader(code int) {
@@ -123,9 +250,59 @@ func (w *statusWriter) Write(p []byte) (int, error) {
 	if w.status == 0 {
 		w.status = http.StatusOK
 	}
+	if w.rc == nil {
+		n, err := w.ResponseWriter.Write(p)
+		w.bytes += int64(n)
+		return n, err
+	}
+	pw, err := w.arm(len(p))
+	if err != nil {
+		return 0, err
+	}
 	n, err := w.ResponseWriter.Write(p)
+	w.settle(pw, err)
 	w.bytes += int64(n)
 	return n, err
+}
+
+// FlushError sends what the response holds (http.ResponseController's
+// Flush), within its deadline.
+func (w *statusWriter) FlushError() error {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	if w.rc == nil {
+		return http.NewResponseController(w.ResponseWriter).Flush()
+	}
+	pw, err := w.arm(heldOctets)
+	if err != nil {
+		return err
+	}
+	err = w.rc.Flush()
+	w.settle(pw, err)
+	return err
+}
+
+// Flush is http.Flusher's.
+func (w *statusWriter) Flush() { w.FlushError() }
+
+// SetWriteDeadline bounds the response's writes (http.ResponseController):
+// with the minimum rate, each write's deadline is the sooner of this one
+// and the rate's, and a deadline sooner than the one set applies at once,
+// to a write under way too (from any goroutine: a role cutting a response
+// short sets it to now).
+func (w *statusWriter) SetWriteDeadline(t time.Time) error {
+	if w.rc == nil {
+		return http.NewResponseController(w.ResponseWriter).SetWriteDeadline(t)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.limit = t
+	if t.IsZero() || (!w.set.IsZero() && !t.Before(w.set)) {
+		return nil // the rate's deadline, sooner, stays
+	}
+	w.set = t
+	return w.rc.SetWriteDeadline(t)
 }
 
 // Unwrap lets http.ResponseController reach the connection.
@@ -175,6 +352,14 @@ func (s *Server) wrap(pattern string, rt Route, h HandlerFunc) http.Handler {
 		if s.altSvc != "" {
 			w.Header().Set("Alt-Svc", s.altSvc)
 		}
+		// Every response, a refusal's problem too, is written within the
+		// minimum rate: a client that does not read (an HTTP/2 window of
+		// 0) has it cut and its handler's context ended.
+		ctx, cancel := context.WithCancelCause(r.Context())
+		defer cancel(nil)
+		if s.cfg.MinWriteRate > 0 {
+			w.pace(s.cfg.MinWriteRate, s.cfg.WriteGrace, cancel, rm.slow)
+		}
 		var ident string
 		err := func() (err error) {
 			// A panic is a bug, not a reason to reset the client's stream:
@@ -205,14 +390,14 @@ func (s *Server) wrap(pattern string, rt Route, h HandlerFunc) http.Handler {
 			if len(rt.Roles) > 0 && !p.HasAny(rt.Roles...) {
 				return fmt.Errorf("%w: role not allowed on this resource", kvsp.ErrForbidden)
 			}
-			ctx := context.WithValue(r.Context(), principalKey, p)
+			ctx := context.WithValue(ctx, principalKey, p)
 			ctx = context.WithValue(ctx, requestIDKey, id)
 			ctx = context.WithValue(ctx, loggerKey, rl)
 			if rt.Timeout > 0 {
 				var cancel context.CancelFunc
 				ctx, cancel = context.WithTimeout(ctx, rt.Timeout)
 				defer cancel()
-				http.NewResponseController(w).SetWriteDeadline(start.Add(rt.Timeout))
+				w.SetWriteDeadline(start.Add(rt.Timeout))
 				// The write deadline alone let one of B6's slow readers keep
 				// its connection 5 s past it now and then (a write of the TLS
 				// connection blocked past the deadline): an HTTP/1.1
@@ -232,6 +417,9 @@ func (s *Server) wrap(pattern string, rt Route, h HandlerFunc) http.Handler {
 			}
 			return h(w, r.WithContext(ctx))
 		}()
+		if err == nil {
+			err = w.timedOut() // a handler that ignored its write's error: cut all the same
+		}
 		if err != nil {
 			if w.status != 0 {
 				// The response was under way (a block stream): it cannot
@@ -246,6 +434,9 @@ func (s *Server) wrap(pattern string, rt Route, h HandlerFunc) http.Handler {
 				panic(http.ErrAbortHandler)
 			}
 			writeProblem(w, err, id)
+		}
+		if w.rc != nil { // what the response still holds goes out within the rate too
+			w.arm(heldOctets)
 		}
 		elapsed := time.Since(start)
 		rm.observe(w.status, elapsed, w.bytes)

@@ -15,6 +15,7 @@ type metrics struct {
 	bytes      *prometheus.CounterVec
 	handshakes *prometheus.CounterVec
 	aborted    *prometheus.CounterVec
+	slow       *prometheus.CounterVec
 	panics     *prometheus.CounterVec
 }
 
@@ -36,12 +37,15 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		aborted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvsp_http_aborted_responses_total", Help: "Responses cut after they started (the client reset the stream, or the handler failed mid-body), by route.",
 		}, []string{"route"}),
+		slow: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvsp_http_slow_reader_responses_total", Help: "Responses cut because their client did not read them at the minimum rate (min_write_rate after write_grace_ms: an HTTP/2 or HTTP/3 stream reset, an HTTP/1.1 connection closed), by route.",
+		}, []string{"route"}),
 		panics: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvsp_http_handler_panics_total", Help: "Handlers that panicked (answered 500, or cut if the response had started), by route.",
 		}, []string{"route"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.duration, m.bytes, m.handshakes, m.aborted, m.panics)
+		reg.MustRegister(m.requests, m.duration, m.bytes, m.handshakes, m.aborted, m.slow, m.panics)
 	}
 	return m
 }
@@ -55,11 +59,12 @@ type routeMetrics struct {
 	ok       prometheus.Counter // requests answered 200
 	duration prometheus.Observer
 	bytes    prometheus.Counter
+	slow     prometheus.Counter // responses cut for a slow reader
 }
 
 func (m *metrics) forRoute(route string) *routeMetrics {
 	return &routeMetrics{m: m, route: route, ok: m.requests.WithLabelValues(route, "200"),
-		duration: m.duration.WithLabelValues(route), bytes: m.bytes.WithLabelValues(route)}
+		duration: m.duration.WithLabelValues(route), bytes: m.bytes.WithLabelValues(route), slow: m.slow.WithLabelValues(route)}
 }
 
 func (rm *routeMetrics) observe(status int, d time.Duration, n int64) {

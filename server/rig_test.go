@@ -50,6 +50,8 @@ type rigOptions struct {
 	Now               func() time.Time // the server's clock (certificate validity per request)
 	Level             slog.Leveler     // the log's level; nil: debug
 	NetHTTP2          bool             // net/http's HTTP/2 server
+	MinWriteRate      int64            // server.Config's (zero: its default)
+	WriteGrace        time.Duration
 }
 
 func startRig(t *testing.T, p *kvsptest.PKI, o rigOptions, mount func(*server.Server)) *rig {
@@ -77,6 +79,7 @@ func startRig(t *testing.T, p *kvsptest.PKI, o rigOptions, mount func(*server.Se
 	}
 	srv, err := server.New(server.Config{
 		Credentials: creds, Policy: pol, ReadHeaderTimeout: o.ReadHeaderTimeout, Registerer: reg, Now: o.Now, NetHTTP2: o.NetHTTP2,
+		MinWriteRate: o.MinWriteRate, WriteGrace: o.WriteGrace,
 		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: level})),
 	})
 	if err != nil {

@@ -53,6 +53,18 @@ type Config struct {
 	IdleTimeout time.Duration
 	// MaxHeaderBytes bounds request headers; default 64 KiB.
 	MaxHeaderBytes int
+	// MinWriteRate is the rate, in octets per second, at which a client
+	// must read every response once WriteGrace has passed (RELIABILITY
+	// B11): the time a response's writes wait for their reader (for HTTP/2
+	// window, the socket) may not exceed WriteGrace plus the time their
+	// octets take at this rate; time the handler spends producing between
+	// writes does not count. A response that falls behind is cut (its
+	// HTTP/2 or HTTP/3 stream reset, its HTTP/1.1 connection closed) and
+	// its handler's context ends (ErrSlowReader). Defaults
+	// DefaultMinWriteRate and DefaultWriteGrace; a negative rate turns
+	// it off. A route's Timeout still bounds its response as a whole.
+	MinWriteRate int64
+	WriteGrace   time.Duration
 	// Logger receives one line per request; default: discard.
 	Logger *slog.Logger
 	// Registerer receives the HTTP metrics; nil: not registered.
@@ -89,11 +101,26 @@ func (c *Config) Validate() error {
 		return errors.New("server: policy required")
 	case c.QUIC[http3.NextProtoH3] != nil:
 		return errors.New("server: quic: h3 is the HTTP3 option's")
-	case c.ReadHeaderTimeout < 0 || c.IdleTimeout < 0 || c.MaxHeaderBytes < 0:
+	case c.ReadHeaderTimeout < 0 || c.IdleTimeout < 0 || c.MaxHeaderBytes < 0 || c.WriteGrace < 0:
 		return errors.New("server: negative timeout or limit")
 	}
 	return nil
 }
+
+// Write-rate defaults (RELIABILITY B11). The rate is the one a holder asks
+// of a block PUT's body (holder.DefaultMinBodyRate): a reader is held to
+// what a writer is. It applies to each response, so it must hold for a
+// client that splits a slow link among many streams: 16 block GETs at
+// once at 1 MiB/s each take 134 Mbit/s, far below the links KV caches
+// travel on. The grace is longer than a body's (1 s): it absorbs a reader's
+// pauses (a collection, TCP's backoff after losses, a client reading its
+// streams one after another through a shared connection window) and is
+// how long a client that reads nothing holds its handler: a zero-window
+// stream waiting on a 2 MiB block is cut after 5 s + 2 s.
+const (
+	DefaultMinWriteRate = 1 << 20 // octets per second
+	DefaultWriteGrace   = 5 * time.Second
+)
 
 func (c *Config) populate() {
 	if c.ReadHeaderTimeout == 0 {
@@ -104,6 +131,12 @@ func (c *Config) populate() {
 	}
 	if c.MaxHeaderBytes == 0 {
 		c.MaxHeaderBytes = 64 << 10
+	}
+	if c.MinWriteRate == 0 {
+		c.MinWriteRate = DefaultMinWriteRate
+	}
+	if c.WriteGrace == 0 {
+		c.WriteGrace = DefaultWriteGrace
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -174,7 +207,16 @@ func New(cfg Config) (*Server, error) {
 	}
 	if !cfg.NetHTTP2 {
 		// The same windows and frame size as bulkHTTP2.
-		h2.New(h2.Config{MaxReadFrameSize: 1 << 20, StreamWindow: 3 << 20, ConnWindow: 3 << 20}).Configure(s.hs)
+		h2c := h2.Config{MaxReadFrameSize: 1 << 20, StreamWindow: 3 << 20, ConnWindow: 3 << 20}
+		if cfg.MinWriteRate > 0 {
+			// The socket's deadline, under every stream's: what one lock
+			// holder writes (a frame of up to 1 MiB, as kvsp's clients
+			// allow) keeps up the rate too, or the connection, whose
+			// client reads none of its streams, ends. internal/h2 moves
+			// it when half is left: at least grace plus a frame's time.
+			h2c.WriteTimeout = 2 * (cfg.WriteGrace + time.Duration(float64(1<<20)/float64(cfg.MinWriteRate)*float64(time.Second)))
+		}
+		h2.New(h2c).Configure(s.hs)
 	}
 	if cfg.HTTP3 {
 		s.h3 = &http3.Server{

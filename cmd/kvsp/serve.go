@@ -79,7 +79,14 @@ func serve(ctx context.Context, args []string, stderr io.Writer, hup <-chan os.S
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	scfg := server.Config{Credentials: creds, Policy: policy, HTTP3: cfg.HTTP3, UDPBuffer: cfg.UDPBufferBytes, Logger: log, Registerer: reg}
+	scfg := server.Config{Credentials: creds, Policy: policy, HTTP3: cfg.HTTP3, UDPBuffer: cfg.UDPBufferBytes, Logger: log, Registerer: reg,
+		WriteGrace: time.Duration(cfg.WriteGraceMs) * time.Millisecond}
+	if r := cfg.MinWriteRate; r != nil {
+		scfg.MinWriteRate = int64(*r)
+		if *r == 0 {
+			scfg.MinWriteRate = -1 // 0 in the file turns it off; server.Config's 0 is its default
+		}
+	}
 	var bulk *quicbulk.Server
 	if cfg.QUICBulk {
 		bulk = &quicbulk.Server{Logger: log}
@@ -339,6 +346,7 @@ func newHolder(cfg *config.Config, hcfg *config.Holder, c *client.Client, target
 	hc.LeaseQuota = holder.LeaseQuota{Octets: int64(hcfg.LeaseQuota.Octets), MaxTTL: time.Duration(hcfg.LeaseQuota.MaxTTLMs) * time.Millisecond, MaxLeases: hcfg.LeaseQuota.MaxLeases}
 	hc.Index, hc.RecordTTL, hc.Logger, hc.Registerer = c.Index(hcfg.Index), time.Duration(hcfg.RecordTTLMs)*time.Millisecond, log, reg
 	hc.MinBodyRate, hc.BodyGrace = int64(hcfg.MinBodyRate), time.Duration(hcfg.BodyGraceMs)*time.Millisecond
+	hc.MaxReadPerClient = int64(hcfg.MaxReadPerClient)
 	// Without descriptors of its own, a holder is a cache server: any
 	// compat_id is stored (those of its instances still checked against
 	// their geometry).

@@ -50,6 +50,16 @@ type Config struct {
 	Instances      []Instance   `yaml:"instances"`
 	Dir            string       `yaml:"-"` // the file's directory
 	ScopeKeys      []ScopeEntry `yaml:"-"` // loaded from Scopes
+
+	// MinWriteRate is the rate (octets per second, "1MiB" allowed) at
+	// which a client must read every response once WriteGraceMs has
+	// passed: a response whose writes wait for their reader longer than
+	// the grace plus their octets at this rate is cut (its stream reset,
+	// its HTTP/1.1 connection closed) and its handler stopped (RELIABILITY
+	// B11); time a handler spends producing does not count. Defaults
+	// 1 MiB/s and 5000 ms; 0 turns it off.
+	MinWriteRate *Size  `yaml:"min_write_rate"`
+	WriteGraceMs uint64 `yaml:"write_grace_ms"`
 }
 
 // TLS names the PEM files: the listener's certificate, the CA bundle of
@@ -145,6 +155,9 @@ type Controller struct {
 	MaxShare float64 `yaml:"max_share"`
 }
 
+// maxWriteGraceMs bounds write_grace_ms (ten minutes).
+const maxWriteGraceMs = 600000
+
 // maxMinDeadlineMs bounds controller.min_deadline_ms, and
 // maxPlacementTTLMs controller.placement_ttl_ms.
 const (
@@ -179,6 +192,12 @@ type Holder struct {
 	// for: without descriptors, a holder stores any compat_id (a cache
 	// server shared by many models); default 64 MiB.
 	MaxBlockSize Size `yaml:"max_block_size"`
+	// MaxReadPerClient is one client's allowance of memory its block GETs
+	// hold beyond the host tier (blocks read back from local storage or
+	// copied for one GET, blocks evicted while they are sent): a GET past
+	// it is refused with 429, or cut (RELIABILITY B12); default 64 MiB, at
+	// least four of the largest block.
+	MaxReadPerClient Size `yaml:"max_read_per_client"`
 }
 
 // RDMA names an RDMA device.
@@ -521,6 +540,9 @@ func (c *Config) validateProcess() error {
 	}
 	if c.UDPBufferBytes < 0 {
 		return fieldErr("udp_buffer_bytes", "want a size in octets")
+	}
+	if c.WriteGraceMs > maxWriteGraceMs {
+		return fieldErr("write_grace_ms", "want at most %d", maxWriteGraceMs)
 	}
 	if c.MetricsListen != "" {
 		if _, _, err := net.SplitHostPort(c.MetricsListen); err != nil {

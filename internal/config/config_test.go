@@ -42,6 +42,15 @@ index: {base: https://h/is/, max_ttl_ms: 1000, max_lookup_keys: 64}
 	if c.TLS.ClientCert != filepath.Join(dir, "c.pem") || c.Index.Backend != "memory" || len(c.ScopeKeys) != 1 {
 		t.Fatalf("defaults: %+v", c)
 	}
+	if c.MinWriteRate != nil || c.WriteGraceMs != 0 { // absent: server.Config's defaults
+		t.Fatalf("min_write_rate %v, write_grace_ms %d when absent", c.MinWriteRate, c.WriteGraceMs)
+	}
+	for text, want := range map[string]Size{"min_write_rate: 0\n": 0, "min_write_rate: 256KiB\nwrite_grace_ms: 2000\n": 256 << 10} {
+		c, err := Parse([]byte(base+text), dir)
+		if err != nil || c.MinWriteRate == nil || *c.MinWriteRate != want {
+			t.Fatalf("%q: %v %v", text, c, err)
+		}
+	}
 	for field, text := range map[string]string{
 		"listen":                       strings.Replace(base, "127.0.0.1:8443", "8443", 1),
 		"tls.key":                      strings.Replace(base, "k.pem", "missing.pem", 1),
@@ -55,6 +64,7 @@ index: {base: https://h/is/, max_ttl_ms: 1000, max_lookup_keys: 64}
 		"controller.etcd.endpoints":    base + "controller: {base: https://h/pc/, index: https://h/is/, state: etcd}\n",
 		"controller.etcd.endpoints[0]": base + "controller: {base: https://h/pc/, index: https://h/is/, state: etcd, etcd: {endpoints: [127.0.0.1:2379]}}\n",
 		"controller.min_deadline_ms":   base + "controller: {base: https://h/pc/, index: https://h/is/, min_deadline_ms: 60001}\n",
+		"write_grace_ms":               base + "write_grace_ms: 600001\n",
 		"field x_index":                strings.Replace(base, "index:", "x_index:", 1) + "index: {base: https://h/is/, max_ttl_ms: 1, max_lookup_keys: 1}\n",
 		"holders[0].attach_socket": base + "holders: [{base: https://h/h1/, index: https://h/is/, lease_quota: {octets: 1, max_ttl_ms: 1, max_leases: 1}," +
 			" tiers: [{name: host, capacity: 1GiB}], attach_socket: a.sock}]\n",
@@ -95,5 +105,12 @@ holders: [{base: https://h/h1/, index: https://h/is/, tiers: [{name: host, capac
 	}
 	if !c.Index.ProducerDigests {
 		t.Fatal("index.producer_digests not read")
+	}
+	if c.Holders[0].MaxReadPerClient != 0 { // absent: holder.Config's default
+		t.Fatalf("max_read_per_client %d when absent", c.Holders[0].MaxReadPerClient)
+	}
+	c, err = Parse([]byte(strings.Replace(base, "%s", ", max_read_per_client: 128MiB", 1)), dir)
+	if err != nil || c.Holders[0].MaxReadPerClient != 128<<20 {
+		t.Fatalf("max_read_per_client: %v %v", c, err)
 	}
 }

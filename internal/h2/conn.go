@@ -668,15 +668,33 @@ func (c *conn) resetStream(id uint32, code http2.ErrCode) error {
 	st := c.streams[id]
 	c.mu.Unlock()
 	if st != nil {
-		st.closeStream(serverReset{code})
+		st.closeStream(serverReset{code: code})
 	}
 	return err
 }
 
-// serverReset is the error of a stream this side reset.
-type serverReset struct{ code http2.ErrCode }
+// serverReset is the error of a stream this side reset (cause: why, when
+// it was not a stream error of the client's: a write past its deadline).
+type serverReset struct {
+	code  http2.ErrCode
+	cause error
+}
 
-func (e serverReset) Error() string { return fmt.Sprintf("h2: stream reset by the server: %v", e.code) }
+func (e serverReset) Error() string {
+	if e.cause != nil {
+		return fmt.Sprintf("h2: stream reset by the server: %v: %v", e.code, e.cause)
+	}
+	return fmt.Sprintf("h2: stream reset by the server: %v", e.code)
+}
+
+func (e serverReset) Unwrap() error { return e.cause }
+
+// wasReset reports whether a stream's error is a reset already (by either
+// side) or the connection's end: no RST_STREAM is to follow it.
+func wasReset(err error) bool {
+	var sr serverReset
+	return errors.Is(err, errStreamReset) || errors.Is(err, errConnClosed) || errors.As(err, &sr)
+}
 
 // goAwayGracefully sends GOAWAY(NO_ERROR): no new streams; the connection
 // closes once those under way have ended.

@@ -27,7 +27,11 @@
 // windows hold what a connection buffers; control frames the client
 // provokes (PING, SETTINGS, RST_STREAM answers) are queued up to a bound
 // past which the connection is closed; an idle connection is closed after
-// the idle timeout, and every write has a deadline.
+// the idle timeout, and every write has a deadline: the connection's
+// (WriteTimeout) for what it writes to the socket, and a stream's
+// (http.ResponseController.SetWriteDeadline) for its waits for window and
+// for the write lock, past which the stream is reset (CANCEL) and its
+// handler's context ends; a frame is never cut half written.
 package h2
 
 import (

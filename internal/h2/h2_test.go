@@ -463,6 +463,99 @@ func TestWriteDeadline(t *testing.T) {
 	}
 }
 
+// TestWriteDeadlineResetsTheStream (RELIABILITY B11): a client that grants
+// no window (SETTINGS_INITIAL_WINDOW_SIZE 0) leaves a response waiting;
+// at its write deadline the stream is reset (CANCEL) at once, and the
+// handler's context ends, although the handler ignores the write's error
+// and waits for its context rather than returning. A deadline moved to
+// now from another goroutine cuts a write under way the same way. Another
+// stream of the connection, which the client grants window, flows
+// meanwhile.
+func TestWriteDeadlineResetsTheStream(t *testing.T) {
+	const deadline = 200 * time.Millisecond
+	type ended struct {
+		path  string
+		write error
+		after time.Duration
+	}
+	done := make(chan ended, 2)
+	cuts := make(chan *http.ResponseController, 1)
+	mux := http.NewServeMux()
+	stall := func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		rc := http.NewResponseController(w)
+		if r.URL.Path == "/stall" {
+			rc.SetWriteDeadline(time.Now().Add(deadline))
+		} else {
+			rc.SetWriteDeadline(time.Now().Add(time.Hour))
+			cuts <- rc
+		}
+		_, err := w.Write(block[:1<<20]) // its error ignored:
+		<-r.Context().Done()             // the handler only ends with its context
+		done <- ended{r.URL.Path, err, time.Since(start)}
+	}
+	mux.HandleFunc("/stall", stall)
+	mux.HandleFunc("/cut", stall)
+	mux.HandleFunc("/ok", blockHandler(256<<10))
+	s := startServer(t, h2.Config{}, mux)
+	rc := s.raw(t, http2.Setting{ID: http2.SettingInitialWindowSize, Val: 0})
+	start := time.Now()
+	rc.request(1, "GET", "/stall", true)
+	rc.request(3, "GET", "/ok", true)
+	rc.mu.Lock()
+	rc.fr.WriteWindowUpdate(3, 256<<10)
+	rc.fr.WriteWindowUpdate(0, 256<<10)
+	rc.mu.Unlock()
+	got := 0
+	var rst *http2.RSTStreamFrame
+	for rst == nil || got < 256<<10 {
+		switch f := rc.next(5*time.Second, func(f http2.Frame) bool {
+			switch f := f.(type) {
+			case *http2.DataFrame:
+				return f.StreamID == 3
+			case *http2.RSTStreamFrame:
+				return true
+			}
+			return false
+		}).(type) {
+		case *http2.DataFrame:
+			got += len(f.Data())
+		case *http2.RSTStreamFrame:
+			if f.StreamID != 1 || f.ErrCode != http2.ErrCodeCancel {
+				t.Fatalf("RST_STREAM %v, want stream 1's CANCEL", f)
+			}
+			if d := time.Since(start); d < deadline || d > deadline+2*time.Second {
+				t.Fatalf("stream 1 reset after %v, want just past its deadline of %v", d, deadline)
+			}
+			rst = f
+		}
+	}
+	checkEnded := func(path string) {
+		t.Helper()
+		select {
+		case e := <-done:
+			var ne net.Error
+			if e.path != path || !errors.As(e.write, &ne) || !ne.Timeout() {
+				t.Fatalf("%s ended: its write returned %v, want a timeout", e.path, e.write)
+			}
+			t.Logf("%s: write %v, handler ended after %v", e.path, e.write, e.after.Round(time.Millisecond))
+		case <-time.After(5 * time.Second):
+			t.Fatalf("the handler of %s did not end: its context goes on past the reset", path)
+		}
+	}
+	checkEnded("/stall")
+
+	rc.request(5, "GET", "/cut", true)
+	cut := <-cuts
+	time.Sleep(50 * time.Millisecond) // the write waits for window
+	cut.SetWriteDeadline(time.Now())
+	f := rc.next(5*time.Second, func(f http2.Frame) bool { _, ok := f.(*http2.RSTStreamFrame); return ok }).(*http2.RSTStreamFrame)
+	if f.StreamID != 5 || f.ErrCode != http2.ErrCodeCancel {
+		t.Fatalf("after the cut: RST_STREAM %v, want stream 5's CANCEL", f)
+	}
+	checkEnded("/cut")
+}
+
 // TestIdleAndShutdown: a connection without streams goes away after the
 // idle timeout (GOAWAY NO_ERROR, then closed); Shutdown lets a response
 // under way finish, refuses new streams and ends the connection.

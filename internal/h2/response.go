@@ -1,7 +1,6 @@
 package h2
 
 import (
-	"errors"
 	"net/http"
 	"slices"
 	"strconv"
@@ -230,8 +229,7 @@ func (w *responseWriter) finish() {
 		return
 	}
 	if err := w.st.err(); err != nil {
-		var sr serverReset
-		if !errors.Is(err, errStreamReset) && !errors.Is(err, errConnClosed) && !errors.As(err, &sr) {
+		if !wasReset(err) {
 			w.st.c.resetStream(w.st.id, http2.ErrCodeCancel)
 		}
 		return
@@ -365,7 +363,7 @@ func (c *conn) takeWindow(st *stream, want int, beforeWait func()) (n int, err e
 		select {
 		case <-st.wakeCh:
 		case <-timeout:
-			return 0, errWriteTimeout
+			return 0, c.writeTimedOut(st)
 		case <-st.ctx.Done():
 		case <-c.done:
 			return 0, errConnClosed

@@ -326,7 +326,9 @@ func (c *conn) runHandler(st *stream, req *http.Request) {
 				buf = buf[:runtime.Stack(buf, false)]
 				c.logf("http2: panic serving %v: %v\n%s", c.remote, v, buf)
 			}
-			c.resetStream(st.id, http2.ErrCodeInternal)
+			if err := st.err(); err == nil || !wasReset(err) { // not a second RST_STREAM (a write past its deadline reset it)
+				c.resetStream(st.id, http2.ErrCodeInternal)
+			}
 		}
 		if st.body != nil {
 			st.body.closeRead()

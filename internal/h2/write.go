@@ -21,34 +21,49 @@ import (
 // its RST_STREAM or GOAWAY.
 
 // acquire takes the write lock, giving up at deadline (zero: none), when
-// ctx's stream is cancelled, or when the connection ends.
+// st's stream is cancelled, or when the connection ends. A stream's
+// deadline moved meanwhile (SetWriteDeadline from another goroutine: a
+// role cutting a response short) applies to the wait under way.
 func (c *conn) acquire(st *stream, deadline time.Time) error {
 	select {
 	case c.wsem <- struct{}{}:
 		return nil
 	default:
 	}
-	var timeout <-chan time.Time
-	if !deadline.IsZero() {
-		t := time.NewTimer(time.Until(deadline))
-		defer t.Stop()
-		timeout = t.C
-	}
-	var cancelled <-chan struct{}
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	var cancelled, moved <-chan struct{}
 	if st != nil {
-		cancelled = st.ctx.Done()
+		cancelled, moved = st.ctx.Done(), st.wakeCh
 	}
 	c.waiting.Add(1)
 	defer c.waiting.Add(-1)
-	select {
-	case c.wsem <- struct{}{}:
-		return nil
-	case <-timeout:
-		return errWriteTimeout
-	case <-cancelled:
-		return st.err()
-	case <-c.done:
-		return errConnClosed
+	for {
+		var timeout <-chan time.Time
+		if !deadline.IsZero() {
+			if timer == nil {
+				timer = time.NewTimer(time.Until(deadline))
+			} else {
+				timer.Reset(time.Until(deadline))
+			}
+			timeout = timer.C
+		}
+		select {
+		case c.wsem <- struct{}{}:
+			return nil
+		case <-timeout:
+			return errWriteTimeout
+		case <-cancelled:
+			return st.err()
+		case <-moved: // the deadline moved, or a window grew (takeWindow looks at the windows afresh)
+			deadline = st.writeDeadline()
+		case <-c.done:
+			return errConnClosed
+		}
 	}
 }
 
@@ -103,10 +118,13 @@ func (c *conn) withWriteLock(st *stream, fn func() error) error {
 	if st != nil {
 		deadline = st.writeDeadline()
 		if !deadline.IsZero() && !time.Now().Before(deadline) {
-			return errWriteTimeout // not a write that would break the connection for all
+			return c.writeTimedOut(st) // not a write that would break the connection for all
 		}
 	}
 	if err := c.acquire(st, deadline); err != nil {
+		if err == errWriteTimeout {
+			return c.writeTimedOut(st)
+		}
 		return err
 	}
 	defer c.release()
@@ -128,6 +146,23 @@ func (c *conn) withWriteLock(st *stream, fn func() error) error {
 		return err
 	}
 	return nil
+}
+
+// writeTimedOut resets st (CANCEL) whose write deadline passed while it
+// waited (for window, for the write lock): nothing of its frame was
+// written, so the connection serves on; the client learns the response
+// will not come, and the handler's context ends, so that a handler that
+// ignores its write's error stops as well. The write returns
+// errWriteTimeout (a net.Error whose Timeout is true).
+func (c *conn) writeTimedOut(st *stream) error {
+	st.mu.Lock()
+	ended := st.resetErr != nil
+	st.mu.Unlock()
+	if !ended {
+		c.queueControl(control{kind: http2.FrameRSTStream, stream: st.id, val: uint32(http2.ErrCodeCancel)})
+		st.closeStream(serverReset{code: http2.ErrCodeCancel, cause: errWriteTimeout})
+	}
+	return errWriteTimeout
 }
 
 // streamGone is what a write function returns for a stream that was

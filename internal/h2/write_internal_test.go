@@ -194,3 +194,46 @@ func TestFlushShortlyFlushesPastAWaiter(t *testing.T) {
 		c.release()
 	})
 }
+
+// TestDeadlineMovedWhileWaitingForTheLock: a writer waiting for the write
+// lock gives up when its stream's deadline is moved to now from another
+// goroutine (a role cutting the response short), not at the deadline it
+// began waiting with; its stream is reset (CANCEL queued) and its
+// handler's context ends. The lock's holder is not disturbed.
+func TestDeadlineMovedWhileWaitingForTheLock(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var out writeCounter
+		c := lockOnly(&out)
+		c.baseCtx = context.Background()
+		st := newStream(c, 1)
+		st.wdl = time.Now().Add(time.Hour)
+		if err := c.acquire(nil, time.Time{}); err != nil { // another writer holds the lock
+			t.Fatal(err)
+		}
+		got := make(chan error)
+		go func() { got <- c.withWriteLock(st, func() error { return nil }) }()
+		synctest.Wait()
+		time.Sleep(time.Second)
+		st.mu.Lock()
+		st.wdl = time.Now()
+		st.mu.Unlock()
+		st.wake()
+		synctest.Wait()
+		select {
+		case err := <-got:
+			if err != errWriteTimeout {
+				t.Fatalf("the wait ended with %v, want errWriteTimeout", err)
+			}
+		default:
+			t.Fatal("the writer still waits for the lock after its deadline moved to now")
+		}
+		if st.ctx.Err() == nil {
+			t.Fatal("the stream's context goes on after its write timed out")
+		}
+		if len(c.ctrl) != 1 || c.ctrl[0].kind != http2.FrameRSTStream || http2.ErrCode(c.ctrl[0].val) != http2.ErrCodeCancel {
+			t.Fatalf("queued %v, want one RST_STREAM CANCEL", c.ctrl)
+		}
+		c.ctrl = nil
+		c.release()
+	})
+}

@@ -132,6 +132,9 @@ type Options struct {
 	// PlainSockets serves with net.TCPConn's own reads and writes rather
 	// than internal/sockio's (benchmarks compare).
 	PlainSockets bool
+	// MinWriteRate and WriteGrace are server.Config's (zero: its defaults).
+	MinWriteRate int64
+	WriteGrace   time.Duration
 }
 
 // StartServer starts a server with a fresh server certificate (URI SAN
@@ -154,7 +157,8 @@ func StartServer(t testing.TB, p *PKI, o Options, mount func(*server.Server)) *S
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := server.New(server.Config{Credentials: creds, Policy: pol, HTTP3: o.HTTP3, QUIC: o.QUIC, QUICConfig: o.QUICConfig, ReadHeaderTimeout: o.ReadHeaderTimeout, Registerer: o.Registerer, Logger: o.Logger, NetHTTP2: o.NetHTTP2, PlainSockets: o.PlainSockets})
+	srv, err := server.New(server.Config{Credentials: creds, Policy: pol, HTTP3: o.HTTP3, QUIC: o.QUIC, QUICConfig: o.QUICConfig, ReadHeaderTimeout: o.ReadHeaderTimeout, Registerer: o.Registerer, Logger: o.Logger, NetHTTP2: o.NetHTTP2, PlainSockets: o.PlainSockets,
+		MinWriteRate: o.MinWriteRate, WriteGrace: o.WriteGrace})
 	if err != nil {
 		t.Fatal(err)
 	}
