@@ -36,6 +36,18 @@ func (x *Index) Publish(ctx context.Context, rec *kvsp.ReplicaRecord) (*kvsp.Rep
 	return &out, st == http.StatusCreated, nil
 }
 
+// StateDigest states a block's digest as its producer (PUT
+// producers/{block_key}, kvsp's extension): with the IS's
+// producer_digests, its holders' records are accepted only with this
+// digest. It returns the stored record (ttl_ms capped).
+func (x *Index) StateDigest(ctx context.Context, rec *kvsp.ProducerRecord) (*kvsp.ProducerRecord, error) {
+	var out kvsp.ProducerRecord
+	if _, _, err := x.c.doJSON(ctx, http.MethodPut, join(x.base, "producers/"+rec.BlockKey.String()), rec, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
 // Withdraw withdraws a record; a record the IS does not know counts as
 // withdrawn.
 func (x *Index) Withdraw(ctx context.Context, holder string, key kvsp.BlockKey) error {

@@ -38,8 +38,8 @@ var (
 	geom     = container.Geometry{Layers: 4, BlockTokens: 4, KVHeads: 2, HeadDim: 8, Elem: container.BF16}
 	compat   = kvsp.CompatID{7}
 	scope, _ = kvsp.ParseScopeID(kvsptest.Scope)
-	otherPol = kvsptest.Policy + `  - {id: "spiffe://kvsp.test/client/b", roles: [client], scopes: [` + kvsptest.Scope + `]}
-  - {id: "spiffe://kvsp.test/client/nosc", roles: [client], scopes: [bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb]}
+	otherPol = kvsptest.Policy + `  - {id: "spiffe://kvsp.test/client/b", roles: [client, producer], scopes: [` + kvsptest.Scope + `]}
+  - {id: "spiffe://kvsp.test/client/nosc", roles: [client, producer], scopes: [bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb]}
 `
 	holderURI = "https://127.0.0.1/h1/"
 )
@@ -734,7 +734,7 @@ func TestS11_LeaseFoundOnlyInItsScope(t *testing.T) {
 		t.Fatalf("renewal while authorized: %d %s", st, body)
 	}
 	pol := kvsptest.Policy + `  - {id: "spiffe://kvsp.test/client/b", roles: [client], scopes: [bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb]}
-  - {id: "spiffe://kvsp.test/client/nosc", roles: [client], scopes: [bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb]}
+  - {id: "spiffe://kvsp.test/client/nosc", roles: [client, producer], scopes: [bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb]}
 `
 	os.WriteFile(f.pki.Path("policy.yaml"), []byte(pol), 0o644)
 	if err := f.srv.Policy.Reload(); err != nil {

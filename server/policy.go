@@ -25,13 +25,19 @@ const (
 	RoleController Role = "controller" // prefetch, resume, reshard, state; records checkpoints
 	RoleIndex      Role = "index"
 	RoleHolder     Role = "holder"   // publishes and withdraws replicas for the bases it speaks for
-	RoleInstance   Role = "instance" // sends status and checkpoints for the bases it speaks for
-	RoleClient     Role = "client"   // blocks, leases and lookups in its scopes
+	RoleInstance   Role = "instance" // sends status and checkpoints for the bases it speaks for; stores the blocks it computes
+	RoleClient     Role = "client"   // reads blocks, leases and lookups in its scopes; places and generates
+	// RoleProducer stores blocks in its scopes (and states their
+	// digests for the bases it speaks for) without being an instance: a
+	// tool that fills holders with KV it computed. A client does not
+	// store blocks (RELIABILITY S13: a client's self-consistent block
+	// for a prompt nobody had run was served to the scope as its KV).
+	RoleProducer Role = "producer"
 )
 
 func (r Role) valid() bool {
 	switch r {
-	case RoleController, RoleIndex, RoleHolder, RoleInstance, RoleClient:
+	case RoleController, RoleIndex, RoleHolder, RoleInstance, RoleClient, RoleProducer:
 		return true
 	}
 	return false

@@ -8,7 +8,8 @@ import "fmt"
 //
 //   - scope membership governs block GET/PUT, leases and lookups, so any
 //     known principal may reach them and the handler checks the scope
-//     before any probe;
+//     before any probe; but only producers of KV (instances, and the
+//     producer role) may PUT a block (RELIABILITY S13);
 //   - holders publish and withdraw replicas (handler checks speaks_for);
 //   - instances send status and checkpoints (handler checks speaks_for);
 //   - only the controller sends prefetch, resume, reshard and state
@@ -24,7 +25,11 @@ type KVSPRoute struct {
 // Route returns the Route options of r.
 func (r KVSPRoute) Route() Route { return Route{Roles: r.Callers, MaxBody: r.MaxBody} }
 
-var anyone = []Role{RoleController, RoleIndex, RoleHolder, RoleInstance, RoleClient}
+var anyone = []Role{RoleController, RoleIndex, RoleHolder, RoleInstance, RoleClient, RoleProducer}
+
+// producers store blocks: the KV they computed, or copied after
+// verifying it against its producer's digests.
+var producers = []Role{RoleInstance, RoleProducer}
 
 // MaxBlockBody bounds a block PUT (a 80-layer block of 16 tokens x 8 heads x
 // 128 x fp32 is 80 MiB; holders may set their own).
@@ -37,7 +42,7 @@ var KVSPRoutes = []KVSPRoute{
 	{RoleIndex, "PUT", "replicas/{holder}/{key}", []Role{RoleHolder}, 0},
 	{RoleIndex, "DELETE", "replicas/{holder}/{key}", []Role{RoleHolder}, -1},
 	{RoleHolder, "GET", "blocks/{compat}/{scope}/{key}", anyone, -1},
-	{RoleHolder, "PUT", "blocks/{compat}/{scope}/{key}", anyone, MaxBlockBody},
+	{RoleHolder, "PUT", "blocks/{compat}/{scope}/{key}", producers, MaxBlockBody},
 	{RoleHolder, "POST", "leases", anyone, 0},
 	{RoleHolder, "PUT", "leases/{id}", anyone, 0},
 	{RoleHolder, "DELETE", "leases/{id}", anyone, -1},

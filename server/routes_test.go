@@ -22,12 +22,13 @@ import (
 // route of the spec's resource table (lookup, replicas PUT/DELETE, blocks
 // GET/PUT, leases, status, checkpoint, prefetch, resume, reshard, state)
 // against every identity (PC, IS, holders h1 and h2, a holder delegated for
-// h1, instances ii7 and ii9, an outsider with a CA-signed certificate not in
-// the policy), behind the real adapter, with the real Index Service on the
+// h1, instances ii7 and ii9, a producer tool, an outsider with a CA-signed
+// certificate not in the policy), behind the real adapter, with the real Index Service on the
 // IS routes. Only the allowed pairs succeed (R-SEC-2, R-SEC-3, R-SEC-4,
 // R-SEC-6, R-SEC-15, R-PF-12); the IS refuses a record whose holder is not
 // the caller unless the caller is delegated for it (R-IS-2, R-SEC-7);
-// instances take directives from the PC only; every denial is a 403
+// only instances and producers store blocks (S13); instances take
+// directives from the PC only; every denial is a 403
 // problem with no-store and increments kvsp_http_requests_total{code="403"}
 // for its route; and authorization fails closed when the policy is missing
 // or ambiguous (see s2FailClosed).
@@ -35,8 +36,9 @@ func TestS2_RoleRouteAuthorizationMatrix(t *testing.T) {
 	const (
 		pc, is, h1, h2, hd = "spiffe://kvsp.test/pc", "spiffe://kvsp.test/is", "spiffe://kvsp.test/holder/h1", "spiffe://kvsp.test/holder/h2", "spiffe://kvsp.test/holder/hd"
 		ii7, ii9, outsider = "spiffe://kvsp.test/instance/ii7", "spiffe://kvsp.test/instance/ii9", "spiffe://kvsp.test/outsider"
+		tool               = "spiffe://kvsp.test/producer/tool" // the producer role only
 	)
-	ids := []string{pc, is, h1, h2, hd, ii7, ii9, outsider}
+	ids := []string{pc, is, h1, h2, hd, ii7, ii9, tool, outsider}
 	if len(server.KVSPRoutes) != 15 {
 		t.Fatalf("the spec's resource table has 15 method/path rows; KVSPRoutes has %d", len(server.KVSPRoutes))
 	}
@@ -50,8 +52,10 @@ func TestS2_RoleRouteAuthorizationMatrix(t *testing.T) {
 			want = []server.Role{server.RoleInstance}
 		case strings.HasPrefix(rt.Path, "replicas/"):
 			want = []server.Role{server.RoleHolder} // R-IS-2
+		case rt.Method == "PUT" && strings.HasPrefix(rt.Path, "blocks/"):
+			want = []server.Role{server.RoleInstance, server.RoleProducer} // S13: producers of KV only
 		default:
-			want = []server.Role{server.RoleController, server.RoleIndex, server.RoleHolder, server.RoleInstance, server.RoleClient}
+			want = []server.Role{server.RoleController, server.RoleIndex, server.RoleHolder, server.RoleInstance, server.RoleClient, server.RoleProducer}
 		}
 		if !slices.Equal(rt.Callers, want) {
 			t.Errorf("%s %s callers %v, want %v", rt.Method, rt.Path, rt.Callers, want)
@@ -123,6 +127,7 @@ func TestS2_RoleRouteAuthorizationMatrix(t *testing.T) {
   - {id: "` + hd + `", roles: [holder], speaks_for: ["` + base("/hd/") + `", "` + base("/h1/") + `"], scopes: [` + testScope + `]}
   - {id: "` + ii7 + `", roles: [instance, client], speaks_for: ["` + base("/ii7/") + `"], scopes: [` + testScope + `]}
   - {id: "` + ii9 + `", roles: [instance, client], speaks_for: ["` + base("/ii9/") + `"], scopes: [` + testScope + `]}
+  - {id: "` + tool + `", roles: [producer], scopes: [` + testScope + `]}
 `
 	if err := os.WriteFile(p.Path("policy.yaml"), []byte(policy), 0o644); err != nil {
 		t.Fatal(err)
@@ -155,16 +160,16 @@ func TestS2_RoleRouteAuthorizationMatrix(t *testing.T) {
 		okStatus                 int
 	}
 	calls := []call{
-		{"lookup", "POST", "/is/lookup", lookup, "POST /is/lookup", []string{pc, h1, h2, hd, ii7, ii9}, 200},
+		{"lookup", "POST", "/is/lookup", lookup, "POST /is/lookup", []string{pc, h1, h2, hd, ii7, ii9, tool}, 200},
 		{"publish for h1", "PUT", "/is/replicas/" + h1id + "/" + key, replica(base("/h1/")), "PUT /is/replicas/{holder}/{key}", []string{h1, hd}, 0},
 		{"publish for h2", "PUT", "/is/replicas/" + kvsp.ResourceID(base("/h2/")) + "/" + key, replica(base("/h2/")), "PUT /is/replicas/{holder}/{key}", []string{h2}, 0},
 		{"withdraw for h1", "DELETE", "/is/replicas/" + h1id + "/" + key, "", "DELETE /is/replicas/{holder}/{key}", []string{h1, hd}, 204},
-		{"block GET", "GET", "/h1/blocks/" + strings.Repeat("cd", 32) + "/" + testScope + "/" + key, "", "GET /h1/blocks/{compat}/{scope}/{key}", []string{pc, h1, h2, hd, ii7, ii9}, 204},
+		{"block GET", "GET", "/h1/blocks/" + strings.Repeat("cd", 32) + "/" + testScope + "/" + key, "", "GET /h1/blocks/{compat}/{scope}/{key}", []string{pc, h1, h2, hd, ii7, ii9, tool}, 204},
 		{"block GET, other scope", "GET", "/h1/blocks/" + strings.Repeat("cd", 32) + "/" + strings.Repeat("ee", 16) + "/" + key, "", "GET /h1/blocks/{compat}/{scope}/{key}", nil, 204},
-		{"block PUT", "PUT", "/h1/blocks/" + strings.Repeat("cd", 32) + "/" + testScope + "/" + key, "", "PUT /h1/blocks/{compat}/{scope}/{key}", []string{pc, h1, h2, hd, ii7, ii9}, 204},
-		{"lease", "POST", "/h1/leases", lease, "POST /h1/leases", []string{pc, h1, h2, hd, ii7, ii9}, 204},
-		{"lease renew", "PUT", "/h1/leases/l1", "", "PUT /h1/leases/{id}", []string{pc, is, h1, h2, hd, ii7, ii9}, 204},
-		{"lease release", "DELETE", "/h1/leases/l1", "", "DELETE /h1/leases/{id}", []string{pc, is, h1, h2, hd, ii7, ii9}, 204},
+		{"block PUT", "PUT", "/h1/blocks/" + strings.Repeat("cd", 32) + "/" + testScope + "/" + key, "", "PUT /h1/blocks/{compat}/{scope}/{key}", []string{ii7, ii9, tool}, 204},
+		{"lease", "POST", "/h1/leases", lease, "POST /h1/leases", []string{pc, h1, h2, hd, ii7, ii9, tool}, 204},
+		{"lease renew", "PUT", "/h1/leases/l1", "", "PUT /h1/leases/{id}", []string{pc, is, h1, h2, hd, ii7, ii9, tool}, 204},
+		{"lease release", "DELETE", "/h1/leases/l1", "", "DELETE /h1/leases/{id}", []string{pc, is, h1, h2, hd, ii7, ii9, tool}, 204},
 		{"status of ii7", "PUT", "/pc/instances/" + kvsp.ResourceID(base("/ii7/")) + "/status", "", "PUT /pc/instances/{instance}/status", []string{ii7}, 204},
 		{"checkpoint of ii7's session", "PUT", "/pc/sessions/6f1d0a9e-2c55-4d7e-9a0e-5b7f2f9f6a11/checkpoint", "", "PUT /pc/sessions/{session}/checkpoint", []string{ii7}, 204},
 		{"prefetch", "POST", "/ii7/prefetch", "", "POST /ii7/prefetch", []string{pc}, 204},

@@ -376,7 +376,7 @@ func startBenchHolder(bc *benchConfig) (*benchTarget, error) {
 		return fail(err)
 	}
 	scope := sk.ID()
-	policy := "principals:\n  - {id: \"spiffe://kvsp.bench/client\", roles: [client], scopes: [" + scope.String() + "]}\n"
+	policy := "principals:\n  - {id: \"spiffe://kvsp.bench/client\", roles: [client, producer], scopes: [" + scope.String() + "]}\n"
 	if err := os.WriteFile(path("policy.yaml"), []byte(policy), 0o600); err != nil {
 		return fail(err)
 	}

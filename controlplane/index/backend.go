@@ -14,13 +14,20 @@ import (
 type Backend interface {
 	// Put stores rec, or refreshes the record of the same holder and block
 	// key, to expire ttl from now. It reports whether the record is new.
-	// With o.PinDigest, a record whose digest differs from that of the
-	// live replicas of its key is refused with ErrDigestConflict (the
-	// producer's digest wins: spec "Security Considerations", cache
-	// poisoning); with o.MaxHolderRecords, a new record of a holder that
-	// has as many live ones is refused with ErrRecordQuota (a refresh is
-	// not a new record).
+	// With o.PinDigest, a record is accepted only with the digest its
+	// producer stated (Pin; spec "Security Considerations", cache
+	// poisoning): without a live statement it is refused with
+	// ErrNoProducerDigest, with another digest with ErrDigestConflict,
+	// and the statement lives at least as long as the record; with
+	// o.MaxHolderRecords, a new record of a holder that has as many live
+	// ones is refused with ErrRecordQuota (a refresh is not a new
+	// record).
 	Put(ctx context.Context, rec *kvsp.ReplicaRecord, ttl time.Duration, o PutOptions) (created bool, err error)
+	// Pin stores a producer's statement of its key's digest for ttl (a
+	// longer one stands): ErrProducerConflict when a live statement of the
+	// key names another digest, scope or model. A statement outlives the
+	// withdrawal of its key's records: it is the producer's.
+	Pin(ctx context.Context, rec *kvsp.ProducerRecord, ttl time.Duration) error
 	// Delete removes the record of holder for key after authorize accepts
 	// the stored record; kvsp.ErrNotFound when there is none.
 	Delete(ctx context.Context, holder string, key kvsp.BlockKey, authorize func(*kvsp.ReplicaRecord) error) error
@@ -74,9 +81,19 @@ type PutOptions struct {
 // RELIABILITY B9: one holder's publishes do not fill the index).
 var ErrRecordQuota = fmt.Errorf("%w: this holder has as many records as the index's per-holder quota", kvsp.ErrTooManyRequests)
 
-// ErrDigestConflict refuses a publish whose digest differs from the
-// producer's (409).
-var ErrDigestConflict = fmt.Errorf("%w: the digest differs from the first published replica of this key", kvsp.ErrConflict)
+// ErrDigestConflict refuses a publish whose digest differs from the one
+// its producer stated (409).
+var ErrDigestConflict = fmt.Errorf("%w: the digest differs from the one the block's producer stated", kvsp.ErrConflict)
+
+// ErrNoProducerDigest refuses a publish, with producer digests, of a key
+// whose producer has stated no digest (409): the first holder to publish
+// a key is not trusted because it was first (RELIABILITY S13).
+var ErrNoProducerDigest = fmt.Errorf("%w: no producer has stated this block's digest", kvsp.ErrConflict)
+
+// ErrProducerConflict refuses a producer's statement of a key another
+// producer stated another digest for (409: the first statement stands
+// until it expires).
+var ErrProducerConflict = fmt.Errorf("%w: another producer stated another digest for this block", kvsp.ErrConflict)
 
 // remainingMs is the remaining lifetime in ms, rounded up.
 func remainingMs(d time.Duration) uint64 {

@@ -195,28 +195,56 @@ func conformance(t *testing.T, b Backend, slackMs uint64) {
 	if got := lookup(t, b, scopeA, compatX, key(0)); len(got) != 0 {
 		t.Fatal("withdrawn record still returned")
 	}
-	// Producer digests: the first live replica's digest is pinned.
+	// Producer digests (R-SEC-8, S13): a record is accepted only with the
+	// digest its producer stated; the first holder to publish a key is
+	// not trusted because it was first.
 	first := record(h1, key(9), scopeA, compatX)
-	if _, err := b.Put(ctx, first, time.Second, PutOptions{PinDigest: true}); err != nil {
+	pin := PutOptions{PinDigest: true}
+	if _, err := b.Put(ctx, first, time.Second, pin); !errors.Is(err, ErrNoProducerDigest) || !errors.Is(err, kvsp.ErrConflict) {
+		t.Fatalf("a record no producer stated a digest for: %v", err)
+	}
+	stmt := &kvsp.ProducerRecord{BlockKey: key(9), ScopeID: scopeA, CompatID: compatX, Producer: "https://ii1.example/", Digest: first.Digest, TTLMs: 1000}
+	if err := b.Pin(ctx, stmt, 500*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
 	other := record(h2, key(9), scopeA, compatX)
 	other.Digest = kvsp.Digest{2}
-	if _, err := b.Put(ctx, other, time.Second, PutOptions{PinDigest: true}); !errors.Is(err, ErrDigestConflict) || !errors.Is(err, kvsp.ErrConflict) {
-		t.Fatalf("a second digest for a pinned key: %v", err)
+	if _, err := b.Put(ctx, other, time.Second, pin); !errors.Is(err, ErrDigestConflict) || !errors.Is(err, kvsp.ErrConflict) {
+		t.Fatalf("another digest than the producer's: %v", err)
 	}
-	if _, err := b.Put(ctx, record(h2, key(9), scopeA, compatX), time.Second, PutOptions{PinDigest: true}); err != nil {
-		t.Fatalf("the same digest from another holder: %v", err)
+	if _, err := b.Put(ctx, first, 2*time.Second, pin); err != nil {
+		t.Fatalf("the producer's digest: %v", err)
+	}
+	if _, err := b.Put(ctx, record(h2, key(9), scopeA, compatX), time.Second, pin); err != nil {
+		t.Fatalf("the producer's digest from another holder: %v", err)
+	}
+	bad := *stmt
+	bad.Digest = kvsp.Digest{2}
+	if err := b.Pin(ctx, &bad, time.Second); !errors.Is(err, ErrProducerConflict) {
+		t.Fatalf("a second producer's other digest while the first stands: %v", err)
+	}
+	if err := b.Pin(ctx, stmt, 500*time.Millisecond); err != nil {
+		t.Fatalf("the same statement again: %v", err)
 	}
 	if _, err := b.Put(ctx, other, time.Second, PutOptions{}); err != nil {
-		t.Fatalf("without pinning: %v", err)
+		t.Fatalf("without producer digests: %v", err)
 	}
+	// The statement lives as long as the records matching it (2 s), and
+	// outlives their withdrawal until then; then a new one may be made.
 	b.Delete(ctx, h1, key(9), nil)
 	b.Delete(ctx, h2, key(9), nil)
-	if _, err := b.Put(ctx, other, time.Second, PutOptions{PinDigest: true}); err != nil {
-		t.Fatalf("a new digest once every replica was withdrawn: %v", err)
+	time.Sleep(time.Second)
+	if _, err := b.Put(ctx, first, 100*time.Millisecond, pin); err != nil {
+		t.Fatalf("the statement expired with its own TTL, before the record's that extended it: %v", err)
 	}
-	b.Delete(ctx, h2, key(9), nil)
+	b.Delete(ctx, h1, key(9), nil)
+	time.Sleep(1200 * time.Millisecond)
+	if err := b.Pin(ctx, &bad, time.Second); err != nil {
+		t.Fatalf("a new statement once the first expired: %v", err)
+	}
+	if _, err := b.Put(ctx, first, time.Second, pin); !errors.Is(err, ErrDigestConflict) {
+		t.Fatalf("the old digest against the new statement: %v", err)
+	}
 	// The per-holder record quota (B9): a holder's new record beyond it
 	// is refused, its refreshes are not; another holder is not counted;
 	// a withdrawal makes room.

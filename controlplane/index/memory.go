@@ -35,8 +35,22 @@ type memShard struct {
 	mu      sync.RWMutex
 	holders map[string]string // interned holder URIs: a few per deployment, millions of records
 	m       map[kvsp.BlockKey][]memReplica
+	pins    map[kvsp.BlockKey]memPin // producers' digests (Pin)
 	heap    expiryHeap
 	n       int
+}
+
+// memPin is a producer's digest of a key, until it expires.
+type memPin struct {
+	scope   kvsp.ScopeID
+	compat  kvsp.CompatID
+	digest  kvsp.Digest
+	expires time.Time
+	gen     uint64
+}
+
+func (p memPin) matches(r *kvsp.ReplicaRecord) bool {
+	return p.scope == r.ScopeID && p.compat == r.CompatID && p.digest == r.Digest
 }
 
 type memReplica struct {
@@ -76,6 +90,7 @@ func NewMemory(interval time.Duration) *Memory {
 	m := &Memory{stop: make(chan struct{}), done: make(chan struct{})}
 	for i := range m.shards {
 		m.shards[i].m = make(map[kvsp.BlockKey][]memReplica)
+		m.shards[i].pins = make(map[kvsp.BlockKey]memPin)
 		m.shards[i].holders = make(map[string]string)
 		m.shards[i].m0 = m
 	}
@@ -106,11 +121,16 @@ func (m *Memory) Put(ctx context.Context, rec *kvsp.ReplicaRecord, ttl time.Dura
 	rec = &stored
 	reps := s.m[rec.BlockKey]
 	if o.PinDigest {
-		for i := range reps {
-			r := &reps[i].rec
-			if reps[i].expires.After(now) && r.ScopeID == rec.ScopeID && r.CompatID == rec.CompatID && r.Digest != rec.Digest {
-				return false, ErrDigestConflict
-			}
+		p, ok := s.pins[rec.BlockKey]
+		switch {
+		case !ok || !p.expires.After(now):
+			return false, ErrNoProducerDigest
+		case !p.matches(rec):
+			return false, ErrDigestConflict
+		case p.expires.Before(at): // the statement lives as long as the replicas that match it
+			p.expires, p.gen = at, nextGen()
+			s.pins[rec.BlockKey] = p
+			heap.Push(&s.heap, expiryItem{at, rec.BlockKey, "", p.gen})
 		}
 	}
 	created := true
@@ -131,6 +151,28 @@ func (m *Memory) Put(ctx context.Context, rec *kvsp.ReplicaRecord, ttl time.Dura
 	s.n++
 	heap.Push(&s.heap, expiryItem{at, rec.BlockKey, rec.Holder, gen})
 	return true, nil
+}
+
+// Pin implements Backend.
+func (m *Memory) Pin(ctx context.Context, rec *kvsp.ProducerRecord, ttl time.Duration) error {
+	now := time.Now()
+	at := now.Add(ttl)
+	s := m.shard(rec.BlockKey)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p, ok := s.pins[rec.BlockKey]
+	if ok && p.expires.After(now) {
+		if p.scope != rec.ScopeID || p.compat != rec.CompatID || p.digest != rec.Digest {
+			return ErrProducerConflict
+		}
+		if !p.expires.Before(at) {
+			return nil // stated already, for longer
+		}
+	}
+	p = memPin{scope: rec.ScopeID, compat: rec.CompatID, digest: rec.Digest, expires: at, gen: nextGen()}
+	s.pins[rec.BlockKey] = p
+	heap.Push(&s.heap, expiryItem{at, rec.BlockKey, "", p.gen})
+	return nil
 }
 
 // Delete implements Backend.
@@ -184,6 +226,12 @@ func (s *memShard) sweepLocked(now time.Time, max int) int {
 	removed := 0
 	for len(s.heap) > 0 && removed < max && !s.heap[0].at.After(now) {
 		it := heap.Pop(&s.heap).(expiryItem)
+		if it.holder == "" { // a producer's digest (no holder has an empty base URI)
+			if p, ok := s.pins[it.key]; ok && p.gen == it.gen {
+				delete(s.pins, it.key)
+			}
+			continue
+		}
 		reps := s.m[it.key]
 		for i := range reps {
 			if reps[i].rec.Holder == it.holder && reps[i].gen == it.gen {

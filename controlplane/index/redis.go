@@ -39,7 +39,7 @@ type RedisConfig struct {
 // Redis or Valkey, standalone or clustered. A block key K is one string
 //
 //	{prefix}:{K}:r  entries "<expiry ms>,<holder-id>,<length>:<compact record>", one per holder
-//	{prefix}:{K}:d  the pinned producer digest, when pinning
+//	{prefix}:{K}:d  the digest its producer stated (Pin), for producer digests
 //
 // under the hash tag {K}. Expiry times come from the Redis server's clock
 // (TIME); a write rewrites the string without its expired entries and with
@@ -88,17 +88,16 @@ end
 `
 
 var (
-	// KEYS[1] record key, KEYS[2] pinned digest; ARGV: holder id, record,
-	// ttl ms, pin ("" when not pinning). Returns 1 created, 0 refreshed,
-	// -1 digest conflict.
+	// KEYS[1] record key, KEYS[2] the producer's digest; ARGV: holder id,
+	// record, ttl ms, its digest ("" when not pinning). Returns 1
+	// created, 0 refreshed, -1 digest conflict, -2 no producer's digest.
 	putScript = redis.NewScript(luaNow + luaEntries + `
 local ttl = tonumber(ARGV[3])
 if ARGV[4] ~= '' then
   local d = redis.call('GET', KEYS[2])
-  if d and d ~= ARGV[4] then return -1 end
-  if not d then
-    redis.call('SET', KEYS[2], ARGV[4], 'PX', ttl)
-  elseif redis.call('PTTL', KEYS[2]) < ttl then
+  if not d then return -2 end
+  if d ~= ARGV[4] then return -1 end
+  if redis.call('PTTL', KEYS[2]) < ttl then
     redis.call('PEXPIRE', KEYS[2], ttl)
   end
 end
@@ -116,16 +115,25 @@ for _, e in ipairs(entries(redis.call('GET', KEYS[1]), now)) do
   if e[2] == ARGV[1] then return e[3] end
 end
 return false`)
-	// KEYS[1] record key, KEYS[2] pinned digest; ARGV[1] holder id. The pin
-	// goes with the key's last record. Returns 1 deleted, 0 not found.
+	// KEYS[1] record key; ARGV[1] holder id. The producer's digest stays
+	// until it expires. Returns 1 deleted, 0 not found.
 	delScript = redis.NewScript(luaNow + luaEntries + `
 local list, found = {}, 0
 for _, e in ipairs(entries(redis.call('GET', KEYS[1]), now)) do
   if e[2] == ARGV[1] then found = 1 else list[#list+1] = e end
 end
 store(KEYS[1], list, now)
-if #list == 0 then redis.call('DEL', KEYS[2]) end
 return found`)
+	// KEYS[1] the producer's digest; ARGV: the statement, ttl ms. A
+	// longer-lived one stands. Returns 1 stored, -1 another statement.
+	pinScript = redis.NewScript(`
+local ttl = tonumber(ARGV[2])
+local d = redis.call('GET', KEYS[1])
+if d and d ~= ARGV[1] then return -1 end
+if not d or redis.call('PTTL', KEYS[1]) < ttl then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ttl)
+end
+return 1`)
 )
 
 // NewRedis connects to Redis and checks the connection.
@@ -204,10 +212,12 @@ func (r *Redis) Put(ctx context.Context, rec *kvsp.ReplicaRecord, ttl time.Durat
 		pin = rec.ScopeID.String() + rec.CompatID.String() + rec.Digest.String() // per key, scope and compat
 	}
 	n, err := putScript.Run(ctx, r.c, []string{hash, pinKey}, hid, v, max(ttl.Milliseconds(), 1), pin).Int()
-	if err != nil {
+	switch {
+	case err != nil:
 		return false, unavailable(err)
-	}
-	if n < 0 {
+	case n == -2:
+		return false, ErrNoProducerDigest
+	case n < 0:
 		return false, ErrDigestConflict
 	}
 	if o.MaxHolderRecords > 0 {
@@ -221,6 +231,20 @@ func (r *Redis) Put(ctx context.Context, rec *kvsp.ReplicaRecord, ttl time.Durat
 		}
 	}
 	return n == 1, nil
+}
+
+// Pin implements Backend.
+func (r *Redis) Pin(ctx context.Context, rec *kvsp.ProducerRecord, ttl time.Duration) error {
+	_, pinKey := r.keys(rec.BlockKey)
+	stmt := rec.ScopeID.String() + rec.CompatID.String() + rec.Digest.String() // as Put compares it
+	n, err := pinScript.Run(ctx, r.c, []string{pinKey}, stmt, max(ttl.Milliseconds(), 1)).Int()
+	switch {
+	case err != nil:
+		return unavailable(err)
+	case n < 0:
+		return ErrProducerConflict
+	}
+	return nil
 }
 
 // holderSet is the key of a holder's record set (the per-holder quota):
@@ -255,7 +279,7 @@ func (r *Redis) holderQuota(ctx context.Context, hid string, key kvsp.BlockKey, 
 // Delete implements Backend.
 func (r *Redis) Delete(ctx context.Context, holder string, key kvsp.BlockKey, authorize func(*kvsp.ReplicaRecord) error) error {
 	hid := kvsp.ResourceID(holder)
-	hash, pinKey := r.keys(key)
+	hash, _ := r.keys(key)
 	v, err := getScript.Run(ctx, r.c, []string{hash}, hid).Text()
 	if errors.Is(err, redis.Nil) {
 		return kvsp.ErrNotFound
@@ -278,7 +302,7 @@ func (r *Redis) Delete(ctx context.Context, holder string, key kvsp.BlockKey, au
 			return err
 		}
 	}
-	n, err := delScript.Run(ctx, r.c, []string{hash, pinKey}, hid).Int()
+	n, err := delScript.Run(ctx, r.c, []string{hash}, hid).Int()
 	if err != nil {
 		return unavailable(err)
 	}

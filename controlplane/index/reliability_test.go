@@ -19,6 +19,7 @@ import (
 	"reflect"
 	"slices"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -510,7 +511,12 @@ const (
 	h2Base  = "https://127.0.0.1/h2/"
 	polS8   = pol2 + `  - {id: "` + h3ID + `", roles: [holder], speaks_for: ["` + h3Base + `"], scopes: [bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb]}
   - {id: "` + agentID + `", roles: [holder], speaks_for: ["` + h1 + `"], scopes: [` + kvsptest.Scope + `]}
+  - {id: "` + producerID + `", roles: [instance], speaks_for: ["` + producerBase + `"], scopes: [` + kvsptest.Scope + `]}
 `
+	// producerID is an instance that states the digests of the blocks
+	// it computes (producer digests, S13).
+	producerID   = "spiffe://kvsp.test/ii/producer"
+	producerBase = "https://127.0.0.1/ii1/"
 )
 
 // isFixture is an IS on a TLS server with its own registry.
@@ -671,10 +677,27 @@ func TestS8_UntrustedHolderPublishRefused(t *testing.T) {
 		}
 	}
 
-	// Producer digests: other bytes under a self-consistent digest.
+	// Producer digests: other bytes under a self-consistent digest. The
+	// first holder to publish is not trusted because it was first: no
+	// record is accepted before the producer states its digest (S13).
 	mem2 := index.NewMemory(time.Second)
 	defer mem2.Close()
 	g := startIS(t, index.Config{MaxTTL: time.Minute, MaxLookupKeys: 8, ProducerDigests: true}, mem2, polS8)
+	if _, _, err := g.client(kvsptest.Holder1).Publish(ctx, rec(h1, 5, 60000)); !errors.Is(err, kvsp.ErrConflict) || status(err) != 409 || !strings.Contains(err.Error(), "no producer") {
+		t.Fatalf("a record before its producer's statement: %v, want 409", err)
+	}
+	stmt := &kvsp.ProducerRecord{BlockKey: kvsp.BlockKey{5, 1}, ScopeID: scope, CompatID: kvsp.CompatID{1}, Producer: producerBase, Digest: kvsp.Digest{1}, TTLMs: 60000}
+	if _, err := g.client(h2ID).StateDigest(ctx, stmt); !errors.Is(err, kvsp.ErrForbidden) {
+		t.Fatalf("a holder stating a producer's digest: %v, want 403", err)
+	}
+	other := *stmt
+	other.Producer = h2Base
+	if _, err := g.client(producerID).StateDigest(ctx, &other); !errors.Is(err, kvsp.ErrForbidden) {
+		t.Fatalf("a producer stating for a base it does not speak for: %v, want 403", err)
+	}
+	if _, err := g.client(producerID).StateDigest(ctx, stmt); err != nil {
+		t.Fatal(err)
+	}
 	if _, _, err := g.client(kvsptest.Holder1).Publish(ctx, rec(h1, 5, 60000)); err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,7 @@
 package index
 
 import (
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -23,9 +24,12 @@ type Config struct {
 	MaxLookupKeys int
 	// Status, when set, gives lookups their estimates (A-20).
 	Status StatusSource
-	// ProducerDigests pins each key's digest to that of its first live
-	// replica: a publish with another digest is refused (409), so every
-	// replica a lookup returns carries the producer's digest.
+	// ProducerDigests accepts a replica record only with the digest the
+	// block's producer stated (PUT producers/{key}, from an identity of
+	// the instance or producer role that speaks for the producer and may
+	// use the scope): without a statement, or with another digest, the
+	// publish is refused (409), so every replica a lookup returns carries
+	// its producer's digest (R-SEC-8, RELIABILITY S13).
 	ProducerDigests bool
 	// BlockTokens gives B for a compat_id, for recompute_us (A-22);
 	// without it targets get no estimates.
@@ -103,13 +107,47 @@ func New(cfg Config, b Backend) (*Service, error) {
 	return s, nil
 }
 
-// Mount adds the IS routes of the resource table under r.
+// Mount adds the IS routes of the resource table under r, and PUT
+// producers/{key}, kvsp's extension for producers' digests (callers: the
+// instance and producer roles).
 func (s *Service) Mount(r *server.Router) error {
+	r.Handle("PUT", "producers/{key}", server.Route{Roles: []server.Role{server.RoleInstance, server.RoleProducer}}, s.stateDigest)
 	return server.MountRole(r, server.RoleIndex, map[string]server.HandlerFunc{
 		"POST lookup":                    s.lookup,
 		"PUT replicas/{holder}/{key}":    s.publish,
 		"DELETE replicas/{holder}/{key}": s.withdraw,
 	})
+}
+
+// stateDigest stores a producer's statement of a block's digest (kvsp's
+// extension, R-SEC-8: "the producing instance can publish the digest
+// itself"): the scope is checked first, then that the caller speaks for
+// the producer it names.
+func (s *Service) stateDigest(w http.ResponseWriter, r *http.Request) error {
+	var rec kvsp.ProducerRecord
+	if err := server.DecodeJSON(r, &rec); err != nil {
+		return err
+	}
+	p := server.PrincipalFrom(r.Context())
+	if !p.MayUseScope(rec.ScopeID) {
+		return fmt.Errorf("%w: producer record", kvsp.ErrScopeDenied)
+	}
+	if key, err := kvsp.ParseBlockKey(r.PathValue("key")); err != nil || key != rec.BlockKey {
+		return fmt.Errorf("%w: the path's key is not the record's", kvsp.ErrInvalid)
+	}
+	if !p.SpeaksFor(rec.Producer) {
+		return fmt.Errorf("%w: not authorized to state digests for this producer", kvsp.ErrForbidden)
+	}
+	ttl := min(time.Duration(rec.TTLMs)*time.Millisecond, s.cfg.MaxTTL)
+	rec.TTLMs = remainingMs(ttl)
+	if err := s.b.Pin(r.Context(), &rec, ttl); err != nil {
+		if errors.Is(err, ErrProducerConflict) {
+			s.m.rejected.WithLabelValues("producer").Inc()
+		}
+		return err
+	}
+	s.m.statements.Inc()
+	return server.WriteJSON(w, http.StatusOK, &rec)
 }
 
 func (s *Service) publish(w http.ResponseWriter, r *http.Request) error {
@@ -140,6 +178,15 @@ func (s *Service) publish(w http.ResponseWriter, r *http.Request) error {
 		s.m.rejected.WithLabelValues("layers").Inc()
 		return err
 	}
+	if s.cfg.ProducerDigests {
+		// The digest binds the layer digests only if they hash to it: a
+		// holder publishing the producer's digest beside layer digests of
+		// its own would have consumers verify layers against the latter.
+		if len(rec.LayerDigests) > 0 && !layersMatch(&rec) {
+			s.m.rejected.WithLabelValues("layers").Inc()
+			return fmt.Errorf("%w: layer_digests do not hash to the digest", kvsp.ErrInvalid)
+		}
+	}
 	ttl := time.Duration(rec.TTLMs) * time.Millisecond
 	if ttl > s.cfg.MaxTTL {
 		ttl = s.cfg.MaxTTL
@@ -149,6 +196,8 @@ func (s *Service) publish(w http.ResponseWriter, r *http.Request) error {
 	switch {
 	case errors.Is(err, ErrDigestConflict):
 		s.m.rejected.WithLabelValues("digest").Inc()
+	case errors.Is(err, ErrNoProducerDigest):
+		s.m.rejected.WithLabelValues("no_producer").Inc()
 	case errors.Is(err, ErrRecordQuota):
 		s.m.rejected.WithLabelValues("quota").Inc()
 	}
@@ -163,6 +212,19 @@ func (s *Service) publish(w http.ResponseWriter, r *http.Request) error {
 		s.m.refreshes.Inc()
 	}
 	return server.WriteJSON(w, status, &rec)
+}
+
+// layersMatch reports whether a record's layer digests, one per layer of
+// the block, hash to its digest (spec "KV Block Container": the replica
+// digest is the SHA-256 of the layer digests in ascending order).
+func layersMatch(rec *kvsp.ReplicaRecord) bool {
+	h := sha256.New()
+	for i := range rec.LayerDigests {
+		h.Write(rec.LayerDigests[i][:])
+	}
+	var d kvsp.Digest
+	h.Sum(d[:0])
+	return d == rec.Digest
 }
 
 // checkLayers bounds a record by its model's layers (B9): its layer
@@ -331,6 +393,7 @@ func putResult(r *Result) {
 
 type metrics struct {
 	lookups, publishes, refreshes, withdrawals, expirations prometheus.Counter
+	statements                                              prometheus.Counter
 	keysAsked, keysMatched                                  prometheus.Counter
 	matched                                                 prometheus.Histogram
 	rejected                                                *prometheus.CounterVec
@@ -343,6 +406,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		lookups:     c("lookups_total", "Lookups answered."),
 		publishes:   c("publishes_total", "Records created."),
+		statements:  c("producer_statements_total", "Producers' digests stated (PUT producers/{key}) and stored."),
 		refreshes:   c("refreshes_total", "Records refreshed."),
 		withdrawals: c("withdrawals_total", "Records withdrawn."),
 		expirations: c("expirations_total", "Records expired and swept."),
@@ -353,7 +417,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_index_publish_rejected_total", Help: "Publishes rejected, by reason."}, []string{"reason"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.lookups, m.publishes, m.refreshes, m.withdrawals, m.expirations, m.keysAsked, m.keysMatched, m.matched, m.rejected)
+		reg.MustRegister(m.lookups, m.publishes, m.refreshes, m.withdrawals, m.expirations, m.keysAsked, m.keysMatched, m.matched, m.rejected, m.statements)
 	}
 	return m
 }

@@ -63,6 +63,12 @@ type Config struct {
 	// block offered beyond it is skipped, and counted); default 16 MiB
 	// (defaultOffloadBuffer says why), and at least 16 blocks.
 	OffloadBuffer int64
+	// ProducerDigests states, at the IS, the digest of each block the
+	// engine computed before the block goes to the instance's holder
+	// (PUT producers/{key}): an IS with producer_digests accepts its
+	// holders' records of the block only with that digest (R-SEC-8,
+	// RELIABILITY S13). Set it where the IS runs with producer_digests.
+	ProducerDigests bool
 	// EpochFile, when set, keeps the instance's epoch above the previous
 	// start's even if the clock went back (R-ST-5's persisted counter).
 	EpochFile string
@@ -371,7 +377,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		prompt: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_instance_prompt_tokens_total",
 			Help: "Prompt tokens of generate requests, by source: cached (KV resident, local or fetched) or computed (prefill)."}, []string{"source"}),
 		offloads: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_instance_offloads_total",
-			Help: "Blocks of the engine's KV offered to the instance's holder, by outcome: stored, exists (the holder had it), duplicate (offered already, not sent again), skipped (the offload buffer was full), evicted (gone from the engine before it was copied), failed; not_closer: loaded from a holder whose link is no slower than the own holder's, not copied."}, []string{"outcome"}),
+			Help: "Blocks of the engine's KV offered to the instance's holder, by outcome: stored, exists (the holder had it), duplicate (offered already, not sent again), skipped (the offload buffer was full), evicted (gone from the engine before it was copied), failed; other_producer (with producer digests: another producer stated another digest for it, not sent); not_closer: loaded from a holder whose link is no slower than the own holder's, not copied."}, []string{"outcome"}),
 		offloadDelay: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kvsp_instance_offload_delay_seconds",
 			Help:    "From a block's offer to its holder's answer (stored or exists): how late the cache learns of what this instance computed.",
 			Buckets: []float64{.001, .005, .02, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}}),

@@ -68,6 +68,8 @@ type rig struct {
 	// identity's client TLS configuration.
 	as  func(id string) *client.Client
 	tls func(id string) *tls.Config
+	// producerDigests: the IS runs with producer digests (rigOptions).
+	producerDigests bool
 }
 
 // rigOptions vary the rig: extra mounts handlers at /bad/; d is the
@@ -120,6 +122,14 @@ type nondeterministic struct{ *sim.Engine }
 
 func (nondeterministic) Deterministic() bool { return false }
 
+// clientOnly is a principal of scope A with the client role alone: it
+// places, generates and reads blocks, and stores none (S13).
+const clientOnly = "spiffe://kvsp.test/client/only"
+
+// producerOnly may store blocks in scope A (the producer role), and
+// speaks for no instance: it states no producer's digest.
+const producerOnly = "spiffe://kvsp.test/producer/tool"
+
 // Identities of the rig's second scope (rigOptions.scopeB).
 const (
 	clientB = "spiffe://kvsp.test/client/b"
@@ -137,7 +147,7 @@ func scopeBKey() kvsp.ScopeKey {
 }
 
 func newRig(t testing.TB, o rigOptions) *rig {
-	w := &rig{reg: prometheus.NewRegistry()}
+	w := &rig{reg: prometheus.NewRegistry(), producerDigests: o.producerDigests}
 	extra := o.extra
 	d := desc
 	if o.d != nil {
@@ -174,8 +184,10 @@ func newRig(t testing.TB, o rigOptions) *rig {
 	pol := `principals:
   - {id: "` + kvsptest.PC + `", roles: [controller], scopes: [` + scopes + `]}
   - {id: "` + kvsptest.Holder1 + `", roles: [holder], speaks_for: ["` + w.url("/h1/") + `", "` + w.url("/hi/") + `", "` + w.url("/h2/") + `", "` + w.url("/bad/") + `"], scopes: [` + scopes + `]}
-  - {id: "` + kvsptest.ClientA + `", roles: [client], scopes: [` + kvsptest.Scope + `]}
+  - {id: "` + kvsptest.ClientA + `", roles: [client, producer], scopes: [` + kvsptest.Scope + `]}
   - {id: "` + agentID + `", roles: [instance, client], speaks_for: ["` + w.url("/ii1/") + `", "` + w.url("/ii2/") + `"], scopes: [` + scopes + `]}
+  - {id: "` + clientOnly + `", roles: [client], scopes: [` + kvsptest.Scope + `]}
+  - {id: "` + producerOnly + `", roles: [producer], scopes: [` + kvsptest.Scope + `]}
 `
 	if o.scopeB {
 		pol += `  - {id: "` + clientB + `", roles: [client], scopes: [` + w.scopeB.ID().String() + `]}
@@ -265,7 +277,7 @@ func newRig(t testing.TB, o rigOptions) *rig {
 	if o.nondeterministic {
 		eng = nondeterministic{w.eng}
 	}
-	icfg := instance.Config{Base: w.url("/ii1/"), Engine: eng, Client: mk(agentID), Index: isURL, Holder: own,
+	icfg := instance.Config{Base: w.url("/ii1/"), Engine: eng, Client: mk(agentID), Index: isURL, Holder: own, ProducerDigests: o.producerDigests,
 		Controller: w.url("/pc/"), StatusTTL: 300 * time.Millisecond, Scopes: keys, Workers: 4, MaxPending: 4,
 		Links: []kvsp.Link{{Holder: w.url("/h1/"), MbitPerS: 100000, RTTUs: 20}}, Registerer: w.reg, Logger: o.roleLog}
 	if o.rdma != nil {
@@ -672,6 +684,12 @@ func (w *rig) fill(t testing.TB, tokens []uint32, n int) []kvsp.BlockKey {
 	keys, _ := kvsp.BlockKeys(w.scopeKey, w.compat, 16, tokens)
 	for i := 0; i < n; i++ {
 		b, d := w.blockBytes(t, tokens, i)
+		if w.producerDigests { // the producer states the digest first, as an instance does
+			st := &kvsp.ProducerRecord{BlockKey: keys[i], ScopeID: w.scopeKey.ID(), CompatID: w.compat, Producer: w.url("/ii1/"), Digest: kvsp.Digest(container.ReplicaDigest(d.Layers)), TTLMs: 60000}
+			if _, err := w.as(agentID).Index(w.isURL).StateDigest(context.Background(), st); err != nil {
+				t.Fatal(err)
+			}
+		}
 		ref := client.BlockRef{Compat: w.compat, Scope: w.scopeKey.ID(), Key: keys[i]}
 		if err := w.src.PutBlock(context.Background(), ref, bytes.NewReader(b), int64(len(b)), d.Container); err != nil {
 			t.Fatal(err)

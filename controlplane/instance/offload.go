@@ -283,7 +283,7 @@ func (a *Agent) offloadWorker() {
 		x := heap.Pop(&o.queue).(*offer)
 		o.mu.Unlock()
 		start := time.Now()
-		answered := a.store(x.k.scope, x.compat, x.k.key, *x.buf)
+		answered := a.store(x.k.scope, x.compat, x.k.key, *x.buf, x.pos != copyPosition)
 		rtt := time.Since(start)
 		if answered {
 			a.m.offloadDelay.Observe(time.Since(x.offered).Seconds())
@@ -302,9 +302,11 @@ func (a *Agent) offloadWorker() {
 // store puts a block (a container in blk, as offload copied it: the
 // offloader's header, then its layers, K then V of each) at the
 // instance's holder, which publishes the new replica (best effort: the
-// engine has it either way). It reports whether the holder has the block
+// engine has it either way). computed says this instance computed it
+// (not a copy of a block it loaded): with ProducerDigests its digest is
+// stated at the IS first. It reports whether the holder has the block
 // now.
-func (a *Agent) store(scope kvsp.ScopeID, compat kvsp.CompatID, key kvsp.BlockKey, blk []byte) bool {
+func (a *Agent) store(scope kvsp.ScopeID, compat kvsp.CompatID, key kvsp.BlockKey, blk []byte, computed bool) bool {
 	// The buffer is the container, octet for octet: its Repr-Digest is
 	// SHA-256 of it, one pass (container.Writer hashed every octet twice,
 	// for the layer digests too, which the holder computes itself: 3% of
@@ -315,6 +317,9 @@ func (a *Agent) store(scope kvsp.ScopeID, compat kvsp.CompatID, key kvsp.BlockKe
 	dg := container.Digest(sha256.Sum256(blk))
 	ctx, cancel := context.WithTimeout(a.stopCtx, 10*time.Second)
 	defer cancel()
+	if computed && a.cfg.ProducerDigests && !a.stateDigest(ctx, scope, compat, key, blk) {
+		return false
+	}
 	ref := client.BlockRef{Compat: compat, Scope: scope, Key: key}
 	switch err := a.cfg.Client.Holder(a.cfg.Holder).PutBlock(ctx, ref, bytes.NewReader(blk), int64(len(blk)), dg); {
 	case err == nil:
@@ -327,4 +332,37 @@ func (a *Agent) store(scope kvsp.ScopeID, compat kvsp.CompatID, key kvsp.BlockKe
 		return false
 	}
 	return true
+}
+
+// producerTTL is the lifetime asked for a producer's statement: as long as
+// its block is likely kept, the IS's max_ttl_ms capping it; the holders'
+// records that match it extend it as they are refreshed.
+const producerTTL = 10 * time.Minute
+
+// stateDigest states the replica digest of a block this instance computed
+// at the IS, before its holder publishes it (R-SEC-8: "the producing
+// instance can publish the digest itself"). It reports whether the block
+// should go to the holder: not when another producer stated another
+// digest for the key (the holder's record of it would be refused), nor
+// when the IS did not take the statement.
+func (a *Agent) stateDigest(ctx context.Context, scope kvsp.ScopeID, compat kvsp.CompatID, key kvsp.BlockKey, blk []byte) bool {
+	layers := make([]container.Digest, a.g.Layers)
+	body := blk[len(a.off.hdr):]
+	n := 2 * int(a.g.RawSectionLen())
+	for l := range layers {
+		layers[l] = sha256.Sum256(body[l*n : (l+1)*n]) // K then V of layer l
+	}
+	rec := &kvsp.ProducerRecord{BlockKey: key, ScopeID: scope, CompatID: compat, Producer: a.cfg.Base,
+		Digest: kvsp.Digest(container.ReplicaDigest(layers)), TTLMs: uint64(producerTTL.Milliseconds())}
+	_, err := a.cfg.Client.Index(a.cfg.Index).StateDigest(ctx, rec)
+	switch {
+	case err == nil:
+		return true
+	case errors.Is(err, kvsp.ErrConflict):
+		a.m.offloads.WithLabelValues("other_producer").Inc()
+	default:
+		a.m.offloads.WithLabelValues("failed").Inc()
+		a.log.Warn("stating a block's digest at the IS failed", "err", err)
+	}
+	return false
 }

@@ -122,7 +122,7 @@ func newGroupWith(t *testing.T, store placement.Store) *group {
 	pol := `principals:
   - {id: "` + kvsptest.PC + `", roles: [controller], scopes: [` + kvsptest.Scope + `]}
   - {id: "` + kvsptest.Holder1 + `", roles: [holder], speaks_for: ["` + u("/h1/") + `", "` + u("/ha/") + `", "` + u("/hb/") + `", "` + u("/hc/") + `"], scopes: [` + kvsptest.Scope + `]}
-  - {id: "` + kvsptest.ClientA + `", roles: [client], scopes: [` + kvsptest.Scope + `]}
+  - {id: "` + kvsptest.ClientA + `", roles: [client, producer], scopes: [` + kvsptest.Scope + `]}
   - {id: "` + agentID + `", roles: [instance, client], speaks_for: ["` + u("/ii1/") + `", "` + u("/ii2/") + `", "` + u("/ii3/") + `", "` + u("/stuck/") + `", "` + u("/flaky/") + `"], scopes: [` + kvsptest.Scope + `]}
 `
 	os.WriteFile(p.Path("policy.yaml"), []byte(pol), 0o644)

@@ -116,10 +116,12 @@ type Index struct {
 	// Snapshot, for the memory backend, is a file loaded at start and
 	// written at shutdown.
 	Snapshot string `yaml:"snapshot"`
-	// ProducerDigests pins each key's digest to its first live replica's
-	// (the producer's): a holder publishing another digest for the key is
-	// refused, so consumers only ever see the producer's (R-SEC-8,
-	// RELIABILITY S8).
+	// ProducerDigests accepts a holder's record of a block only with the
+	// digest the block's producer stated (instances with
+	// producer_digests, or the producer role, through PUT
+	// producers/{key}): consumers only ever see the producer's digest,
+	// and the first holder to publish a key is not trusted for being
+	// first (R-SEC-8, RELIABILITY S8, S13).
 	ProducerDigests bool `yaml:"producer_digests"`
 	// MaxHolderRecords bounds one holder's live records (429 beyond it)
 	// and MaxResponseBytes a lookup's answer (413), against amplification
@@ -260,6 +262,11 @@ type Instance struct {
 	// EpochFile keeps the instance's epoch increasing across restarts even
 	// if the clock goes back (R-ST-5); relative to the configuration file.
 	EpochFile string `yaml:"epoch_file"`
+	// ProducerDigests states at the index the digest of each block the
+	// instance computes, before its holder publishes it: set it where the
+	// index runs with producer_digests, which accepts holders' records
+	// only with their producer's digest.
+	ProducerDigests bool `yaml:"producer_digests"`
 }
 
 // Link is an instance's link to a holder.

@@ -36,11 +36,13 @@ const (
 	DNSOnly  = "dns-only.kvsp.test"
 )
 
-// Policy is a policy file for the identities above.
+// Policy is a policy file for the identities above. ClientA is also a
+// producer: the tests fill holders through it, as an instance storing
+// the KV it computed would (a client alone may not store blocks, S13).
 const Policy = `principals:
   - {id: "` + PC + `", roles: [controller], scopes: [` + Scope + `]}
   - {id: "` + Holder1 + `", roles: [holder], speaks_for: ["https://127.0.0.1/h1/"], scopes: [` + Scope + `]}
-  - {id: "` + ClientA + `", roles: [client], scopes: [` + Scope + `]}
+  - {id: "` + ClientA + `", roles: [client, producer], scopes: [` + Scope + `]}
   - {id: "` + DNSOnly + `", roles: [client]}
 `
 
