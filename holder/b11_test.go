@@ -3,19 +3,15 @@ package holder_test
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
 	"fmt"
 	"io"
 	"net/http"
 	"runtime"
 	"slices"
-	"strconv"
-	"sync"
 	"testing"
 	"time"
 
 	"golang.org/x/net/http2"
-	"golang.org/x/net/http2/hpack"
 
 	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/client"
@@ -24,95 +20,6 @@ import (
 	"github.com/kvsp/kvsp/internal/figures"
 	"github.com/kvsp/kvsp/internal/kvsptest"
 )
-
-// stalled is a raw HTTP/2 client connection that grants no window
-// (SETTINGS_INITIAL_WINDOW_SIZE 0): the server may send its responses'
-// headers, never a DATA octet. It records, per stream, when its request
-// went, its response's status and when (and how) the server reset it.
-type stalled struct {
-	c    *tls.Conn
-	fr   *http2.Framer
-	wmu  sync.Mutex
-	done chan struct{} // the server ended the connection
-
-	mu      sync.Mutex
-	sent    map[uint32]time.Time
-	status  map[uint32]int
-	resets  map[uint32]time.Duration // after its request
-	codes   map[uint32]http2.ErrCode
-	changed chan struct{}
-}
-
-func dialStalled(t *testing.T, addr string, conf *tls.Config) *stalled {
-	t.Helper()
-	conf = conf.Clone()
-	conf.NextProtos = []string{"h2"}
-	c, err := tls.Dial("tcp", addr, conf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	s := &stalled{c: c, fr: http2.NewFramer(c, c), done: make(chan struct{}), sent: map[uint32]time.Time{}, status: map[uint32]int{},
-		resets: map[uint32]time.Duration{}, codes: map[uint32]http2.ErrCode{}, changed: make(chan struct{}, 1)}
-	s.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
-	io.WriteString(c, http2.ClientPreface)
-	if err := s.fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 0}); err != nil {
-		t.Fatal(err)
-	}
-	go s.read()
-	return s
-}
-
-func (s *stalled) read() {
-	defer close(s.done)
-	for {
-		f, err := s.fr.ReadFrame()
-		if err != nil {
-			return
-		}
-		s.mu.Lock()
-		switch f := f.(type) {
-		case *http2.SettingsFrame:
-			if !f.IsAck() {
-				s.wmu.Lock()
-				s.fr.WriteSettingsAck()
-				s.wmu.Unlock()
-			}
-		case *http2.MetaHeadersFrame:
-			s.status[f.StreamID], _ = strconv.Atoi(f.PseudoValue("status"))
-		case *http2.RSTStreamFrame:
-			s.resets[f.StreamID] = time.Since(s.sent[f.StreamID])
-			s.codes[f.StreamID] = f.ErrCode
-		}
-		s.mu.Unlock()
-		select {
-		case s.changed <- struct{}{}:
-		default:
-		}
-	}
-}
-
-// get sends GET path on stream id.
-func (s *stalled) get(id uint32, path string) error {
-	var b bytes.Buffer
-	enc := hpack.NewEncoder(&b)
-	for _, f := range [][2]string{{":method", "GET"}, {":scheme", "https"}, {":authority", "127.0.0.1"}, {":path", path}} {
-		enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
-	}
-	s.mu.Lock()
-	s.sent[id] = time.Now()
-	s.mu.Unlock()
-	s.wmu.Lock()
-	defer s.wmu.Unlock()
-	return s.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: b.Bytes(), EndStream: true, EndHeaders: true})
-}
-
-// resetCount is the number of streams the server has reset.
-func (s *stalled) resetCount() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.resets)
-}
 
 // fetch GETs a whole block as an instance does and returns its KV octets.
 func fetch(ctx context.Context, hc *client.Holder, r client.BlockRef, g container.Geometry) ([]byte, error) {
@@ -234,13 +141,13 @@ func TestB11_ZeroWindowBlockGETs(t *testing.T) {
 	cutBefore := kvsptest.MetricSum(t, f.reg, "kvsp_http_slow_reader_responses_total", map[string]string{"route": route})
 
 	conf := f.pki.ClientTLS(f.pki.Leaf(kvsptest.ClientA))
-	var attack []*stalled
+	var attack []*kvsptest.StalledH2
 	start := time.Now()
 	for range conns {
-		s := dialStalled(t, f.srv.Addr, conf)
+		s := kvsptest.DialStalled(t, f.srv.Addr, conf)
 		attack = append(attack, s)
 		for i := range streams {
-			if err := s.get(uint32(2*i+1), path(bref(i%blocks))); err != nil {
+			if err := s.Get(uint32(2*i+1), path(bref(i%blocks))); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -253,9 +160,7 @@ func TestB11_ZeroWindowBlockGETs(t *testing.T) {
 	for end := time.Now().Add(grace + slack); ; {
 		n := 0
 		for _, s := range attack {
-			s.mu.Lock()
-			n += len(s.status)
-			s.mu.Unlock()
+			n += s.Answered()
 		}
 		if n == conns*streams || time.Now().After(end) {
 			break
@@ -268,7 +173,7 @@ func TestB11_ZeroWindowBlockGETs(t *testing.T) {
 	for i := 0; ; i++ {
 		n := 0
 		for _, s := range attack {
-			n += s.resetCount()
+			n += s.ResetCount()
 		}
 		if n == conns*streams || time.Since(start) > grace+slack+10*time.Second {
 			break
@@ -287,22 +192,19 @@ func TestB11_ZeroWindowBlockGETs(t *testing.T) {
 	var worst time.Duration
 	never, badCode, badStatus := 0, 0, 0
 	for _, s := range attack {
-		s.mu.Lock()
 		for i := range streams {
-			id := uint32(2*i + 1)
-			after, ok := s.resets[id]
+			status, ok, after, code := s.Stream(uint32(2*i + 1))
 			switch {
 			case !ok:
 				never++
-			case s.codes[id] != http2.ErrCodeCancel:
+			case code != http2.ErrCodeCancel:
 				badCode++
 			}
-			if s.status[id] != http.StatusOK {
+			if status != http.StatusOK {
 				badStatus++
 			}
 			worst = max(worst, after)
 		}
-		s.mu.Unlock()
 	}
 	cut := kvsptest.MetricSum(t, f.reg, "kvsp_http_slow_reader_responses_total", map[string]string{"route": route}) - cutBefore
 	t.Logf("%d zero-window GETs sent in %v, all stalled after %v; resets awaited for %v, the slowest %v after its request (limit %v); %v counted cut for a slow reader; "+
@@ -344,8 +246,7 @@ func TestB11_ZeroWindowBlockGETs(t *testing.T) {
 		t.Errorf("%d goroutines with the attack's connections open and their streams reset, baseline %d", n, baseG)
 	}
 	for _, s := range attack {
-		s.c.Close()
-		<-s.done
+		s.Close()
 	}
 	if n := settleGoroutines(baseG, 5*time.Second); n > baseG {
 		t.Errorf("%d goroutines after the attack, baseline %d", n, baseG)

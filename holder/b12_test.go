@@ -98,14 +98,14 @@ func TestB12_StalledReadsHoldNoMemoryPastTheTier(t *testing.T) {
 		}
 	}()
 
-	a := dialStalled(t, f.srv.Addr, f.pki.ClientTLS(f.pki.Leaf(kvsptest.ClientA)))
+	a := kvsptest.DialStalled(t, f.srv.Addr, f.pki.ClientTLS(f.pki.Leaf(kvsptest.ClientA)))
 	b := f.hold["spiffe://kvsp.test/client/b"]
 	start := time.Now()
 	for i := range n {
 		if err := b.PutBlock(context.Background(), bref(i), bytes.NewReader(data), int64(len(data)), blk.ContainerDigest()); err != nil {
 			t.Fatalf("client B's PUT %d: %v", i, err)
 		}
-		if err := a.get(uint32(2*i+1), path(bref(i))); err != nil {
+		if err := a.Get(uint32(2*i+1), path(bref(i))); err != nil {
 			t.Fatal(err)
 		}
 		if i%10 == 9 {
@@ -115,9 +115,9 @@ func TestB12_StalledReadsHoldNoMemoryPastTheTier(t *testing.T) {
 		}
 	}
 	stored := time.Since(start)
-	for end := time.Now().Add(grace + slack + 10*time.Second); a.resetCount() < n && time.Now().Before(end); {
+	for end := time.Now().Add(grace + slack + 10*time.Second); a.ResetCount() < n && time.Now().Before(end); {
 		select {
-		case <-a.changed:
+		case <-a.Changed():
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
@@ -128,20 +128,17 @@ func TestB12_StalledReadsHoldNoMemoryPastTheTier(t *testing.T) {
 	statuses := map[int]int{}
 	var worst time.Duration
 	never, badCode := 0, 0
-	a.mu.Lock()
 	for i := range n {
-		id := uint32(2*i + 1)
-		statuses[a.status[id]]++
-		after, ok := a.resets[id]
+		status, ok, after, code := a.Stream(uint32(2*i + 1))
+		statuses[status]++
 		switch {
 		case !ok:
 			never++
-		case a.codes[id] != http2.ErrCodeCancel:
+		case code != http2.ErrCodeCancel:
 			badCode++
 		}
 		worst = max(worst, after)
 	}
-	a.mu.Unlock()
 	cut := kvsptest.MetricSum(t, f.reg, "kvsp_holder_gets_cut_total", nil)
 	refused := kvsptest.MetricSum(t, f.reg, "kvsp_holder_gets_refused_total", nil)
 	heapGrowth := peakHeap.Load() - int64(baseHeap)
@@ -207,8 +204,8 @@ func TestReadAllowanceCoversCopies(t *testing.T) {
 	copied := func() float64 {
 		return kvsptest.MetricSum(t, f.reg, "kvsp_holder_read_held_bytes", map[string]string{"kind": "copy"})
 	}
-	stall := dialStalled(t, f.srv.Addr, f.pki.ClientTLS(f.pki.Leaf(kvsptest.ClientA)))
-	if err := stall.get(1, pathFor(0)); err != nil {
+	stall := kvsptest.DialStalled(t, f.srv.Addr, f.pki.ClientTLS(f.pki.Leaf(kvsptest.ClientA)))
+	if err := stall.Get(1, pathFor(0)); err != nil {
 		t.Fatal(err)
 	}
 	for end := time.Now().Add(5 * time.Second); copied() == 0 && time.Now().Before(end); {
@@ -230,7 +227,7 @@ func TestReadAllowanceCoversCopies(t *testing.T) {
 	if n := kvsptest.MetricSum(t, f.reg, "kvsp_holder_gets_refused_total", nil); n != 1 {
 		t.Fatalf("%v GETs counted refused, want 1", n)
 	}
-	stall.c.Close()
+	stall.Close()
 	for end := time.Now().Add(5 * time.Second); copied() != 0 && time.Now().Before(end); {
 		time.Sleep(5 * time.Millisecond)
 	}

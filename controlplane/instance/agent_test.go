@@ -115,6 +115,8 @@ type rigOptions struct {
 	producerDigests bool
 	// pc edits the PC's configuration.
 	pc func(*placement.Config)
+	// writeGrace is the server's WriteGrace (zero: its default).
+	writeGrace time.Duration
 }
 
 // nondeterministic is the rig's engine declaring what llama.cpp declares.
@@ -161,7 +163,7 @@ func newRig(t testing.TB, o rigOptions) *rig {
 	if o.wrapIS != nil {
 		isSrv = kvsptest.StartServer(t, p, kvsptest.Options{Wrap: o.wrapIS, Logger: o.ctlLog}, func(s *server.Server) { svc.Mount(s.Mount("/is/")) })
 	}
-	w.srv = kvsptest.StartServer(t, p, kvsptest.Options{Logger: o.ctlLog, Wrap: o.wrap}, func(s *server.Server) {
+	w.srv = kvsptest.StartServer(t, p, kvsptest.Options{Logger: o.ctlLog, Wrap: o.wrap, WriteGrace: o.writeGrace}, func(s *server.Server) {
 		if isSrv == nil {
 			svc.Mount(s.Mount("/is/"))
 		}

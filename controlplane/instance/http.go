@@ -245,6 +245,7 @@ func (a *Agent) generate(w http.ResponseWriter, r *http.Request) error {
 		return nil // the status is sent
 	}
 	if out.close() != nil {
+		a.m.notReading.Inc()
 		return nil // cut before its done line
 	}
 	if x != nil { // delivered whole: kept a while for a front end that missed the done line, then dropped
