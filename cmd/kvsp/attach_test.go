@@ -206,7 +206,7 @@ func TestConnectedEngineGetsPrefetchedBlocks(t *testing.T) {
 	}
 	ref := client.BlockRef{Compat: compat, Scope: sk.ID(), Key: key}
 	h1 := "https://" + addr + "/h1/"
-	if err := mk("client").Holder(h1).PutBlock(context.Background(), ref, bytes.NewReader(blk.Bytes()), int64(blk.Len()), dg.Container); err != nil {
+	if err := mk("self").Holder(h1).PutBlock(context.Background(), ref, bytes.NewReader(blk.Bytes()), int64(blk.Len()), dg.Container); err != nil { // a producer of KV: this process's identity (an instance)
 		t.Fatal(err)
 	}
 	// The PC's identity (this process's) sends the directive; the source

@@ -132,7 +132,9 @@ func TestKilledMidTransfer(t *testing.T) {
 	}
 	key1, _ := os.ReadFile(filepath.Join(dir, "scope-a.key"))
 	sk, _ := kvsp.ScopeKeyFromFile(key1)
-	pair, _ := tls.LoadX509KeyPair(filepath.Join(dir, "client.pem"), filepath.Join(dir, "client.key"))
+	// The process's own identity (an instance: a producer of KV) stores
+	// blocks; the tool client may only read them (S13).
+	pair, _ := tls.LoadX509KeyPair(filepath.Join(dir, "self.pem"), filepath.Join(dir, "self.key"))
 	ca, _ := os.ReadFile(filepath.Join(dir, "ca.pem"))
 	roots := x509.NewCertPool()
 	roots.AppendCertsFromPEM(ca)

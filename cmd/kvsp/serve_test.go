@@ -137,21 +137,34 @@ func TestCertsThenServe(t *testing.T) {
 		t.Fatalf("lookup through kvsp serve: %d %s", resp.StatusCode, body)
 	}
 	// index.producer_digests reaches the IS: h1 (the process's identity
-	// speaks for it) publishing another digest for a key it published is
-	// refused (R-SEC-8, S8).
+	// speaks for it) publishing a key no producer stated, or another
+	// digest than its producer's (ii1, which the process's identity also
+	// speaks for), is refused (R-SEC-8, S8, S13).
 	self, err := tls.LoadX509KeyPair(filepath.Join(dir, "self.pem"), filepath.Join(dir, "self.key"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	sc, _ := client.New(client.Config{TLS: &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: roots, Certificates: []tls.Certificate{self}}})
+	selfTLS := &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: roots, Certificates: []tls.Certificate{self}}
+	sc, _ := client.New(client.Config{TLS: selfTLS})
 	defer sc.Close()
+	layers := []container.Digest{{1}}
 	rec := &kvsp.ReplicaRecord{BlockKey: kvsp.BlockKey{0xcd}, CompatID: kvsp.CompatID{0xab}, ScopeID: sk.ID(), Holder: "https://127.0.0.1:8443/h1/", Codec: 1,
-		Size: 1, Digest: kvsp.Digest{1}, LayerDigests: []kvsp.LayerDigest{{1}}, TTLMs: 60000, Residency: []kvsp.Residency{{Tier: kvsp.TierHost, Layers: kvsp.LayerRange{0, 0}}}}
-	if _, _, err := sc.Index("https://"+addr+"/is/").Publish(context.Background(), rec); err != nil {
+		Size: 1, Digest: kvsp.Digest(container.ReplicaDigest(layers)), LayerDigests: []kvsp.LayerDigest{kvsp.LayerDigest(layers[0])}, TTLMs: 60000,
+		Residency: []kvsp.Residency{{Tier: kvsp.TierHost, Layers: kvsp.LayerRange{0, 0}}}}
+	is := sc.Index("https://" + addr + "/is/")
+	if _, _, err := is.Publish(context.Background(), rec); !errors.Is(err, kvsp.ErrConflict) {
+		t.Fatalf("a record no producer stated a digest for: %v, want 409", err)
+	}
+	if _, err := is.StateDigest(context.Background(), &kvsp.ProducerRecord{BlockKey: rec.BlockKey, CompatID: rec.CompatID, ScopeID: rec.ScopeID,
+		Producer: "https://127.0.0.1:8443/ii1/", Digest: rec.Digest, TTLMs: 60000}); err != nil {
+		t.Fatalf("ii1 states its digest: %v", err)
+	}
+	if _, _, err := is.Publish(context.Background(), rec); err != nil {
 		t.Fatalf("publish: %v", err)
 	}
-	rec.Digest = kvsp.Digest{2}
-	if _, _, err := sc.Index("https://"+addr+"/is/").Publish(context.Background(), rec); !errors.Is(err, kvsp.ErrConflict) {
+	other := *rec
+	other.Digest, other.LayerDigests = kvsp.Digest{2}, nil
+	if _, _, err := is.Publish(context.Background(), &other); !errors.Is(err, kvsp.ErrConflict) {
 		t.Fatalf("another digest for the key with producer_digests: %v, want 409", err)
 	}
 	// The holder stores and serves a block of the configured descriptor.
@@ -164,15 +177,21 @@ func TestCertsThenServe(t *testing.T) {
 	}
 	w.Close()
 	bpath := "https://" + addr + "/h1/blocks/5ed5c2f238839655d7c4029e12b7f31caf9e7421f4edb4057feee6dab760ee0f/" + sk.ID().String() + "/" + strings.Repeat("ef", 32)
-	req, _ := http.NewRequest("PUT", bpath, bytes.NewReader(blk.Bytes()))
-	req.Header.Set("If-None-Match", "*")
-	req.Header.Set("Content-Type", "application/kvsp-block")
 	hc := &http.Client{Transport: tr, Timeout: 5 * time.Second}
-	resp, err = hc.Do(req)
-	if err != nil || resp.StatusCode != 201 {
-		t.Fatalf("PUT block through kvsp serve: %v %v", resp, err)
+	// Stored by the process's identity (an instance: a producer of KV);
+	// the tool client, a client only, may not store blocks (S13).
+	hp := &http.Client{Transport: &http.Transport{TLSClientConfig: selfTLS}, Timeout: 5 * time.Second}
+	defer hp.CloseIdleConnections()
+	for who, c := range map[int]*http.Client{403: hc, 201: hp} {
+		req, _ := http.NewRequest("PUT", bpath, bytes.NewReader(blk.Bytes()))
+		req.Header.Set("If-None-Match", "*")
+		req.Header.Set("Content-Type", "application/kvsp-block")
+		resp, err = c.Do(req)
+		if err != nil || resp.StatusCode != who {
+			t.Fatalf("PUT block through kvsp serve: %v %v, want %d", resp, err, who)
+		}
+		resp.Body.Close()
 	}
-	resp.Body.Close()
 	resp, err = hc.Get(bpath + "?layers=0-1")
 	if err != nil {
 		t.Fatal(err)
@@ -190,7 +209,7 @@ func TestCertsThenServe(t *testing.T) {
 		req, _ := http.NewRequest("PUT", "https://"+addr+"/"+base+"/blocks/"+strings.Repeat("77", 32)+"/"+sk.ID().String()+"/"+strings.Repeat("ef", 32), bytes.NewReader(anyBlock))
 		req.Header.Set("If-None-Match", "*")
 		req.Header.Set("Content-Type", "application/kvsp-block")
-		resp, err := hc.Do(req)
+		resp, err := hp.Do(req)
 		if err != nil || resp.StatusCode != want {
 			t.Fatalf("PUT a block of another model at %s: %v %v, want %d", base, resp, err, want)
 		}

@@ -216,7 +216,7 @@ func (w *group) shardMap(version uint64, shards ...any) kvsp.ShardMap {
 // fill stores the first n blocks of tokens at h1 (a prefill elsewhere),
 // which publishes them.
 func (w *group) fill(t *testing.T, tokens []uint32, n int) {
-	rg := &rig{srv: w.srv, compat: w.compat, scopeKey: w.scope, g: w.g, url: w.url, isURL: w.url("/is/"), front: w.asPC, src: w.asPC.Holder(w.url("/h1/"))}
+	rg := &rig{srv: w.srv, compat: w.compat, scopeKey: w.scope, g: w.g, url: w.url, isURL: w.url("/is/"), front: w.asPC, src: w.front.Holder(w.url("/h1/"))} // ClientA stores blocks (the producer role)
 	rg.fill(t, tokens, n)
 }
 
