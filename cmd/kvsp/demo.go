@@ -59,6 +59,7 @@ Usage: kvsp demo [flags]
 // demoConfig is a run's settings.
 type demoConfig struct {
 	trace                   string
+	repeat                  int // the trace replayed this many times, fresh ids each (repeatTrace)
 	speed                   float64
 	instances, holders      int
 	hostCap, diskCap        config.Size
@@ -205,7 +206,8 @@ func parseDemoFlags(args []string, stderr io.Writer) (*demoConfig, error) {
 	fs.SetOutput(stderr)
 	fs.Usage = func() { fmt.Fprint(stderr, demoUsage); fs.PrintDefaults() }
 	dc := &demoConfig{}
-	fs.StringVar(&dc.trace, "trace", "", "a Mooncake-format trace (JSON lines); default: the embedded Mooncake synthetic trace")
+	fs.StringVar(&dc.trace, "trace", "", "a Mooncake-format trace (JSON lines); synth, or synth:requests=N,minutes=M,docs=D,zipf=S,doc-blocks=B,tail-blocks=T,seed=X, a generated workload of documents with a Zipf popularity (the defaults: 12,031 requests over 59 minutes, about 190,000 blocks); default: the embedded Mooncake synthetic trace")
+	fs.IntVar(&dc.repeat, "repeat", 1, "replay the trace this many times back to back, each copy with fresh hash ids (as many more distinct blocks, no sharing across copies): a longer workload of the trace's shape")
 	fs.StringVar(&dc.engine, "engine", "llamacpp", "the instances' engine: llamacpp (llama.cpp on a generated model, on these CPUs) or sim (the simulated engine, for large replays)")
 	fs.Float64Var(&dc.speed, "speed", 0, "replay speed-up of the trace's timestamps (default: 8 on sim, 12 on llamacpp)")
 	fs.IntVar(&dc.instances, "instances", 3, "inference instances")
@@ -334,6 +336,37 @@ func mapTrace(reqs []traceRequest, b int) []traceRequest {
 		q.InputLength = min(n*b, max((n-1)*b+1, (q.InputLength*b+traceBlockTokens-1)/traceBlockTokens))
 		q.tokensPerBlock = b
 		out[i] = q
+	}
+	return out
+}
+
+// repeatTrace is reqs replayed n times back to back: copy c's hash ids
+// are shifted past every id of the copies before it (fresh blocks, none
+// shared across copies), its timestamps past the last request of the
+// copy before, one mean gap between requests later.
+func repeatTrace(reqs []traceRequest, n int) []traceRequest {
+	if n <= 1 || len(reqs) == 0 {
+		return reqs
+	}
+	var maxID int64
+	for _, q := range reqs {
+		for _, id := range q.HashIDs {
+			maxID = max(maxID, id)
+		}
+	}
+	span := reqs[len(reqs)-1].Timestamp - reqs[0].Timestamp
+	span += span / float64(max(1, len(reqs)-1))
+	out := make([]traceRequest, 0, n*len(reqs))
+	for c := range n {
+		for _, q := range reqs {
+			q.Timestamp += float64(c) * span
+			ids := make([]int64, len(q.HashIDs))
+			for i, id := range q.HashIDs {
+				ids[i] = id + int64(c)*(maxID+1)
+			}
+			q.HashIDs = ids
+			out = append(out, q)
+		}
 	}
 	return out
 }
@@ -569,8 +602,21 @@ var pipelineDrops = []struct {
 	{"directive", "not sent: recompute chosen (estimated cheaper, or no link to a source)", "kvsp_pc_directives_total", []string{`outcome="recompute"`}},
 	{"directive", "not sent: pending quota", "kvsp_pc_directives_total", []string{`outcome="quota"`}},
 	{"directive", "not accepted by the instance", "kvsp_pc_directives_total", []string{`outcome="failed"`}},
-	{"directive", "deadline passed (the rest recomputed)", "kvsp_instance_directives_total", []string{`state="partial"`}},
+	{"directive", "partial (a leading prefix loaded, the rest recomputed)", "kvsp_instance_directives_total", []string{`state="partial"`}},
 	{"directive", "failed", "kvsp_instance_directives_total", []string{`state="failed"`}},
+	{"directive failed or partial", "deadline", "kvsp_instance_directive_failures_total", []string{`reason="deadline"`}},
+	{"directive failed or partial", "lease not found (the holder evicted the block)", "kvsp_instance_directive_failures_total", []string{`reason="lease_not_found"`}},
+	{"directive failed or partial", "lease quota", "kvsp_instance_directive_failures_total", []string{`reason="lease_quota"`}},
+	{"directive failed or partial", "lease failed", "kvsp_instance_directive_failures_total", []string{`reason="lease_failed"`}},
+	{"directive failed or partial", "GET 404 (evicted since the lookup)", "kvsp_instance_directive_failures_total", []string{`reason="not_found"`}},
+	{"directive failed or partial", "digest", "kvsp_instance_directive_failures_total", []string{`reason="digest"`}},
+	{"directive failed or partial", "holder unavailable or busy", "kvsp_instance_directive_failures_total", []string{`reason="holder_unavailable"`}},
+	{"directive failed or partial", "holder unavailable or busy", "kvsp_instance_directive_failures_total", []string{`reason="too_many_requests"`}},
+	{"directive failed or partial", "refused", "kvsp_instance_directive_failures_total", []string{`reason="refused"`}},
+	{"directive failed or partial", "layers unavailable", "kvsp_instance_directive_failures_total", []string{`reason="layers_unavailable"`}},
+	{"directive failed or partial", "engine", "kvsp_instance_directive_failures_total", []string{`reason="engine"`}},
+	{"directive failed or partial", "transport", "kvsp_instance_directive_failures_total", []string{`reason="transport"`}},
+	{"directive failed or partial", "cancelled", "kvsp_instance_directive_failures_total", []string{`reason="cancelled"`}},
 	{"lease", "refused by quota", "kvsp_holder_lease_rejections_total", nil},
 	{"GET", "block not loaded", "kvsp_instance_prefetch_blocks_total", []string{`outcome="failed"`}},
 	{"GET", "digest mismatch", "kvsp_instance_digest_failures_total", nil},
@@ -607,6 +653,10 @@ func cmdDemo(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if dc.repeat < 1 {
+		return usageError("demo: --repeat: at least 1")
+	}
+	reqs = repeatTrace(reqs, dc.repeat)
 	if dc.requests > 0 && dc.requests < len(reqs) {
 		reqs = reqs[:dc.requests]
 	}

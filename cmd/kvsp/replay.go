@@ -256,6 +256,13 @@ func hitRatioChart(title string, reqs []traceRequest, local []int, progress []ch
 // openTrace opens a Mooncake-format trace (gzip when it ends in .gz), or
 // the embedded one when path is empty.
 func openTrace(path string) ([]traceRequest, error) {
+	if path == "synth" || strings.HasPrefix(path, "synth:") {
+		p, err := parseSynth(path)
+		if err != nil {
+			return nil, usageError("%v", err)
+		}
+		return synthTrace(p), nil
+	}
 	var r io.Reader
 	if path == "" {
 		zr, err := gzip.NewReader(strings.NewReader(string(embeddedTrace)))

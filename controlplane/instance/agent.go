@@ -158,6 +158,8 @@ func New(cfg Config) (*Agent, error) {
 				Help: "Time the engine's prefill steps took (prefilled tokens over this: the prefill rate it reached)."}, func() float64 { return eng.Stats().PrefillTime.Seconds() }),
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvsp_instance_batch_slots",
 				Help: "Requests the engine runs at once (its batch)."}, func() float64 { return float64(a.occ.batch) }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvsp_instance_transfer_slots_busy",
+				Help: "Block transfers under way, of the agent's Workers (its transfer slots)."}, func() float64 { return float64(len(a.work)) }),
 			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvsp_instance_busy_slot_seconds_total",
 				Help: "Batch slots held by accepted requests, integrated over time (over the batch and the time: how busy the engine's batch was)."},
 				func() float64 { b, _ := a.occupancy(); return b.Seconds() }),
@@ -345,19 +347,22 @@ func (a *Agent) setState(s kvsp.InstanceState) error {
 }
 
 type metrics struct {
-	checkpoints    *prometheus.CounterVec
-	directives     *prometheus.CounterVec
-	blocks         *prometheus.CounterVec
-	digestFailures prometheus.Counter
-	fetched        *prometheus.CounterVec
-	rdmaBlocks     prometheus.Counter
-	prompt         *prometheus.CounterVec
-	offloads       *prometheus.CounterVec
-	offloadDelay   prometheus.Histogram
-	lost           prometheus.Counter
-	reshards       *prometheus.CounterVec
-	grants         *prometheus.CounterVec
-	notReading     prometheus.Counter
+	checkpoints *prometheus.CounterVec
+	directives  *prometheus.CounterVec
+	// directiveFailures counts the directives that did not load all
+	// their blocks, by the reason of the first block that failed.
+	directiveFailures *prometheus.CounterVec
+	blocks            *prometheus.CounterVec
+	digestFailures    prometheus.Counter
+	fetched           *prometheus.CounterVec
+	rdmaBlocks        prometheus.Counter
+	prompt            *prometheus.CounterVec
+	offloads          *prometheus.CounterVec
+	offloadDelay      prometheus.Histogram
+	lost              prometheus.Counter
+	reshards          *prometheus.CounterVec
+	grants            *prometheus.CounterVec
+	notReading        prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -366,6 +371,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Session checkpoints sent, by outcome (acknowledged, failed, superseded)."}, []string{"outcome"}),
 		directives: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_instance_directives_total",
 			Help: "Prefetch directives finished, by final state."}, []string{"state"}),
+		directiveFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_instance_directive_failures_total",
+			Help: "Prefetch directives that did not load all their blocks (state failed or partial), by the reason of the first block that failed: deadline, digest, lease_quota, lease_not_found, lease_failed, not_found (GET 404), layers_unavailable, too_many_requests, holder_unavailable, refused (another problem), engine, transport (no answer), cancelled, not_started."}, []string{"reason"}),
 		blocks: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_instance_prefetch_blocks_total",
 			Help: "Blocks a prefetch loaded (fetched), shared (loaded meanwhile by another directive's transfer, waited for) or failed to load."}, []string{"outcome"}),
 		digestFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvsp_instance_digest_failures_total",
@@ -390,8 +397,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		reshards: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_instance_reshard_messages_total",
 			Help: "Reshard messages handled, by outcome (acknowledged, failed, committed, aborted)."}, []string{"outcome"}),
 	}
+	for _, r := range []string{"deadline", "digest", "lease_quota", "lease_not_found", "lease_failed", "not_found", "layers_unavailable",
+		"too_many_requests", "holder_unavailable", "refused", "engine", "transport", "cancelled", "not_started"} {
+		m.directiveFailures.WithLabelValues(r) // every reason's series exists from the start, at 0
+	}
 	if reg != nil {
-		reg.MustRegister(m.checkpoints, m.directives, m.blocks, m.digestFailures, m.fetched, m.rdmaBlocks, m.prompt, m.offloads, m.offloadDelay, m.lost, m.reshards, m.grants, m.notReading)
+		reg.MustRegister(m.checkpoints, m.directives, m.directiveFailures, m.blocks, m.digestFailures, m.fetched, m.rdmaBlocks, m.prompt, m.offloads, m.offloadDelay, m.lost, m.reshards, m.grants, m.notReading)
 	}
 	return m
 }

@@ -250,6 +250,13 @@ func (a *Agent) transfer(ctx context.Context, x *directive, b kvsp.PrefetchBlock
 	return errors.Join(errs...)
 }
 
+// errLease and errEngine mark a block's failure at its lease and at the
+// engine's KV (failureReason).
+var (
+	errLease  = errors.New("lease")
+	errEngine = errors.New("engine KV")
+)
+
 // fetch loads one block from one source under a lease (its own, unless
 // the block is covered by its group's), through the agent's Fetcher.
 // Layers with their digests, or of a block verified whole before its
@@ -261,7 +268,7 @@ func (a *Agent) fetch(ctx context.Context, x *directive, key kvsp.BlockKey, src 
 		h := a.cfg.Client.Holder(src)
 		ls, err := h.Lease(ctx, &kvsp.LeaseRequest{ScopeID: d.ScopeID, CompatID: d.CompatID, BlockKeys: []kvsp.BlockKey{key}, TTLMs: d.LeaseMs})
 		if err != nil {
-			return fmt.Errorf("lease: %w", err)
+			return fmt.Errorf("%w: %w", errLease, err)
 		}
 		defer func() { // the lease only covers the transfer
 			rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -291,7 +298,7 @@ func (a *Agent) fetch(ctx context.Context, x *directive, key kvsp.BlockKey, src 
 		a.m.fetched.WithLabelValues(x.purpose).Add(float64(n))
 		if layerDigests != nil || whole {
 			if err := kv.WriteLayer(key, l.Index, l.K, l.V); err != nil {
-				return err
+				return fmt.Errorf("%w: %w", errEngine, err)
 			}
 			continue
 		}
@@ -299,7 +306,7 @@ func (a *Agent) fetch(ctx context.Context, x *directive, key kvsp.BlockKey, src 
 	}
 	for _, l := range held {
 		if err := kv.WriteLayer(key, l.Index, l.K, l.V); err != nil {
-			return err
+			return fmt.Errorf("%w: %w", errEngine, err)
 		}
 	}
 	if whole {

@@ -3,6 +3,7 @@ package instance
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/container"
 )
 
 // Prefetch directives (R-PF-*): accepted, run on the agent's transfer
@@ -28,6 +30,7 @@ type directive struct {
 	mu        sync.Mutex
 	pending   bool
 	anyFailed bool
+	firstErr  error // the first block's failure: the directive's reason
 	loaded    []kvsp.BlockKey
 	failed    []kvsp.BlockKey
 	doneAt    time.Time
@@ -249,11 +252,21 @@ func (a *Agent) run(ctx context.Context, x *directive) {
 		wg   sync.WaitGroup
 	)
 	for i, b := range d.Blocks {
+		taken := false
 		select { // a transfer slot, taken in prefix order
 		case a.work <- struct{}{}:
+			taken = true
 		case <-ctx.Done():
 		}
 		if ctx.Err() != nil {
+			// Both were ready (the deadline passed with a slot free, and
+			// select chose the slot): the slot goes back. Kept, it was
+			// lost for good, and once every slot was, no directive loaded
+			// anything again (issue 47: fetching stopped a minute into a
+			// longer workload).
+			if taken {
+				<-a.work
+			}
 			break
 		}
 		mu.Lock()
@@ -272,7 +285,7 @@ func (a *Agent) run(ctx context.Context, x *directive) {
 			defer mu.Unlock()
 			if err != nil {
 				a.log.Info("prefetch block not loaded", "directive", d.Directive.String(), "block", i, "err", err)
-				x.markFailed()
+				x.markFailed(err)
 				return
 			}
 			ok[i], mine[i] = true, own
@@ -334,6 +347,12 @@ func (a *Agent) run(ctx context.Context, x *directive) {
 	if x.purpose == "prefetch" {
 		st := x.status()
 		a.m.directives.WithLabelValues(string(st.State)).Inc()
+		if len(st.Failed) > 0 {
+			x.mu.Lock()
+			first := x.firstErr
+			x.mu.Unlock()
+			a.m.directiveFailures.WithLabelValues(failureReason(first, ctx)).Inc()
+		}
 		if a.log.Enabled(ctx, slog.LevelDebug) { // its arguments are not built for nothing
 			a.log.Debug("directive ended", "directive", d.Directive.String(), "scope", d.ScopeID, "state", st.State, "loaded", len(st.Loaded), "failed", len(st.Failed))
 		}
@@ -341,9 +360,12 @@ func (a *Agent) run(ctx context.Context, x *directive) {
 	a.settle()
 }
 
-func (d *directive) markFailed() {
+func (d *directive) markFailed(err error) {
 	d.mu.Lock()
 	d.anyFailed = true
+	if d.firstErr == nil {
+		d.firstErr = err
+	}
 	d.mu.Unlock()
 }
 
@@ -390,4 +412,40 @@ func (a *Agent) leaseGroups(ctx context.Context, d *kvsp.PrefetchDirective) (map
 			a.cfg.Client.Holder(l.src).ReleaseLease(rctx, l.id)
 		}
 	}
+}
+
+// failureReason names why a directive did not load all its blocks, from
+// the first block's failure (err; nil when no block failed and the
+// directive stopped at its deadline before reaching the rest).
+func failureReason(err error, ctx context.Context) string {
+	var p *kvsp.Problem
+	switch {
+	case err == nil && ctx.Err() != nil, errors.Is(err, context.DeadlineExceeded):
+		return "deadline"
+	case err == nil:
+		return "not_started"
+	case errors.Is(err, context.Canceled):
+		return "cancelled"
+	case errors.Is(err, container.ErrDigestMismatch) || errors.Is(err, kvsp.ErrDigestMismatch):
+		return "digest"
+	case errors.Is(err, kvsp.ErrLeaseQuota):
+		return "lease_quota"
+	case errors.Is(err, errLease) && errors.Is(err, kvsp.ErrNotFound):
+		return "lease_not_found" // the holder no longer has the block
+	case errors.Is(err, errLease):
+		return "lease_failed"
+	case errors.Is(err, kvsp.ErrNotFound):
+		return "not_found" // the GET: evicted at the holder since the lookup
+	case errors.Is(err, kvsp.ErrLayersUnavailable):
+		return "layers_unavailable"
+	case errors.Is(err, kvsp.ErrTooManyRequests):
+		return "too_many_requests"
+	case errors.Is(err, kvsp.ErrUnavailable):
+		return "holder_unavailable"
+	case errors.As(err, &p):
+		return "refused"
+	case errors.Is(err, errEngine):
+		return "engine"
+	}
+	return "transport" // no answer: a connection refused, reset or cut
 }
