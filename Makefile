@@ -22,7 +22,7 @@ export KVSP_H2SPEC ?= $(BIN)/h2spec
 LLAMACPP  := $(CURDIR)/.cache/llama.cpp
 export KVSP_LLAMACPP_LIB ?= $(LLAMACPP)
 
-.PHONY: chaos soak sim nightly mutants help deps bench-llamacpp bench-holder bench-lookup bench-layers build build-nogpu build-gpu build-rdma ptx test-gpu test vet test-race test-nocgo lint fmt-check staticcheck fuzz bench demo check
+.PHONY: chaos soak sim long nightly mutants help deps demo-busy bench-llamacpp bench-holder bench-lookup bench-layers build build-nogpu build-gpu build-rdma ptx test-gpu test vet test-race test-nocgo lint fmt-check staticcheck fuzz bench demo check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -106,12 +106,13 @@ sim: ## the deterministic simulation: DS1 for SEEDS seeds (default 1000) and F10
 	KVSP_SIM_SEEDS=$(SEEDS) KVSP_F10_SEEDS=$(F10_SEEDS) $(GO) test -tags nogpu -timeout 0 -count 1 -v -run '^(TestDS1_|TestF10_)' ./internal/dsim/ 2>&1 | tee $(BIN)/sim.log | grep -v -E '^(=== RUN|    --- PASS)'; st=$${PIPESTATUS[0]}; \
 	$(GO) build -o $(BIN)/kvsp-nightly ./internal/nightly && $(BIN)/kvsp-nightly verdict -stage sim -command 'make sim SEEDS=$(SEEDS) F10_SEEDS=$(F10_SEEDS)' -status $$st -start $$start -out $(BIN) $(BIN)/sim.log
 
-nightly: deps ## make chaos, make soak and make sim in sequence (about 50 minutes), then one dated report of them in bin/ (nightly-DATE.json and .md); the last line names any failed stage and row. go run ./internal/nightly install bin/nightly-DATE.json puts a passing report in docs/nightly/ and the README
-	@rm -f $(BIN)/chaos.json $(BIN)/soak.json $(BIN)/sim.json
+nightly: deps ## make chaos, make soak, make sim and make long in sequence (about 60 minutes), then one dated report of them in bin/ (nightly-DATE.json and .md); the last line names any failed stage and row. go run ./internal/nightly install bin/nightly-DATE.json puts a passing report in docs/nightly/ and the README
+	@rm -f $(BIN)/chaos.json $(BIN)/soak.json $(BIN)/sim.json $(BIN)/long.json
 	-@$(MAKE) --no-print-directory chaos
 	-@$(MAKE) --no-print-directory soak
 	-@$(MAKE) --no-print-directory sim
-	@$(GO) build -o $(BIN)/kvsp-nightly ./internal/nightly && $(BIN)/kvsp-nightly report -out $(BIN) $(BIN)/chaos.json $(BIN)/soak.json $(BIN)/sim.json
+	-@$(MAKE) --no-print-directory long
+	@$(GO) build -o $(BIN)/kvsp-nightly ./internal/nightly && $(BIN)/kvsp-nightly report -out $(BIN) $(BIN)/chaos.json $(BIN)/soak.json $(BIN)/sim.json $(BIN)/long.json
 
 mutants: deps ## issue 22: each mutation of internal/mutants/mutants.yaml (a reliability row's mechanism removed) applied alone to a scratch copy, the row's test required to fail; killed or survived per mutation, rows without one, report in bin/mutants.json (ROWS=B2,S8 for some rows only)
 	$(REQUIRE) $(GO) run ./internal/mutants $(if $(ROWS),-rows $(ROWS))
@@ -158,5 +159,16 @@ bench-layers: build ## kvsp bench with its defaults: every transport, 256 KiB to
 
 demo: deps build ## the README's first command: kvsp demo (the whole system on loopback, instances on llama.cpp, replaying the Mooncake trace in three modes, kvsp, local and none, about 4.5 minutes on 2 cores); report and chart in bin/
 	cd $(BIN) && ./kvsp demo
+
+long: deps ## issue 47's longer workload: kvsp demo on the simulated engine over the generated 59-minute, 181,301-block workload (about 7.5 minutes); sharing must hold 0.8 of its bound to the end, every directive failure counted by reason (bin/long.log, bin/long.json)
+	@mkdir -p $(BIN); start=$$(date +%s); \
+	KVSP_LONG=1 $(GO) test -tags nogpu -timeout 0 -count 1 -v -run '^TestLongWorkloadHoldsSharing$$' ./cmd/kvsp/ 2>&1 | tee $(BIN)/long.log | grep -v -E '^=== RUN'; st=$${PIPESTATUS[0]}; \
+	$(GO) build -o $(BIN)/kvsp-nightly ./internal/nightly && $(BIN)/kvsp-nightly verdict -stage long -command 'make long' -status $$st -start $$start -out $(BIN) $(BIN)/long.log
+
+HOGS ?= 1
+demo-busy: deps build ## make demo with HOGS (default 1) one-core CPU hogs running beside it, started before and stopped after: sharing on a busy machine (issue 47)
+	@cd $(BIN) && pids=""; for i in $$(seq $(HOGS)); do sh -c 'while :; do :; done' & pids="$$pids $$!"; done; \
+	trap 'kill $$pids 2>/dev/null' EXIT; echo "demo-busy: $(HOGS) CPU hog(s) running (pids$$pids)"; \
+	./kvsp demo $(DEMO_FLAGS)
 
 check: lint build-nogpu test build-rdma ## everything CI checks, and lint

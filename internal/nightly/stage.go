@@ -65,8 +65,11 @@ func rowOf(test string) string {
 	if m := rowTest.FindStringSubmatch(test); m != nil {
 		return m[1] + m[2]
 	}
-	if test == "TestChaosSessionsSurviveRandomKills" {
+	switch test {
+	case "TestChaosSessionsSurviveRandomKills":
 		return "chaos"
+	case "TestLongWorkloadHoldsSharing": // make long: sharing over a longer workload (issue 47)
+		return "long"
 	}
 	return ""
 }
@@ -185,10 +188,13 @@ func (s *Stage) finish() {
 }
 
 // rowOrder is the plan's order: B, S, F, L, DS, then the process chaos
-// test.
+// test and the longer workload.
 func rowOrder(id string) int {
-	if id == "chaos" {
+	switch id {
+	case "chaos":
 		return 1 << 20
+	case "long":
+		return 1<<20 + 1
 	}
 	i := strings.IndexAny(id, "0123456789")
 	if i < 0 {
