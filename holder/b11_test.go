@@ -41,31 +41,6 @@ func fetch(ctx context.Context, hc *client.Holder, r client.BlockRef, g containe
 	}
 }
 
-// quietGoroutines is the process's goroutine count once it has not
-// changed for 50 ms (at most 2 s).
-func quietGoroutines() int {
-	n := runtime.NumGoroutine()
-	for end, still := time.Now().Add(2*time.Second), 0; still < 5 && time.Now().Before(end); {
-		time.Sleep(10 * time.Millisecond)
-		if m := runtime.NumGoroutine(); m != n {
-			n, still = m, 0
-		} else {
-			still++
-		}
-	}
-	return n
-}
-
-// settleGoroutines waits until the process has at most limit goroutines,
-// and returns the last count.
-func settleGoroutines(limit int, d time.Duration) int {
-	n := runtime.NumGoroutine()
-	for end := time.Now().Add(d); n > limit && time.Now().Before(end); n = runtime.NumGoroutine() {
-		time.Sleep(10 * time.Millisecond)
-	}
-	return n
-}
-
 // heapInUse is the heap in use after a collection.
 func heapInUse() uint64 {
 	runtime.GC()
@@ -135,7 +110,7 @@ func TestB11_ZeroWindowBlockGETs(t *testing.T) {
 	}
 	// B's connection stays open, with its idle workers: counted in the
 	// baseline.
-	baseG := quietGoroutines()
+	baseG := kvsptest.QuietGoroutines()
 	baseHeap := heapInUse()
 	route := "GET /h1/blocks/{compat}/{scope}/{key}"
 	cutBefore := kvsptest.MetricSum(t, f.reg, "kvsp_http_slow_reader_responses_total", map[string]string{"route": route})
@@ -242,13 +217,13 @@ func TestB11_ZeroWindowBlockGETs(t *testing.T) {
 	}
 	// The handlers ended: what is left is A's 4 open connections (their
 	// reader and control writer), and their idle workers until they end.
-	if n := settleGoroutines(baseG+conns*2+8, 5*time.Second); n > baseG+conns*2+8 {
+	if n := kvsptest.SettleGoroutines(baseG+conns*2+8, 5*time.Second); n > baseG+conns*2+8 {
 		t.Errorf("%d goroutines with the attack's connections open and their streams reset, baseline %d", n, baseG)
 	}
 	for _, s := range attack {
 		s.Close()
 	}
-	if n := settleGoroutines(baseG, 5*time.Second); n > baseG {
+	if n := kvsptest.SettleGoroutines(baseG, 5*time.Second); n > baseG {
 		t.Errorf("%d goroutines after the attack, baseline %d", n, baseG)
 	}
 	if h := heapInUse(); h > baseHeap+8<<20 {

@@ -191,7 +191,7 @@ func TestB7_HTTP2RapidResetAndContinuationFlood(t *testing.T) {
 	// The probe's connection goes before each count: its idle handler
 	// workers (at most 16, kept while it is open) are not a leak.
 	probe.CloseIdleConnections()
-	base := quietGoroutines()
+	base := kvsptest.QuietGoroutines()
 
 	// A sampler of the process's goroutines.
 	var peakG atomic.Int64
@@ -320,7 +320,7 @@ func TestB7_HTTP2RapidResetAndContinuationFlood(t *testing.T) {
 	<-samplerDone
 	served("after the attacks")
 	probe.CloseIdleConnections()
-	if n := settleGoroutines(base, 5*time.Second); n > base {
+	if n := kvsptest.SettleGoroutines(base, 5*time.Second); n > base {
 		t.Errorf("%d goroutines after the attacks, baseline %d", n, base)
 	}
 }

@@ -12,7 +12,6 @@ import (
 	"net"
 	"net/url"
 	"os"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -264,30 +263,4 @@ func customLeaf(t *testing.T, ca *pki.CA, uri string, ku x509.KeyUsage, eku []x5
 		t.Fatal(err)
 	}
 	return &pki.Leaf{Cert: cert, Key: key}
-}
-
-// quietGoroutines returns the process's goroutine count once it has not
-// changed for 50 ms (at most 2 s): what closing connections set going
-// has ended.
-func quietGoroutines() int {
-	n := runtime.NumGoroutine()
-	for end, still := time.Now().Add(2*time.Second), 0; still < 5 && time.Now().Before(end); {
-		time.Sleep(10 * time.Millisecond)
-		if m := runtime.NumGoroutine(); m != n {
-			n, still = m, 0
-		} else {
-			still++
-		}
-	}
-	return n
-}
-
-// settleGoroutines waits until the process has at most limit goroutines,
-// and returns the last count.
-func settleGoroutines(limit int, d time.Duration) int {
-	n := runtime.NumGoroutine()
-	for end := time.Now().Add(d); n > limit && time.Now().Before(end); n = runtime.NumGoroutine() {
-		time.Sleep(10 * time.Millisecond)
-	}
-	return n
 }

@@ -530,7 +530,7 @@ func TestB6_SlowlorisAndSlowReaders(t *testing.T) {
 	// The probe's connection goes before each count: its idle handler
 	// workers (at most 16, kept while it is open) are not a leak.
 	probe.CloseIdleConnections()
-	base := quietGoroutines()
+	base := kvsptest.QuietGoroutines()
 	baseOpen := r.Open.Load()
 
 	type stalled struct {
@@ -708,7 +708,7 @@ probing:
 	if n := r.Open.Load(); n > baseOpen {
 		t.Errorf("server holds %d connections, baseline %d", n, baseOpen)
 	}
-	if n := settleGoroutines(base, 5*time.Second); n > base {
+	if n := kvsptest.SettleGoroutines(base, 5*time.Second); n > base {
 		t.Errorf("%d goroutines, baseline %d", n, base)
 	}
 	figures.Report(t, figures.Row{Row: "B6", Inputs: int64(len(all)),

@@ -698,6 +698,13 @@ func TestS8_UntrustedHolderPublishRefused(t *testing.T) {
 	if _, err := g.client(producerID).StateDigest(ctx, stmt); err != nil {
 		t.Fatal(err)
 	}
+	// The producer's digest beside layer digests that do not hash to it
+	// (consumers verify layers against those): 400.
+	forged := rec(h1, 5, 60000)
+	forged.LayerDigests = make([]kvsp.LayerDigest, 32) // one per layer of its residency, the producer's digest unexplained
+	if _, _, err := g.client(kvsptest.Holder1).Publish(ctx, forged); !errors.Is(err, kvsp.ErrInvalid) || status(err) != 400 {
+		t.Fatalf("the producer's digest with layer digests of its own: %v, want 400", err)
+	}
 	if _, _, err := g.client(kvsptest.Holder1).Publish(ctx, rec(h1, 5, 60000)); err != nil {
 		t.Fatal(err)
 	}

@@ -3,7 +3,6 @@ package instance_test
 import (
 	"context"
 	"errors"
-	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -72,7 +71,7 @@ func TestB11_ZeroWindowGenerates(t *testing.T) {
 		return d[len(d)/2]
 	}
 	base := p50(0, 10)
-	baseG := quietGoroutines()
+	baseG := kvsptest.QuietGoroutines()
 
 	// Tenant A: 10 short generates and a long one, placed, then sent on a
 	// connection that grants no window.
@@ -149,13 +148,7 @@ func TestB11_ZeroWindowGenerates(t *testing.T) {
 		t.Fatalf("%v generations counted cut for an unread stream, want %d", cut, short+1)
 	}
 	a.Close()
-	var g int
-	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
-		if g = runtime.NumGoroutine(); g <= baseG+8 {
-			break
-		}
-	}
-	g = min(g, quietGoroutines())
+	g := kvsptest.SettleGoroutines(baseG+8, 5*time.Second)
 	t.Logf("tenant B's TTFT p50: %v alone, %v beside A's 11 stalled generates; A's streams reset at most %v after their request (grace %v); goroutines %d, baseline %d",
 		base, during, worst.Round(time.Millisecond), grace, g, baseG)
 	if g > baseG+8 {
@@ -168,15 +161,4 @@ func TestB11_ZeroWindowGenerates(t *testing.T) {
 		Held: "11 zero-window generates reset within the write grace, their handlers ended and the long one cancelled; nothing counted queued; the other tenant's places all succeeded, TTFT p50 within 2x",
 		Detail: map[string]float64{"b_ttft_p50_alone_ms": float64(base.Microseconds()) / 1000, "b_ttft_p50_stalled_ms": float64(during.Microseconds()) / 1000,
 			"worst_reset_ms": float64(worst.Milliseconds())}})
-}
-
-// quietGoroutines is the least goroutine count seen over 1.5 s: idle
-// HTTP/2 handler workers end a second after their last stream, and the
-// agents' background work comes and goes.
-func quietGoroutines() int {
-	n := runtime.NumGoroutine()
-	for end := time.Now().Add(1500 * time.Millisecond); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
-		n = min(n, runtime.NumGoroutine())
-	}
-	return n
 }

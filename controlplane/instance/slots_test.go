@@ -36,6 +36,13 @@ func TestDirectiveDeadlineReleasesTransferSlots(t *testing.T) {
 	if busy := gaugeValue(t, w, "kvsp_instance_transfer_slots_busy"); busy != 0 {
 		t.Fatalf("%v transfer slots held after every directive ended", busy)
 	}
+	// Each directive that did not load its blocks is counted under its
+	// reason: its deadline, here.
+	notAll := metric(t, w.reg, "kvsp_instance_directives_total", "state", "failed") + metric(t, w.reg, "kvsp_instance_directives_total", "state", "partial")
+	if n := metric(t, w.reg, "kvsp_instance_directive_failures_total", "reason", "deadline"); notAll == 0 || n != notAll ||
+		metric(t, w.reg, "kvsp_instance_directive_failures_total") != notAll {
+		t.Fatalf("%v directives failed or partial, %v counted at their deadline, %v under any reason", notAll, n, metric(t, w.reg, "kvsp_instance_directive_failures_total"))
+	}
 	other := prompt(5)
 	other[0] += 1000 // another prefix: other blocks
 	fresh := w.fill(t, other, 5)

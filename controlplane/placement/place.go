@@ -406,7 +406,7 @@ func (c *Controller) Place(ctx context.Context, q *kvsp.PlaceRequest) (*kvsp.Pla
 		}
 	}
 	var timeout <-chan time.Time
-	who := holderOf(ctx, q.ScopeID)
+	who := requesterOf(ctx, q.ScopeID)
 	for races := 0; ; {
 		changed := c.reg.changed()
 		out, err := c.placeOn(ctx, q, nil, who)
@@ -439,7 +439,7 @@ func (c *Controller) Place(ctx context.Context, q *kvsp.PlaceRequest) (*kvsp.Pla
 
 // refuse counts a place refused for want of room: 503, or 429 when what
 // the principal or its scope already holds was in the way.
-func (c *Controller) refuse(share bool, who Holder) error {
+func (c *Controller) refuse(share bool, who Requester) error {
 	if !share {
 		c.m.placements.WithLabelValues("no_capacity").Inc()
 		return ErrNoCapacity
@@ -449,10 +449,10 @@ func (c *Controller) refuse(share bool, who Holder) error {
 	return ErrShare
 }
 
-// holderOf is who a request is placed for: the principal of the request
+// requesterOf is who a request is placed for: the principal of the request
 // ctx carries (the HTTP route's) and the scope.
-func holderOf(ctx context.Context, scope kvsp.ScopeID) Holder {
-	who := Holder{Scope: scope}
+func requesterOf(ctx context.Context, scope kvsp.ScopeID) Requester {
+	who := Requester{Scope: scope}
 	if p := server.PrincipalFrom(ctx); p != nil {
 		who.Principal = p.ID
 	}
@@ -649,7 +649,7 @@ func (c *Controller) migrate(ctx context.Context, id SessionKey, q *kvsp.PlaceRe
 	if _, _, _, failed := c.lost(s); failed {
 		mig.exclude = from // a restarted instance may take its session back
 	}
-	out, err := c.placeOn(ctx, &pq, mig, Holder{})
+	out, err := c.placeOn(ctx, &pq, mig, Requester{})
 	if err != nil {
 		return nil, err
 	}
@@ -774,7 +774,7 @@ func (c *Controller) forget(now time.Time) {
 	}
 }
 
-func (c *Controller) placeOn(ctx context.Context, q *kvsp.PlaceRequest, mig *migration, who Holder) (*kvsp.PlaceResponse, error) {
+func (c *Controller) placeOn(ctx context.Context, q *kvsp.PlaceRequest, mig *migration, who Requester) (*kvsp.PlaceResponse, error) {
 	key, ok := c.keys[q.ScopeID]
 	if !ok {
 		return nil, fmt.Errorf("%w: the PC holds no key for this scope", kvsp.ErrScopeDenied)
@@ -1047,7 +1047,7 @@ func (c *Controller) estimateServiceUs(st *kvsp.InstanceStatus, tokens int, maxT
 
 // prefetch sends the instance a directive for the matched blocks it does
 // not hold, and returns its id (nil when nothing was sent).
-func (c *Controller) prefetch(ctx context.Context, uri string, q *kvsp.PlaceRequest, session kvsp.UUID, keys []kvsp.BlockKey, replicas [][]kvsp.ReplicaRecord, cost Cost, who Holder) *kvsp.UUID {
+func (c *Controller) prefetch(ctx context.Context, uri string, q *kvsp.PlaceRequest, session kvsp.UUID, keys []kvsp.BlockKey, replicas [][]kvsp.ReplicaRecord, cost Cost, who Requester) *kvsp.UUID {
 	d := &kvsp.PrefetchDirective{Directive: kvsp.NewUUID(), RequestRef: session.String(), ScopeID: q.ScopeID, CompatID: q.CompatID,
 		LayerOrder: kvsp.LayerOrderAscending, LeaseMs: c.cfg.LeaseMs}
 	for i, reps := range replicas {

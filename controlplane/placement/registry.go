@@ -34,21 +34,21 @@ type instance struct {
 
 // placed is one placement holding room at an instance, and who holds it.
 type placed struct {
-	who     Holder
+	who     Requester
 	expires time.Time
 }
 
-// Holder is who a placement or a directive is held for: the principal
+// Requester is who a placement or a directive is held for: the principal
 // that asked for it and its scope. Each holds at most the PC's share of an
 // instance's room and of its pending directives (RELIABILITY L5).
-type Holder struct {
+type Requester struct {
 	Principal string // "" through the Go API
 	Scope     kvsp.ScopeID
 }
 
 // live drops the placements whose grant expired and returns how many
 // remain, and how many of them who holds by principal and by scope.
-func (in *instance) live(now time.Time, who Holder) (all, principal, scope int) {
+func (in *instance) live(now time.Time, who Requester) (all, principal, scope int) {
 	for id, p := range in.placements {
 		if !now.Before(p.expires) {
 			delete(in.placements, id)
@@ -87,7 +87,7 @@ func (in *instance) pendingAt(now time.Time) int {
 
 // heldDirectives counts the pending directives (past the expired, which
 // pendingAt dropped) who holds, by principal and by scope.
-func (in *instance) heldDirectives(who Holder) (principal, scope int) {
+func (in *instance) heldDirectives(who Requester) (principal, scope int) {
 	for _, d := range in.pending {
 		if d.who.Principal == who.Principal {
 			principal++
@@ -99,13 +99,13 @@ func (in *instance) heldDirectives(who Holder) (principal, scope int) {
 	return principal, scope
 }
 
-func (in *instance) snapshot(now time.Time, who *Holder) Snapshot {
+func (in *instance) snapshot(now time.Time, who *Requester) Snapshot {
 	s := Snapshot{Status: in.st, State: in.state(now), Pending: in.pendingAt(now), ServiceUs: in.serviceUs, Reporter: in.reporter}
 	if who != nil {
 		s.Placed, s.held.placements, s.held.placementsScope = in.live(now, *who)
 		s.held.directives, s.held.directivesScope = in.heldDirectives(*who)
 	} else {
-		s.Placed, _, _ = in.live(now, Holder{})
+		s.Placed, _, _ = in.live(now, Requester{})
 	}
 	return s
 }
@@ -115,7 +115,7 @@ type expiries []directiveHeld
 
 type directiveHeld struct {
 	deadline time.Time
-	who      Holder
+	who      Requester
 }
 
 func (h expiries) Len() int           { return len(h) }
@@ -233,7 +233,7 @@ type Snapshot struct {
 	Placed int
 	// Reporter is the identity that sent the status record.
 	Reporter string
-	// held is what the Holder a snapshot was taken for holds there
+	// held is what the Requester a snapshot was taken for holds there
 	// (AllFor): placements not started and pending directives, by
 	// principal and by scope.
 	held struct{ placements, placementsScope, directives, directivesScope int }
@@ -269,7 +269,7 @@ func (r *Registry) All() []Snapshot { return r.AllFor(nil) }
 
 // AllFor returns every instance's snapshot with what who holds there
 // (nil: nobody's).
-func (r *Registry) AllFor(who *Holder) []Snapshot {
+func (r *Registry) AllFor(who *Requester) []Snapshot {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	now := time.Now()
@@ -306,7 +306,7 @@ func (r *Registry) setState(uri string, s kvsp.InstanceState) {
 // until deadline, if fewer than max are taken (R-PF-13) and who holds
 // fewer than share of them, by principal and by scope (RELIABILITY L5).
 // It returns errShare when who's share is what is full.
-func (r *Registry) reserve(uri string, max int, share float64, who Holder, deadline time.Time) error {
+func (r *Registry) reserve(uri string, max int, share float64, who Requester, deadline time.Time) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	in := r.m[uri]
@@ -343,7 +343,7 @@ func atShare(p, s int, share float64, limit int) bool {
 // placement id holds room until its generate starts or expires, and the
 // request's estimated service time folds into the instance's mean (EWMA,
 // weight 1/8).
-func (r *Registry) admit(uri string, us float64, id kvsp.GrantID, who Holder, share float64, expires time.Time) error {
+func (r *Registry) admit(uri string, us float64, id kvsp.GrantID, who Requester, share float64, expires time.Time) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	in := r.m[uri]

@@ -103,20 +103,20 @@ func TestPendingQuota(t *testing.T) {
 		r := NewRegistry()
 		const ii = "https://ii1/"
 		r.Put(status(ii, 1, kvsp.StateActive, compatA))
-		if r.reserve(ii, 2, 1, Holder{}, time.Now().Add(time.Second)) != nil || r.reserve(ii, 2, 1, Holder{}, time.Now().Add(3*time.Second)) != nil {
+		if r.reserve(ii, 2, 1, Requester{}, time.Now().Add(time.Second)) != nil || r.reserve(ii, 2, 1, Requester{}, time.Now().Add(3*time.Second)) != nil {
 			t.Fatal("two slots")
 		}
-		if r.reserve(ii, 2, 1, Holder{}, time.Now().Add(time.Second)) == nil {
+		if r.reserve(ii, 2, 1, Requester{}, time.Now().Add(time.Second)) == nil {
 			t.Fatal("a third directive past the quota")
 		}
 		time.Sleep(time.Second)
 		if g, _ := r.Get(ii); g.Pending != 1 {
 			t.Fatalf("pending %d after the first deadline", g.Pending)
 		}
-		if r.reserve(ii, 2, 1, Holder{}, time.Now().Add(time.Second)) != nil {
+		if r.reserve(ii, 2, 1, Requester{}, time.Now().Add(time.Second)) != nil {
 			t.Fatal("a freed slot was not reusable")
 		}
-		if r.reserve("https://unknown/", 2, 1, Holder{}, time.Now().Add(time.Second)) == nil {
+		if r.reserve("https://unknown/", 2, 1, Requester{}, time.Now().Add(time.Second)) == nil {
 			t.Fatal("a slot at an unknown instance")
 		}
 	})

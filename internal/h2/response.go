@@ -312,11 +312,9 @@ func (w *responseWriter) EnableFullDuplex() error { return nil }
 // each leaves what it does not take to the next (rather than every
 // waiter woken to find that one took it).
 func (c *conn) takeWindow(st *stream, want int, beforeWait func()) (n int, err error) {
-	var timer *time.Timer
+	var timer deadlineTimer
 	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
+		timer.stop()
 		if err != nil {
 			c.mu.Lock()
 			c.leaveConnQueue(st)
@@ -351,15 +349,7 @@ func (c *conn) takeWindow(st *stream, want int, beforeWait func()) (n int, err e
 			beforeWait = nil
 			continue // the wait starts after it, on a fresh look at the windows
 		}
-		var timeout <-chan time.Time
-		if d := st.writeDeadline(); !d.IsZero() {
-			if timer == nil {
-				timer = time.NewTimer(time.Until(d))
-			} else {
-				timer.Reset(time.Until(d))
-			}
-			timeout = timer.C
-		}
+		timeout := timer.at(st.writeDeadline())
 		select {
 		case <-st.wakeCh:
 		case <-timeout:

@@ -30,12 +30,8 @@ func (c *conn) acquire(st *stream, deadline time.Time) error {
 		return nil
 	default:
 	}
-	var timer *time.Timer
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-	}()
+	var timer deadlineTimer
+	defer timer.stop()
 	var cancelled, moved <-chan struct{}
 	if st != nil {
 		cancelled, moved = st.ctx.Done(), st.wakeCh
@@ -43,15 +39,7 @@ func (c *conn) acquire(st *stream, deadline time.Time) error {
 	c.waiting.Add(1)
 	defer c.waiting.Add(-1)
 	for {
-		var timeout <-chan time.Time
-		if !deadline.IsZero() {
-			if timer == nil {
-				timer = time.NewTimer(time.Until(deadline))
-			} else {
-				timer.Reset(time.Until(deadline))
-			}
-			timeout = timer.C
-		}
+		timeout := timer.at(deadline)
 		select {
 		case c.wsem <- struct{}{}:
 			return nil
@@ -64,6 +52,29 @@ func (c *conn) acquire(st *stream, deadline time.Time) error {
 		case <-c.done:
 			return errConnClosed
 		}
+	}
+}
+
+// deadlineTimer is a wait's timer for a deadline that may move: one timer,
+// made at the first wait that has a deadline and reset for the next.
+type deadlineTimer struct{ t *time.Timer }
+
+// at returns a channel that fires at d (nil, never, for the zero time).
+func (dt *deadlineTimer) at(d time.Time) <-chan time.Time {
+	if d.IsZero() {
+		return nil
+	}
+	if dt.t == nil {
+		dt.t = time.NewTimer(time.Until(d))
+	} else {
+		dt.t.Reset(time.Until(d))
+	}
+	return dt.t.C
+}
+
+func (dt *deadlineTimer) stop() {
+	if dt.t != nil {
+		dt.t.Stop()
 	}
 }
 
