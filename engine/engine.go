@@ -115,10 +115,17 @@ type Request struct {
 
 // PrefillStats says how a request's prompt was served.
 type PrefillStats struct {
-	// CachedTokens were in resident KV (complete blocks, leading run);
-	// ComputedTokens were prefilled (the rest of the prompt, and output
-	// tokens of a resumed session).
+	// CachedTokens were in resident KV (complete blocks: the leading run,
+	// and those Joined); ComputedTokens were prefilled (the rest of the
+	// prompt, and output tokens of a resumed session).
 	CachedTokens, ComputedTokens int
+	// Joined are the indexes (in Keys) of blocks past the leading run that
+	// were resident when the prefill reached them (a prefetch that landed
+	// after the request started, or a block after a gap): used, not
+	// computed. Each block's KV depends only on the tokens up to its end,
+	// which its key names, so a block after a computed one is as good as
+	// one in the leading run.
+	Joined []int
 }
 
 // PromptTail returns the prompt tokens after the last complete block.

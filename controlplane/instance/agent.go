@@ -44,7 +44,8 @@ type Config struct {
 	// Controllers are the other PCs of the Controller's high-availability
 	// group, to fail over to.
 	Controllers []string
-	// Links are the instance's links to holders, reported in its status.
+	// Links are the instance's links to holders as configured: its status
+	// reports them until its own transfers measure them (links.go).
 	Links []kvsp.Link
 	// Scopes are the scope keys of the requests it runs (Block Keys).
 	Scopes []kvsp.ScopeKey
@@ -95,6 +96,7 @@ type Agent struct {
 	ctl     *client.Controller
 	fetcher Fetcher
 	grants  grants
+	links   *links // to holders, as measured (the status record)
 
 	mu         sync.Mutex
 	state      kvsp.InstanceState
@@ -144,7 +146,7 @@ func New(cfg Config) (*Agent, error) {
 	a := &Agent{cfg: cfg, compat: compat, g: cfg.Engine.Geometry(), keys: map[kvsp.ScopeID]kvsp.ScopeKey{}, kick: make(chan struct{}, 1),
 		epoch: epoch, log: cfg.Logger, m: newMetrics(cfg.Registerer),
 		work: make(chan struct{}, cfg.Workers), state: kvsp.StateActive, directives: map[kvsp.UUID]*directive{}, resumes: map[sessionKey]*resumed{}, shards: map[shardKey]*shard{},
-		flights: map[kvsp.BlockKey]*flight{}}
+		flights: map[kvsp.BlockKey]*flight{}, links: newLinks(cfg.Links, time.Now)}
 	a.stopCtx, a.stop = context.WithCancel(context.Background())
 	if b, ok := cfg.Engine.(engine.Bounded); ok {
 		a.limits = b.Limits()
@@ -236,7 +238,7 @@ func (a *Agent) Status() *kvsp.InstanceStatus {
 	}
 	return &kvsp.InstanceStatus{Instance: a.cfg.Base, Epoch: a.epoch, State: state, Running: st.Running, Queued: queued,
 		BatchSize: st.BatchSize, KVUtilization: min(1, st.KVUtilization), PrefillTokensPerS: st.PrefillTokensPerS, DecodeTokensPerS: st.DecodeTokensPerS,
-		Links: append([]kvsp.Link{}, a.cfg.Links...), TTLMs: uint64(a.cfg.StatusTTL.Milliseconds()), CompatID: a.compat, Holder: a.cfg.Holder,
+		Links: a.links.report(), TTLMs: uint64(a.cfg.StatusTTL.Milliseconds()), CompatID: a.compat, Holder: a.cfg.Holder,
 		VocabSize: a.limits.VocabSize, ContextTokens: a.limits.ContextTokens, MaxOutputTokens: a.limits.MaxOutputTokens,
 		Started: a.startedGrants()}
 }
@@ -374,7 +376,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		directiveFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_instance_directive_failures_total",
 			Help: "Prefetch directives that did not load all their blocks (state failed or partial), by the reason of the first block that failed: deadline, digest, lease_quota, lease_not_found, lease_failed, not_found (GET 404), layers_unavailable, too_many_requests, holder_unavailable, refused (another problem), engine, transport (no answer), cancelled, not_started."}, []string{"reason"}),
 		blocks: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_instance_prefetch_blocks_total",
-			Help: "Blocks a prefetch loaded (fetched), shared (loaded meanwhile by another directive's transfer, waited for) or failed to load."}, []string{"outcome"}),
+			Help: "Blocks a prefetch loaded (fetched), shared (loaded meanwhile by another directive's transfer, waited for) or failed to load; late: loaded by a transfer under way at the directive's deadline, after it (listed failed; used if the prefill has not reached it yet)."}, []string{"outcome"}),
 		digestFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvsp_instance_digest_failures_total",
 			Help: "Replicas that failed verification during a prefetch."}),
 		fetched: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_instance_fetched_bytes_total",

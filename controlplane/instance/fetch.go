@@ -277,6 +277,7 @@ func (a *Agent) fetch(ctx context.Context, x *directive, key kvsp.BlockKey, src 
 		}()
 	}
 	ref := client.BlockRef{Compat: d.CompatID, Scope: d.ScopeID, Key: key}
+	start := time.Now()
 	s, err := a.fetcher.Fetch(ctx, src, ref, a.g, client.GetOptions{LayerDigests: layerDigests, ReplicaCodec: container.CodecRaw})
 	if err != nil {
 		return err
@@ -285,7 +286,8 @@ func (a *Agent) fetch(ctx context.Context, x *directive, key kvsp.BlockKey, src 
 	_, whole := s.(wholeBlock)
 	kv := a.cfg.Engine.KV()
 	var held []container.Layer // placed once the whole block verified
-	for {
+	var streamed uint64        // octets after the first layer (links)
+	for i := 0; ; i++ {
 		l, err := s.Next()
 		if err == io.EOF {
 			break
@@ -294,6 +296,15 @@ func (a *Agent) fetch(ctx context.Context, x *directive, key kvsp.BlockKey, src 
 			return err
 		}
 		n := uint64(len(l.K) + len(l.V))
+		if i == 0 {
+			if since, first := x.firstFrom(src, start); first {
+				a.links.roundTrip(src, time.Since(since))
+			}
+			done := a.links.streaming(src)
+			defer func() { done(streamed) }()
+		} else {
+			streamed += n
+		}
 		x.moved.Add(n)
 		a.m.fetched.WithLabelValues(x.purpose).Add(float64(n))
 		if layerDigests != nil || whole {
@@ -334,7 +345,10 @@ func (a *Agent) loaded(src string, ref client.BlockRef) error {
 }
 
 // copyCloser reports whether a block loaded from src is worth a copy at
-// the instance's own holder: that holder's link (as configured) moves a
+// the instance's own holder: that holder's link (as configured: where a
+// holder sits, not how loaded it was at one transfer; the own holder is
+// rarely fetched from, so a measured link would be compared with a
+// configured one) moves a
 // block faster than src's, or the links are not both known. A copy over
 // a link no faster is a PUT (a body sent, hashed twice, stored, published)
 // for no quicker load: in kvsp demo --speed 24, whose instances reach

@@ -170,8 +170,13 @@ func (a *Agent) generate(w http.ResponseWriter, r *http.Request) error {
 		// The prompt blocks it computed go to the instance's holder, which
 		// publishes them: the next request with this prefix, on any
 		// instance, can load them instead.
-		first := min(len(keys), st.CachedTokens/int(a.g.BlockTokens))
+		first := min(len(keys), st.CachedTokens/int(a.g.BlockTokens)-len(st.Joined))
+		joined := st.Joined
 		for i, k := range keys[first:] {
+			if len(joined) > 0 && joined[0] == first+i {
+				joined = joined[1:] // loaded, not computed: its holder has it
+				continue
+			}
 			a.offload(q.ScopeID, q.CompatID, k, first+i)
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -41,6 +42,35 @@ type directive struct {
 	pins  []kvsp.BlockKey
 	taken bool // the request took the pins: no more are added
 	hold  *time.Timer
+	// late, when set, is how long the transfers under way at the deadline
+	// may go on (the lease's end): the directive ends at its deadline as
+	// the spec says, and the request starts, but a block already moving
+	// still lands, and the engine uses it if its prefill has not reached
+	// it yet (issue 47). Zero: transfers stop at the deadline.
+	late time.Time
+	// received is when the directive came (zero for the agent's own);
+	// heard lists the holders a layer came from (links: the round trip).
+	received time.Time
+	heard    map[string]bool
+}
+
+// firstFrom reports whether this is the directive's first layer from
+// holder, and since when to count its round trip: the directive's receipt,
+// or start (the GET's) for a directive of the agent's own.
+func (d *directive) firstFrom(holder string, start time.Time) (since time.Time, first bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.heard[holder] {
+		return time.Time{}, false
+	}
+	if d.heard == nil {
+		d.heard = map[string]bool{}
+	}
+	d.heard[holder] = true
+	if d.received.IsZero() {
+		return start, true
+	}
+	return d.received, true
 }
 
 // takePins hands the directive's pins to the caller, who unpins them.
@@ -119,8 +149,11 @@ func (a *Agent) Prefetch(d *kvsp.PrefetchDirective, body []byte) error {
 	}
 	x := &directive{d: *d, body: bytes.Clone(body), pending: true, purpose: "prefetch", done: make(chan struct{})}
 	a.directives[d.Directive] = x
-	// deadline_ms counts from receipt.
+	// deadline_ms counts from receipt. Transfers under way at the
+	// deadline may finish within the lease (run says why).
 	ctx, cancel := context.WithDeadline(context.Background(), received.Add(time.Duration(d.DeadlineMs)*time.Millisecond))
+	x.received = received
+	x.late = received.Add(time.Duration(max(d.DeadlineMs, d.LeaseMs)) * time.Millisecond)
 	go func() {
 		defer cancel()
 		a.run(ctx, x)
@@ -235,21 +268,28 @@ func (a *Agent) prefetchStatus(id kvsp.UUID) (kvsp.PrefetchStatus, kvsp.ScopeID,
 // (per-block leases when that fails).
 func (a *Agent) run(ctx context.Context, x *directive) {
 	d := &x.d
+	// xctx bounds the transfers: the deadline, or for a prefetch the
+	// lease's end (late), by which transfers under way at the deadline
+	// have landed or stopped.
+	xctx, xcancel := ctx, context.CancelFunc(func() {})
+	if !x.late.IsZero() {
+		xctx, xcancel = context.WithDeadline(context.WithoutCancel(ctx), x.late)
+	}
 	// The IS's layer digests and the holders' leases are asked for at
 	// once: each is a round trip out of the directive's deadline, and
 	// neither needs the other's answer.
 	looked := make(chan layerSet, 1)
 	go func() { looked <- a.layerDigests(ctx, d) }()
 	covered, release := a.leaseGroups(ctx, d)
-	defer release()
 	digests := <-looked
 	n := len(d.Blocks)
 	ok := make([]bool, n)
 	mine := make([]bool, n) // transferred by this directive, for no other
 	var (
-		mu   sync.Mutex
-		next int // first block not yet known loaded
-		wg   sync.WaitGroup
+		mu    sync.Mutex
+		next  int // first block not yet known loaded
+		wg    sync.WaitGroup
+		ended bool // the directive ended: transfers still under way are late
 	)
 	for i, b := range d.Blocks {
 		taken := false
@@ -279,10 +319,19 @@ func (a *Agent) run(ctx context.Context, x *directive) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			own, err := a.load(ctx, x, b, digests, covered[b.BlockKey])
+			own, err := a.load(xctx, x, b, digests, covered[b.BlockKey])
 			<-a.work
 			mu.Lock()
 			defer mu.Unlock()
+			if ended {
+				// Past the deadline: the directive is over (this block is
+				// listed failed), but the block is resident, and a prefill
+				// that has not reached it yet uses it.
+				if err == nil && a.cfg.Engine.KV().Has(b.BlockKey) {
+					a.m.blocks.WithLabelValues("late").Inc()
+				}
+				return
+			}
 			if err != nil {
 				a.log.Info("prefetch block not loaded", "directive", d.Directive.String(), "block", i, "err", err)
 				x.markFailed(err)
@@ -304,7 +353,29 @@ func (a *Agent) run(ctx context.Context, x *directive) {
 			}
 		}()
 	}
-	wg.Wait()
+	// The directive ends when its transfers have, or at its deadline:
+	// those still under way then go on (xctx) and give back their slots
+	// and leases when they end.
+	all := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(all)
+		xcancel()
+		release()
+	}()
+	if x.late.IsZero() {
+		<-all
+	}
+	select {
+	case <-all:
+	case <-ctx.Done():
+	}
+	mu.Lock()
+	ended = true
+	// What a transfer under way may still load lands after the run below
+	// decided: it stays resident for the engine, listed failed here.
+	loadedNow := slices.Clone(ok)
+	mu.Unlock()
 	x.mu.Lock()
 	kv := a.cfg.Engine.KV()
 	// Only the leading run of pinned blocks is sure to be used (keys
@@ -335,12 +406,26 @@ func (a *Agent) run(ctx context.Context, x *directive) {
 		x.failed = append(x.failed, b.BlockKey)
 		// Loaded past a block that was not, it cannot be used (keys
 		// chain): it goes, unless a request holds it.
-		if mine[len(x.loaded)+i] && kv.Pin(b.BlockKey) && !kv.Unpin(b.BlockKey) {
+		if j := len(x.loaded) + i; loadedNow[j] && mine[j] && kv.Pin(b.BlockKey) && !kv.Unpin(b.BlockKey) {
 			kv.Drop(b.BlockKey)
 		}
 	}
 	x.pending, x.doneAt = false, time.Now()
+	// A holder that was some failed block's first source and sent
+	// nothing by the end (its deadline) took at least this long: the
+	// links learn it, or a deadline too short for it would never grow.
+	var unheard []string
+	if !x.received.IsZero() && ctx.Err() != nil {
+		for _, b := range d.Blocks[len(x.loaded):] {
+			if len(b.Sources) > 0 && !x.heard[b.Sources[0]] && !slices.Contains(unheard, b.Sources[0]) {
+				unheard = append(unheard, b.Sources[0])
+			}
+		}
+	}
 	x.mu.Unlock()
+	for _, h := range unheard {
+		a.links.roundTrip(h, x.doneAt.Sub(x.received))
+	}
 	if x.done != nil {
 		close(x.done)
 	}

@@ -168,7 +168,7 @@ func benchLoadPath(b *testing.B, fa bool) {
 			for _, k := range req.Keys {
 				e.blocks.Pin(k)
 			}
-			err = l.inject(0, req.Keys)
+			err = l.inject(0, 0, req.Keys)
 			for _, k := range req.Keys {
 				e.blocks.Unpin(k)
 			}
@@ -205,7 +205,7 @@ func BenchmarkConvert(b *testing.B) {
 					src[i][j] = byte(r.Uint32())
 				}
 			}
-			w := newStateWriter(&l, blocks*bt, bt, nil)
+			w := newStateWriter(&l, 0, blocks*bt, bt, nil)
 			put := func() {
 				for i := range src {
 					for y := 0; y < layers; y++ {

@@ -152,6 +152,9 @@ type Engine struct {
 	// onLogits, set by tests before the first Generate, sees the logits
 	// each output token is sampled from.
 	onLogits func(step int, logits []float32)
+	// beforeChunk, set by tests before the first Generate, runs on the
+	// loop before each prefill chunk with the session's position.
+	beforeChunk func(pos int)
 }
 
 // scratch is the sequence id the loop copies a range of cells to before
@@ -410,10 +413,11 @@ type seq struct {
 	toks    []uint32
 	known   int // toks[:known] may be zeros
 	keys    []kvsp.BlockKey
-	pos     int // the next position to evaluate
-	cached  int // blocks injected
-	start   int // tokens not evaluated: the injected ones
-	step    int // the next output index
+	pos     int   // the next position to evaluate
+	cached  int   // blocks injected
+	joined  []int // blocks injected after the start (join)
+	start   int   // tokens not evaluated: the injected ones
+	step    int   // the next output index
 	prompt  bool
 	pending []pendingBlock
 	out     chan event

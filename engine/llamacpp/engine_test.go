@@ -187,7 +187,7 @@ func TestStateConversionExact(t *testing.T) {
 			req := request(t, e, tokensOf(2, 3*bt, e.Vocab()), 1)
 			collect(t, e, req)
 			// The engine's own state of the same blocks, injected and read again.
-			w := newStateWriter(&e.lay, 3*bt, bt, nil)
+			w := newStateWriter(&e.lay, 0, 3*bt, bt, nil)
 			sec := e.sec
 			for i, key := range req.Keys {
 				for l := 0; l < int(e.Geometry().Layers); l++ {

@@ -161,7 +161,7 @@ func (l *loopState) start(s *seq) error {
 		return nil
 	}
 	defer func() { s.start = s.pos }()
-	if err := l.inject(s.id, s.keys[:n]); err != nil {
+	if err := l.inject(s.id, 0, s.keys[:n]); err != nil {
 		return err
 	}
 	s.cached, s.pos = n, n*bt
@@ -173,11 +173,20 @@ func (l *loopState) start(s *seq) error {
 }
 
 // inject writes the resident blocks keys (pinned by the caller) into
-// sequence id as its cells at positions 0.., converted to llama.cpp's
-// state in one buffer, and has llama.cpp take it.
-func (l *loopState) inject(id llama.SeqId, keys []kvsp.BlockKey) error {
+// sequence id as its cells at positions p0.., converted to llama.cpp's
+// state in one buffer, and has llama.cpp take it. Setting a sequence's
+// state replaces all its cells, so blocks after the first (p0 > 0: a
+// late block joining a prefill under way) go into the scratch sequence,
+// whose cells the session's sequence then shares (MemorySeqCp, as
+// readBackKeys does the other way).
+func (l *loopState) inject(id llama.SeqId, p0 int, keys []kvsp.BlockKey) error {
 	e, bt, sec := l.e, int(l.e.g.BlockTokens), l.e.sec
-	w := newStateWriter(&e.lay, len(keys)*bt, bt, l.state)
+	into := id
+	if p0 > 0 {
+		into = e.scratch()
+		defer llama.MemorySeqRm(e.mem, into, -1, -1)
+	}
+	w := newStateWriter(&e.lay, p0, len(keys)*bt, bt, l.state)
 	l.state = w.b
 	for b, key := range keys {
 		for layer := 0; layer < int(e.g.Layers); layer++ {
@@ -191,10 +200,49 @@ func (l *loopState) inject(id llama.SeqId, keys []kvsp.BlockKey) error {
 			}
 		}
 	}
-	if got := llama.StateSeqSetData(e.lctx, w.b, id); int(got) != len(w.b) {
-		llama.MemorySeqRm(e.mem, id, -1, -1)
+	if got := llama.StateSeqSetData(e.lctx, w.b, into); int(got) != len(w.b) {
+		llama.MemorySeqRm(e.mem, into, -1, -1)
 		return fmt.Errorf("llamacpp: llama.cpp took %d of %d octets of the injected state", got, len(w.b))
 	}
+	if into != id {
+		return llama.MemorySeqCp(e.mem, into, id, llama.Pos(p0), llama.Pos(p0+len(keys)*bt))
+	}
+	return nil
+}
+
+// join injects, before a session's next prefill chunk, the blocks from
+// its position on that became resident since it started (a prefetch that
+// landed after the request started, issue 47), so the prefill skips them:
+// a late block still serves the tokens not computed yet. The block that
+// holds the prompt's last token is left to compute (its logits are
+// needed). Each block's KV depends only on the tokens up to its end,
+// which its key names: one after a computed block is as good as one in
+// the leading run.
+func (l *loopState) join(s *seq) error {
+	e, bt := l.e, int(l.e.g.BlockTokens)
+	if e.cfg.NoPrefixCache || s.pos%bt != 0 {
+		return nil
+	}
+	b0 := s.pos / bt
+	n := 0
+	for b0+n < len(s.keys) && (b0+n+1)*bt < len(s.toks) && e.blocks.Pin(s.keys[b0+n]) {
+		n++
+	}
+	if n == 0 {
+		return nil
+	}
+	defer func() {
+		for _, k := range s.keys[b0 : b0+n] {
+			e.blocks.Unpin(k)
+		}
+	}()
+	if err := l.inject(s.id, s.pos, s.keys[b0:b0+n]); err != nil {
+		return err
+	}
+	for i := range n {
+		s.joined = append(s.joined, b0+i)
+	}
+	s.pos += n * bt
 	return nil
 }
 
@@ -227,12 +275,22 @@ func (l *loopState) step() {
 		decodeTokens++
 	}
 	// Then a chunk of one session's prefill, the first in line.
-	budget := e.cfg.PrefillChunk
+	budget, bt := e.cfg.PrefillChunk, int(e.g.BlockTokens)
 	for _, s := range l.running {
 		if s.ended || !s.prompt || budget == 0 {
 			continue
 		}
+		if e.beforeChunk != nil {
+			e.beforeChunk(s.pos)
+		}
+		if err := l.join(s); err != nil {
+			l.end(s, event{err: err})
+			continue
+		}
 		n := min(budget, len(s.toks)-s.pos)
+		if r := (s.pos + n) % bt; s.pos+n < len(s.toks) && n > r {
+			n -= r // the chunk ends on a block's end, where a late block can join
+		}
 		ids[0] = s.id
 		for i := 0; i < n; i++ {
 			last := s.pos+i == len(s.toks)-1
@@ -316,13 +374,25 @@ func (l *loopState) prefilled(s *seq) {
 	bt := int(l.e.g.BlockTokens)
 	s.prompt = false
 	complete := min(len(s.toks)/bt, len(s.keys))
-	if complete > s.cached {
-		if err := l.readBack(s, s.cached, complete); err != nil {
+	// The computed blocks: runs between those joined.
+	joined := s.joined
+	for b := s.cached; b < complete; {
+		if len(joined) > 0 && joined[0] == b {
+			joined, b = joined[1:], b+1
+			continue
+		}
+		end := complete
+		if len(joined) > 0 {
+			end = joined[0]
+		}
+		if err := l.readBack(s, b, end); err != nil {
 			l.end(s, event{err: err})
 			return
 		}
+		b = end
 	}
-	st := engine.PrefillStats{CachedTokens: s.start, ComputedTokens: len(s.toks) - s.start}
+	cached := s.start + len(s.joined)*bt
+	st := engine.PrefillStats{CachedTokens: cached, ComputedTokens: len(s.toks) - cached, Joined: s.joined}
 	s.out <- event{prefill: &st}
 }
 

@@ -5,6 +5,8 @@ import (
 	"math"
 	"slices"
 	"testing"
+
+	"github.com/kvsp/kvsp/engine"
 )
 
 // Measured on this machine (2 cores, the default tiny model, 8 prompts of
@@ -101,5 +103,81 @@ func injectedPrefix(t *testing.T, fa bool) {
 	}
 	if share < minGreedyAgreement {
 		t.Errorf("greedy outputs agree on %.3f of tokens, less than %.2f", share, minGreedyAgreement)
+	}
+}
+
+// TestLateBlocksJoinThePrefill (issue 47: a prefetch that lands after the
+// engine started on the prompt still serves the blocks not yet computed).
+// B prefills one block per step. Blocks 0 and 1 are resident when the
+// request starts; blocks 4, 5 and 6 land (as a late prefetch's would)
+// once B's prefill is at block 3.
+// Before each chunk B injects what became resident from its position on:
+// into the scratch sequence, whose cells its own sequence then shares. B
+// evaluates only blocks 2, 3, 7 and the tail, reports 4, 5 and 6 joined,
+// reads back (keeps) the blocks it computed, and its first-token logits
+// match A's full computation within logitTolerance.
+func TestLateBlocksJoinThePrefill(t *testing.T) {
+	a := newEngine(t, Config{BatchSize: 1})
+	b := newEngine(t, Config{BatchSize: 1, PrefillChunk: int(a.Geometry().BlockTokens)})
+	bt := int(a.Geometry().BlockTokens)
+	const out = 8
+	full := append(tokensOf(300, 8*bt, a.Vocab()), tokensOf(301, 5, a.Vocab())...)
+	var la, lb []float32
+	a.onLogits = func(step int, l []float32) {
+		if step == 0 {
+			la = slices.Clone(l)
+		}
+	}
+	b.onLogits = func(step int, l []float32) {
+		if step == 0 {
+			lb = slices.Clone(l)
+		}
+	}
+	areq := request(t, a, full, out)
+	oa := collect(t, a, areq) // A computes everything and keeps the blocks
+	for _, key := range areq.Keys[:2] {
+		moveBlock(t, a, b, key)
+	}
+	landed := false
+	b.beforeChunk = func(pos int) {
+		if pos == 3*bt && !landed {
+			landed = true
+			for _, key := range areq.Keys[4:7] {
+				moveBlock(t, a, b, key)
+			}
+		}
+	}
+	breq := request(t, b, full, out)
+	var st engine.PrefillStats
+	breq.OnPrefill = func(s engine.PrefillStats) { st = s }
+	before := b.Evaluated()
+	ob := collect(t, b, breq)
+	if !landed {
+		t.Fatal("the prefill never stood at block 3: the test proves nothing")
+	}
+	if st.CachedTokens != 5*bt || st.ComputedTokens != 3*bt+5 || !slices.Equal(st.Joined, []int{4, 5, 6}) {
+		t.Fatalf("prefill %+v: want blocks 0, 1 cached at the start, 4, 5, 6 joined, blocks 2, 3, 7 and the 5-token tail computed", st)
+	}
+	if n := b.Evaluated() - before; n != int64(3*bt+5+out-1) {
+		t.Fatalf("B evaluated %d tokens, want %d (three blocks, the tail, %d decoded)", n, 3*bt+5+out-1, out-1)
+	}
+	for i, key := range breq.Keys {
+		if !b.KV().Has(key) {
+			t.Errorf("block %d is not resident in B after the prefill", i)
+		}
+	}
+	d := 0.0
+	for i := range la {
+		d = max(d, math.Abs(float64(la[i]-lb[i])))
+	}
+	agree := 0
+	for i := range oa {
+		if oa[i] == ob[i] {
+			agree++
+		}
+	}
+	t.Logf("late join: max |joined - recomputed| logit = %.5f; greedy agreement %d/%d", d, agree, out)
+	if d > logitTolerance || float64(agree) < minGreedyAgreement*out {
+		t.Fatalf("logits differ by %.5f (tolerance %.3f), %d of %d greedy tokens agree", d, logitTolerance, agree, out)
 	}
 }

@@ -276,7 +276,7 @@ func (l *layout) stateLen(cells int) int {
 	return n
 }
 
-// stateWriter builds a sequence state of cells cells at positions 0..
+// stateWriter builds a sequence state of cells cells at positions p0..
 // into one buffer: the header and metadata at once, then K and V of each
 // layer through the section methods, block by block.
 type stateWriter struct {
@@ -288,7 +288,7 @@ type stateWriter struct {
 	blockT int
 }
 
-func newStateWriter(l *layout, cells, blockTokens int, buf []byte) *stateWriter {
+func newStateWriter(l *layout, p0, cells, blockTokens int, buf []byte) *stateWriter {
 	n := l.stateLen(cells)
 	if cap(buf) < n {
 		buf = make([]byte, n)
@@ -302,7 +302,7 @@ func newStateWriter(l *layout, cells, blockTokens int, buf []byte) *stateWriter 
 	le.PutUint32(b[o:], uint32(cells)) // the first stream holds them
 	o += 4
 	for c := 0; c < cells; c++ {
-		le.PutUint32(b[o:], uint32(c))
+		le.PutUint32(b[o:], uint32(p0+c))
 		le.PutUint32(b[o+4:], 1)
 		le.PutUint32(b[o+8:], 0)
 		o += cellMeta

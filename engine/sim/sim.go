@@ -230,8 +230,27 @@ func (e *Engine) Generate(ctx context.Context, req engine.Request, emit func(eng
 	if cached < len(req.Keys) && req.Tokens == nil {
 		return fmt.Errorf("%w: block %d of a resumed prompt (its tokens are not known)", engine.ErrNotResident, cached)
 	}
+	// The rest is computed block by block, in order, as a chunked
+	// prefill is: a block that became resident before the prefill reached
+	// it (a prefetch that landed after the request started) is used, not
+	// computed.
 	k, v := make([]byte, e.g.RawSectionLen()), make([]byte, e.g.RawSectionLen())
+	p := pacer{start: time.Now()}
+	defer p.flush(ctx)
+	rate := e.cfg.PrefillTokensPerS
+	recompute, took := 0, time.Duration(0)
+	var joined []int
 	for i := cached; i < len(req.Keys); i++ {
+		if !e.cfg.NoPrefixCache && e.KV().Has(req.Keys[i]) {
+			pinned = e.pin(pinned, req.Keys[i])
+			joined = append(joined, i)
+			continue
+		}
+		d := time.Duration(float64(bt) / rate * float64(time.Second))
+		if err := p.charge(ctx, d); err != nil {
+			return err
+		}
+		recompute, took = recompute+bt, took+d
 		for l := uint32(0); l < e.g.Layers; l++ {
 			BlockContent(e.g, req.Keys[i], l, k, v)
 			if err := e.KV().WriteLayer(req.Keys[i], l, k, v); err != nil {
@@ -241,19 +260,18 @@ func (e *Engine) Generate(ctx context.Context, req engine.Request, emit func(eng
 		pinned = e.pin(pinned, req.Keys[i])
 	}
 	tail := req.PromptTail(bt)
-	recompute := len(tail) + len(req.Generated) + (len(req.Keys)-cached)*bt
-	p := pacer{start: time.Now()}
-	defer p.flush(ctx)
-	took := time.Duration(float64(recompute) / e.cfg.PrefillTokensPerS * float64(time.Second))
-	if err := p.charge(ctx, took); err != nil {
+	rest := len(tail) + len(req.Generated)
+	d := time.Duration(float64(rest) / rate * float64(time.Second))
+	if err := p.charge(ctx, d); err != nil {
 		return err
 	}
+	recompute, took = recompute+rest, took+d
 	e.mu.Lock()
 	e.prefilled += uint64(recompute)
 	e.prefillTime += took
 	e.mu.Unlock()
 	if req.OnPrefill != nil {
-		req.OnPrefill(engine.PrefillStats{CachedTokens: cached * bt, ComputedTokens: recompute})
+		req.OnPrefill(engine.PrefillStats{CachedTokens: (cached + len(joined)) * bt, ComputedTokens: recompute, Joined: joined})
 	}
 
 	// Decode, from the context: block keys, tail, tokens so far.

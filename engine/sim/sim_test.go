@@ -341,3 +341,43 @@ func TestNoPrefixCache(t *testing.T) {
 		t.Fatalf("without the prefix cache %+v, with %+v; tokens equal %v", got, want, equal(out, ref))
 	}
 }
+
+// TestLateBlocksJoinThePrefill (issue 47: a prefetch that lands after the
+// engine started on the prompt still serves the blocks not yet computed):
+// blocks 0 and 1 are resident at the start; block 6 lands while the
+// prefill computes block 2, and block 9 after the prefill passed it. Block
+// 6 is used when the prefill reaches it (its time saved, reported Joined),
+// block 9 is not; the output is the same as with nothing cached.
+func TestLateBlocksJoinThePrefill(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, b := newEngine(t, 4, 64), newEngine(t, 4, 64)
+		req := request(10*16+5, engine.Sampler{Method: engine.Greedy})
+		outA := run(t, a, req)
+		g := a.Geometry()
+		block := func(i int) func() {
+			return func() {
+				k, v := make([]byte, g.RawSectionLen()), make([]byte, g.RawSectionLen())
+				for l := uint32(0); l < g.Layers; l++ {
+					BlockContent(g, req.Keys[i], l, k, v)
+					if err := b.KV().WriteLayer(req.Keys[i], l, k, v); err != nil {
+						t.Error(err)
+					}
+				}
+			}
+		}
+		block(0)()
+		block(1)()
+		perBlock := time.Duration(16*int64(time.Second)) / 42000 // 381 µs
+		time.AfterFunc(perBlock/2, block(6))                     // before the prefill reaches it
+		time.AfterFunc(9*perBlock, block(9))                     // after the prefill computed it (blocks 2..5, 7..9: 7 blocks)
+		var st engine.PrefillStats
+		req.OnPrefill = func(s engine.PrefillStats) { st = s }
+		outB := run(t, b, req)
+		if st.CachedTokens != 3*16 || st.ComputedTokens != 7*16+5 || len(st.Joined) != 1 || st.Joined[0] != 6 {
+			t.Fatalf("prefill %+v: want blocks 0, 1 and 6 cached (6 joined), 7 blocks and the tail computed", st)
+		}
+		if !equal(outA, outB) {
+			t.Fatalf("outputs differ: %v vs %v", outA, outB)
+		}
+	})
+}

@@ -158,8 +158,11 @@ func TestDeadlinesCloseAndEOF(t *testing.T) {
 		t.Fatalf("read past its deadline: %v, want os.ErrDeadlineExceeded", err)
 	}
 	var ne net.Error
-	s.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
-	n, err := s.Write(make([]byte, 64<<20)) // more than the socket buffers hold: nobody reads
+	// 500 ms: under make test's load the Write once began after a 50 ms
+	// deadline had passed, and rightly wrote nothing.
+	buf := make([]byte, 64<<20)
+	s.SetWriteDeadline(time.Now().Add(500 * time.Millisecond))
+	n, err := s.Write(buf) // more than the socket buffers hold: nobody reads
 	if !errors.Is(err, os.ErrDeadlineExceeded) || !errors.As(err, &ne) || !ne.Timeout() {
 		t.Fatalf("write past its deadline: %v, want a timeout", err)
 	}
