@@ -18,11 +18,15 @@ REQUIRE   := KVSP_REQUIRE_REDIS=1 KVSP_REQUIRE_ETCD=1 KVSP_REQUIRE_CHROMIUM=1 KV
 # h2spec (HTTP/2 conformance, RFC 7540/9113 and HPACK), installed by make deps.
 H2SPEC_VERSION ?= v2.2.1+incompatible
 export KVSP_H2SPEC ?= $(BIN)/h2spec
+# The Python tools (pytest, ruff, mypy, hatchling) and the package's dependency, pinned with hashes.
+PYTHON    ?= python3
+VENV      := .cache/venv
+PYLOCK    := python/requirements-dev.lock
 # llama.cpp v0.4.0 (npm's @node-llama-cpp/linux-x64@3.21.1), installed by make deps.
 LLAMACPP  := $(CURDIR)/.cache/llama.cpp
 export KVSP_LLAMACPP_LIB ?= $(LLAMACPP)
 
-.PHONY: chaos soak sim long nightly mutants help deps demo-busy bench-llamacpp bench-holder bench-lookup bench-layers build build-nogpu build-gpu build-rdma ptx test-gpu test vet test-race test-nocgo lint fmt-check staticcheck fuzz bench demo check
+.PHONY: vectors vectors-check test-python chaos soak sim long nightly mutants help deps demo-busy bench-llamacpp bench-holder bench-lookup bench-layers build build-nogpu build-gpu build-rdma ptx test-gpu test vet test-race test-nocgo lint fmt-check staticcheck fuzz bench demo check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -66,10 +70,20 @@ test-gpu: ## stripped test and benchmark binaries of the GPU path in bin/gpu-che
 	cp scripts/gpu-check.sh $(BIN)/gpu-check/run.sh
 	@du -sh $(BIN)/gpu-check
 
-test: deps fmt-check vet test-race ## the README's test command: gofmt, vet, then every test with the race detector
+test: deps fmt-check vet vectors-check test-python test-race ## the README's test command: gofmt, vet, the shared vectors, the Python package (ruff, mypy --strict, pytest), then every Go test with the race detector
 	@echo "make test: ok"
 
-deps: ## install what the tests need when it is missing (redis-server, redis-cli and etcd, and chromium for the status page's rendering test, from Debian; the pinned llama.cpp libraries from npm into .cache/llama.cpp; h2spec into bin/)
+vectors: ## testdata/vectors/core.json from the Go implementation (both languages' tests run it)
+	$(GO) run ./internal/vectors -o testdata/vectors/core.json
+
+vectors-check: vectors ## the committed vectors are what Go gives now
+	@git diff --exit-code -- testdata/vectors || { echo "testdata/vectors moved: a Go change altered a shared vector (commit it only if the change is meant)"; exit 1; }
+
+test-python: deps ## the Python package: installed from python/ into .cache/venv, ruff, mypy --strict, pytest
+	@$(VENV)/bin/pip install -q --no-deps --no-build-isolation --force-reinstall ./python
+	cd python && $(CURDIR)/$(VENV)/bin/ruff check . && $(CURDIR)/$(VENV)/bin/ruff format --check . && $(CURDIR)/$(VENV)/bin/mypy --strict src tests && $(CURDIR)/$(VENV)/bin/pytest
+
+deps: ## install what the tests need when it is missing (redis-server, redis-cli and etcd, and chromium for the status page's rendering test, from Debian; the pinned llama.cpp libraries from npm into .cache/llama.cpp; h2spec into bin/; the Python virtual environment .cache/venv from python/requirements-dev.lock, hashes required)
 	@missing=""; \
 	for c in redis-server:redis-server redis-cli:redis-tools etcd:etcd-server chromium:chromium npm:npm; do \
 		command -v $${c%%:*} >/dev/null || missing="$$missing $${c#*:}"; done; \
@@ -77,6 +91,9 @@ deps: ## install what the tests need when it is missing (redis-server, redis-cli
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; }
 	@./scripts/llama-deps.sh $(LLAMACPP)
 	@test -x $(KVSP_H2SPEC) || { echo "installing h2spec $(H2SPEC_VERSION)"; GOBIN=$(BIN) $(GO) install github.com/summerwind/h2spec/cmd/h2spec@$(H2SPEC_VERSION); }
+	@cmp -s $(PYLOCK) $(VENV)/.lock 2>/dev/null || { echo "creating $(VENV) from $(PYLOCK)"; \
+		$(PYTHON) -m venv --help >/dev/null 2>&1 && $(PYTHON) -c 'import ensurepip' 2>/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-venv >/dev/null; }; \
+		rm -rf $(VENV) && $(PYTHON) -m venv $(VENV) && $(VENV)/bin/pip install -q --disable-pip-version-check --require-hashes --no-deps -r $(PYLOCK) && cp $(PYLOCK) $(VENV)/.lock; }
 
 vet: ## go vet
 	$(GO) vet -tags nogpu ./...

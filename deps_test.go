@@ -98,6 +98,7 @@ var mayImport = map[string][]string{
 	"internal/pki":        {},
 	"internal/simnet":     {},
 	"internal/sockio":     {},
+	"internal/vectors":    {"", "container"}, // make vectors: the shared test vectors, from the Go implementation
 	"internal/udpbuf":     {},
 }
 

@@ -1,0 +1,405 @@
+// Command vectors writes testdata/vectors/core.json (make vectors): the
+// test vectors both implementations run, Go's and Python's (issue 48).
+// The values come from the Go implementation; the spec's appendix vectors
+// are among them, and TestSharedVectors holds Go to the committed file, so
+// a Go change cannot move a vector silently.
+package main
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+
+	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/container"
+)
+
+// Vectors is the file's shape; kvsp's TestSharedVectors and the Python
+// tests read it.
+type Vectors struct {
+	Comment     string             `json:"comment"`
+	Count       int                `json:"count"` // every vector below: both suites run exactly these
+	Descriptors []DescriptorVector `json:"descriptors"`
+	ScopeKeys   []ScopeKeyVector   `json:"scope_keys"`
+	BlockKeys   []BlockKeysVector  `json:"block_keys"`
+	Layers      []LayerVector      `json:"layer_digests"`
+	Replicas    []ReplicaVector    `json:"replica_digests"`
+	ReprFields  []ReprVector       `json:"repr_digest_fields"`
+}
+
+// LayerVector is one layer's K and V sections and SHA-256(K || V).
+type LayerVector struct {
+	Name   string `json:"name"`
+	KHex   string `json:"k_hex"`
+	VHex   string `json:"v_hex"`
+	Digest string `json:"digest"`
+}
+
+// ReplicaVector is layer digests (hex) and the replica digest over their
+// raw octets, with its Repr-Digest field value.
+type ReplicaVector struct {
+	Name       string   `json:"name"`
+	Layers     []string `json:"layers"`
+	Digest     string   `json:"digest"`
+	ReprDigest string   `json:"repr_digest"`
+}
+
+// ReprVector is a Repr-Digest field value and the sha-256 it carries (or
+// a refusal).
+type ReprVector struct {
+	Name   string `json:"name"`
+	Field  string `json:"field"`
+	Digest string `json:"digest,omitempty"`
+	Error  string `json:"error,omitempty"`
+}
+
+// DescriptorVector is a descriptor's octets and what they must give: its
+// canonical JSON and compat_id, or (Error set) a refusal.
+type DescriptorVector struct {
+	Name     string `json:"name"`
+	JSON     string `json:"json"` // the octets, as a JSON string (they may not be UTF-8: then JSONHex)
+	JSONHex  string `json:"json_hex,omitempty"`
+	JCS      string `json:"jcs,omitempty"`
+	CompatID string `json:"compat_id,omitempty"`
+	Error    string `json:"error,omitempty"` // Go's message; any InvalidError in Python
+}
+
+// ScopeKeyVector is a key file's text and its Scope ID (or a refusal).
+type ScopeKeyVector struct {
+	Name    string `json:"name"`
+	Text    string `json:"text"`
+	ScopeID string `json:"scope_id,omitempty"`
+	Error   string `json:"error,omitempty"`
+}
+
+// BlockKeysVector is a token sequence's Block Keys.
+type BlockKeysVector struct {
+	Name        string   `json:"name"`
+	ScopeKey    string   `json:"scope_key"`
+	CompatID    string   `json:"compat_id"`
+	BlockTokens int      `json:"block_tokens"`
+	Tokens      []uint32 `json:"tokens"`
+	Keys        []string `json:"keys"`
+}
+
+const appendix = `{"block_tokens":4,"head_dim":128,"kv_dtype":"bf16","kv_heads":8,"layers":32,"layout":"kvsp-layout-1","model":"example-model","model_digest":"sha-256:254e528c669a2084c9727298cacb83e8854e0a6ff80e2bf18096b9dce0f7ebda","positional":"rope","tokenizer_digest":"sha-256:9f42a7a29dca3063ad26d7be7fe6a930fa38afb1a703e4f7ff538db4e133b19c"}`
+
+const (
+	md = `"sha-256:254e528c669a2084c9727298cacb83e8854e0a6ff80e2bf18096b9dce0f7ebda"`
+	td = `"sha-256:9f42a7a29dca3063ad26d7be7fe6a930fa38afb1a703e4f7ff538db4e133b19c"`
+)
+
+// descriptor builds a descriptor's JSON from the appendix's with members
+// replaced (raw JSON values) or removed (value "").
+func descriptor(over map[string]string) string {
+	base := []struct{ k, v string }{{"model", `"example-model"`}, {"model_digest", md}, {"tokenizer_digest", td}, {"layers", "32"},
+		{"kv_heads", "8"}, {"head_dim", "128"}, {"kv_dtype", `"bf16"`}, {"positional", `"rope"`}, {"block_tokens", "4"}, {"layout", `"kvsp-layout-1"`}}
+	var b bytes.Buffer
+	b.WriteByte('{')
+	first := true
+	add := func(k, v string) {
+		if !first {
+			b.WriteByte(',')
+		}
+		first = false
+		fmt.Fprintf(&b, "%q:%s", k, v)
+	}
+	for _, m := range base {
+		v, ok := over[m.k]
+		if !ok {
+			v = m.v
+		}
+		if v != "" {
+			add(m.k, v)
+		}
+	}
+	for k, v := range over { // members the appendix has not
+		known := false
+		for _, m := range base {
+			known = known || m.k == k
+		}
+		if !known && v != "" {
+			add(k, v)
+		}
+	}
+	b.WriteByte('}')
+	return b.String()
+}
+
+func descriptorCases() []DescriptorVector {
+	type c struct{ name, json string }
+	cases := []c{
+		{"appendix (KVSP draft, Test Vectors)", appendix},
+		{"members in another order", descriptor(nil)},
+		{"whitespace around members", "{ \"model\" : \"example-model\" ,\n\"model_digest\":" + md + ",\"tokenizer_digest\":" + td + ",\"layers\":32,\"kv_heads\":8,\"head_dim\":128,\"kv_dtype\":\"bf16\",\"positional\":\"rope\",\"block_tokens\":4,\"layout\":\"kvsp-layout-1\" }"},
+		{"one adapter", descriptor(map[string]string{"adapters": "[" + md + "]"})},
+		{"two adapters, order kept", descriptor(map[string]string{"adapters": "[" + td + "," + md + "]"})},
+		{"rope with theta", descriptor(map[string]string{"positional": `"rope;theta=500000"`})},
+		{"rope with scaling then theta (canonical: theta first)", descriptor(map[string]string{"positional": `"rope;scaling=yarn,theta=10000"`})},
+		{"rope with scaling", descriptor(map[string]string{"positional": `"rope;scaling=linear_2"`})},
+		{"positional none", descriptor(map[string]string{"positional": `"none"`})},
+		{"fp8-e4m3", descriptor(map[string]string{"kv_dtype": `"fp8-e4m3"`})},
+		{"fp8-e5m2", descriptor(map[string]string{"kv_dtype": `"fp8-e5m2"`})},
+		{"fp16", descriptor(map[string]string{"kv_dtype": `"fp16"`})},
+		{"fp32", descriptor(map[string]string{"kv_dtype": `"fp32"`})},
+		{"model name with non-ASCII and escapes", descriptor(map[string]string{"model": `"m\u00f6del/\u20ac\"x\"\\\n"`})},
+		{"model name with an astral character", descriptor(map[string]string{"model": `"model-\ud83d\ude00"`})},
+		{"block_tokens 2^20", descriptor(map[string]string{"block_tokens": "1048576"})},
+		{"layers 2^32-1", descriptor(map[string]string{"layers": "4294967295", "kv_heads": "1", "head_dim": "1", "block_tokens": "1"})},
+		// Refusals.
+		{"model absent", descriptor(map[string]string{"model": ""})},
+		{"model empty", descriptor(map[string]string{"model": `""`})},
+		{"model_digest absent", descriptor(map[string]string{"model_digest": ""})},
+		{"model_digest all zero", descriptor(map[string]string{"model_digest": `"sha-256:0000000000000000000000000000000000000000000000000000000000000000"`})},
+		{"model_digest uppercase hex", descriptor(map[string]string{"model_digest": `"sha-256:254E528C669A2084C9727298CACB83E8854E0A6FF80E2BF18096B9DCE0F7EBDA"`})},
+		{"model_digest without its prefix", descriptor(map[string]string{"model_digest": `"254e528c669a2084c9727298cacb83e8854e0a6ff80e2bf18096b9dce0f7ebda"`})},
+		{"model_digest short", descriptor(map[string]string{"model_digest": `"sha-256:254e"`})},
+		{"adapters empty", descriptor(map[string]string{"adapters": "[]"})},
+		{"adapters null", descriptor(map[string]string{"adapters": "null"})},
+		{"adapters not an array", descriptor(map[string]string{"adapters": md})},
+		{"adapter not a digest", descriptor(map[string]string{"adapters": `["lora"]`})},
+		{"layers 0", descriptor(map[string]string{"layers": "0"})},
+		{"layers negative", descriptor(map[string]string{"layers": "-1"})},
+		{"layers 2^32", descriptor(map[string]string{"layers": "4294967296"})},
+		{"layers true", descriptor(map[string]string{"layers": "true"})},
+		{"layers 32.0", descriptor(map[string]string{"layers": "32.0"})},
+		{"layers 3.2e1", descriptor(map[string]string{"layers": "3.2e1"})},
+		{"layers as a string", descriptor(map[string]string{"layers": `"32"`})},
+		{"layers null", descriptor(map[string]string{"layers": "null"})},
+		{"layers NaN", descriptor(map[string]string{"layers": "NaN"})},
+		{"layers Infinity", descriptor(map[string]string{"layers": "Infinity"})},
+		{"head_dim past 2^53", descriptor(map[string]string{"head_dim": "9007199254740993"})},
+		{"block_tokens past 2^20", descriptor(map[string]string{"block_tokens": "1048577"})},
+		{"section size past 2^53", descriptor(map[string]string{"kv_heads": "4294967295", "head_dim": "4294967295", "block_tokens": "1048576", "kv_dtype": `"fp32"`})},
+		{"kv_dtype unregistered", descriptor(map[string]string{"kv_dtype": `"int8"`})},
+		{"kv_dtype uppercase", descriptor(map[string]string{"kv_dtype": `"BF16"`})},
+		{"positional unregistered", descriptor(map[string]string{"positional": `"alibi"`})},
+		{"positional none with a parameter", descriptor(map[string]string{"positional": `"none;theta=1"`})},
+		{"rope theta with a leading zero", descriptor(map[string]string{"positional": `"rope;theta=0100"`})},
+		{"rope theta twice", descriptor(map[string]string{"positional": `"rope;theta=1,theta=2"`})},
+		{"rope theta past 2^53", descriptor(map[string]string{"positional": `"rope;theta=9007199254740992"`})},
+		{"rope theta signed", descriptor(map[string]string{"positional": `"rope;theta=+5"`})},
+		{"rope empty parameter list", descriptor(map[string]string{"positional": `"rope;"`})},
+		{"rope unknown parameter", descriptor(map[string]string{"positional": `"rope;base=5"`})},
+		{"rope scaling uppercase", descriptor(map[string]string{"positional": `"rope;scaling=YaRN"`})},
+		{"layout unknown", descriptor(map[string]string{"layout": `"kvsp-layout-2"`})},
+		{"unknown member", descriptor(map[string]string{"quantization": `"q4"`})},
+		{"duplicate member", replaceOnce(appendix, `"layers":32`, `"layers":32,"layers":32`)},
+		{"lone high surrogate", descriptor(map[string]string{"model": `"m\ud800"`})},
+		{"lone low surrogate", descriptor(map[string]string{"model": `"m\udc00x"`})},
+		{"byte-order mark", "\ufeff" + appendix},
+		{"trailing data", appendix + " {}"},
+		{"trailing comma", appendix[:len(appendix)-1] + ",}"},
+		{"not an object", "[" + appendix + "]"},
+		{"empty", ""},
+		{"model name of 1025 octets", descriptor(map[string]string{"model": `"` + string(bytes.Repeat([]byte("m"), 1025)) + `"`})},
+	}
+	var out []DescriptorVector
+	for _, k := range cases {
+		v := DescriptorVector{Name: k.name, JSON: k.json}
+		d, err := kvsp.ParseDescriptor([]byte(k.json))
+		if err == nil {
+			var j []byte
+			j, err = d.JCS()
+			if err == nil {
+				id, _ := d.CompatID()
+				v.JCS, v.CompatID = string(j), id.String()
+			}
+		}
+		if err != nil {
+			v.Error = err.Error()
+		}
+		out = append(out, v)
+	}
+	// Octets that are not UTF-8: carried as hex.
+	bad := bytes.Replace([]byte(appendix), []byte(`"example-model"`), []byte("\"example-\xffmodel\""), 1)
+	v := DescriptorVector{Name: "invalid UTF-8 in a string", JSONHex: hex.EncodeToString(bad)}
+	if _, err := kvsp.ParseDescriptor(bad); err != nil {
+		v.Error = err.Error()
+	}
+	return append(out, v)
+}
+
+func slicesRepeat(d container.Digest, n int) []container.Digest {
+	out := make([]container.Digest, n)
+	for i := range out {
+		out[i] = d
+	}
+	return out
+}
+
+func replaceOnce(s, old, new string) string {
+	return string(bytes.Replace([]byte(s), []byte(old), []byte(new), 1))
+}
+
+func main() {
+	out := flag.String("o", "testdata/vectors/core.json", "file to write")
+	flag.Parse()
+	if err := run(*out); err != nil {
+		fmt.Fprintln(os.Stderr, "vectors:", err)
+		os.Exit(1)
+	}
+}
+
+func run(path string) error {
+	v := Vectors{Comment: "Generated by make vectors (internal/vectors) from the Go implementation; run by kvsp's TestSharedVectors and python/tests/test_vectors.py. Never edit by hand."}
+	v.Descriptors = descriptorCases()
+	rng := rand.New(rand.NewPCG(48, 2026))
+	keyText := func(n int) string {
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = byte(rng.Uint32())
+		}
+		return hex.EncodeToString(b)
+	}
+	for _, c := range []struct{ name, text string }{
+		{"appendix key", "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f"},
+		{"32 octets and a newline", keyText(32) + "\n"},
+		{"33 octets", keyText(33)},
+		{"64 octets", keyText(64)},
+		{"65 octets (longer than an HMAC block: hashed first)", keyText(65)},
+		{"31 octets", keyText(31)},
+		{"odd length", keyText(32) + "a"},
+		{"uppercase hex", "000102030405060708090A0B0C0D0E0F101112131415161718191A1B1C1D1E1F"},
+		{"two newlines", keyText(32) + "\n\n"},
+		{"empty", ""},
+	} {
+		kv := ScopeKeyVector{Name: c.name, Text: c.text}
+		k, err := kvsp.ParseScopeKey([]byte(c.text))
+		if err != nil {
+			kv.Error = err.Error()
+		} else {
+			kv.ScopeID = k.ID().String()
+		}
+		v.ScopeKeys = append(v.ScopeKeys, kv)
+	}
+	appendixCompat := "5ed5c2f238839655d7c4029e12b7f31caf9e7421f4edb4057feee6dab760ee0f"
+	blockCase := func(name, key, compat string, b int, toks []uint32) error {
+		k, err := kvsp.ParseScopeKey([]byte(key))
+		if err != nil {
+			return err
+		}
+		c, err := kvsp.ParseCompatID(compat)
+		if err != nil {
+			return err
+		}
+		keys, err := kvsp.BlockKeys(k, c, b, toks)
+		if err != nil {
+			return err
+		}
+		bv := BlockKeysVector{Name: name, ScopeKey: key, CompatID: compat, BlockTokens: b, Tokens: toks, Keys: []string{}}
+		for _, x := range keys {
+			bv.Keys = append(bv.Keys, x.String())
+		}
+		v.BlockKeys = append(v.BlockKeys, bv)
+		return nil
+	}
+	if err := blockCase("appendix: B=4, K[0] and K[1]", "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f", appendixCompat, 4,
+		[]uint32{128000, 791, 6460, 374, 264, 1296, 315, 279}); err != nil {
+		return err
+	}
+	tokens := func(n int, max uint32) []uint32 {
+		t := make([]uint32, n)
+		for i := range t {
+			t[i] = rng.Uint32N(max)
+		}
+		return t
+	}
+	for _, c := range []struct {
+		name string
+		b, n int
+		max  uint32
+	}{
+		{"B=1, 7 tokens", 1, 7, 32000},
+		{"B=4, 10 tokens (a 2-token tail without a key)", 4, 10, 128256},
+		{"B=16, 100 tokens", 16, 100, 128256},
+		{"B=256, 1000 tokens", 256, 1000, 152064},
+		{"B=16, fewer tokens than a block", 16, 15, 32000},
+		{"B=8, tokens up to 2^32-1", 8, 24, 1<<32 - 1},
+	} {
+		key := keyText(32)
+		sum := sha256.Sum256(binary.BigEndian.AppendUint32([]byte("compat"), uint32(c.b)))
+		if err := blockCase(c.name, key, hex.EncodeToString(sum[:]), c.b, tokens(c.n, c.max)); err != nil {
+			return err
+		}
+	}
+	octets := func(n int) []byte {
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = byte(rng.Uint32())
+		}
+		return b
+	}
+	var layerDigests []container.Digest
+	for _, c := range []struct {
+		name string
+		k, v []byte
+	}{
+		{"all-zero 8192+8192 layer (derived vector)", make([]byte, 8192), make([]byte, 8192)},
+		{"64+64 octets", octets(64), octets(64)},
+		{"K and V of different lengths (a codec's sections)", octets(100), octets(37)},
+		{"empty V", octets(16), nil},
+	} {
+		d := container.LayerDigest(c.k, c.v)
+		layerDigests = append(layerDigests, d)
+		v.Layers = append(v.Layers, LayerVector{Name: c.name, KHex: hex.EncodeToString(c.k), VHex: hex.EncodeToString(c.v), Digest: hex.EncodeToString(d[:])})
+	}
+	for _, c := range []struct {
+		name   string
+		layers []container.Digest
+	}{
+		{"two all-zero layers (derived vector)", []container.Digest{layerDigests[0], layerDigests[0]}},
+		{"32 all-zero layers (derived vector)", slicesRepeat(layerDigests[0], 32)},
+		{"the four layers above, in order", layerDigests},
+		{"one layer", layerDigests[1:2]},
+	} {
+		d := container.ReplicaDigest(c.layers)
+		rv := ReplicaVector{Name: c.name, Digest: hex.EncodeToString(d[:]), ReprDigest: container.ReprDigest(d)}
+		for _, l := range c.layers {
+			rv.Layers = append(rv.Layers, hex.EncodeToString(l[:]))
+		}
+		v.Replicas = append(v.Replicas, rv)
+	}
+	zero := container.ReprDigest(layerDigests[0])
+	for _, c := range []struct{ name, field string }{
+		{"sha-256 alone", zero},
+		{"after another algorithm", "sha-512=:AAAA:, " + zero},
+		{"with a parameter", zero + ";q=1"},
+		{"spaces and tabs around members", " \t" + zero + " \t, unixsum=:AA==:"},
+		{"no sha-256", "sha-512=:AAAA:"},
+		{"sha-256 not a byte sequence", "sha-256=abc"},
+		{"sha-256 of 31 octets", "sha-256=:" + "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA==" + ":"},
+		{"base64 with non-zero padding bits", "sha-256=:" + zero[len("sha-256=:"):len(zero)-3] + "B=:"},
+		{"base64url alphabet", "sha-256=:" + "_-" + zero[len("sha-256=:")+2:]},
+		{"uppercase algorithm", "SHA-256=" + zero[len("sha-256="):]},
+		{"empty", ""},
+	} {
+		rv := ReprVector{Name: c.name, Field: c.field}
+		d, err := container.ParseReprDigest(c.field)
+		if err != nil {
+			rv.Error = err.Error()
+		} else {
+			rv.Digest = hex.EncodeToString(d[:])
+		}
+		v.ReprFields = append(v.ReprFields, rv)
+	}
+	v.Count = len(v.Descriptors) + len(v.ScopeKeys) + len(v.BlockKeys) + len(v.Layers) + len(v.Replicas) + len(v.ReprFields)
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", " ")
+	if err := enc.Encode(&v); err != nil {
+		return err
+	}
+	if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
+		return errors.Join(errors.New("writing "+path), err)
+	}
+	return nil
+}
