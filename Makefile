@@ -77,7 +77,7 @@ vectors: ## testdata/vectors/core.json from the Go implementation (both language
 	$(GO) run ./internal/vectors -o testdata/vectors/core.json
 
 vectors-check: vectors ## the committed vectors are what Go gives now
-	@git diff --exit-code -- testdata/vectors || { echo "testdata/vectors moved: a Go change altered a shared vector (commit it only if the change is meant)"; exit 1; }
+	@git diff --quiet -- testdata/vectors || { git diff --stat -- testdata/vectors; echo "testdata/vectors moved (against the index): a Go change altered the shared vectors; stage them only if the change is meant"; exit 1; }
 
 test-python: deps ## the Python package: installed from python/ into .cache/venv, ruff, mypy --strict, pytest
 	@$(VENV)/bin/pip install -q --no-deps --no-build-isolation --force-reinstall ./python

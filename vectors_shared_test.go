@@ -44,6 +44,39 @@ type sharedVectors struct {
 		ReprDigest   string `json:"repr_digest"`
 	} `json:"replica_digests"`
 	ReprFields []struct{ Name, Field, Digest, Error string } `json:"repr_digest_fields"`
+	NewHeaders []struct {
+		Name         string
+		Geometry     geometryJSON
+		Codec        uint16
+		First, Count uint32
+		Hex, Error   string
+	} `json:"new_headers"`
+	Headers []struct {
+		Name       string
+		Geometry   *geometryJSON
+		Hex, Error string
+		Codec      uint16
+		FirstLayer uint32 `json:"first_layer"`
+		TokenCount uint32 `json:"token_count"`
+		Layers     [][2]uint64
+		Len        int
+	} `json:"headers"`
+}
+
+type geometryJSON struct {
+	Layers      uint32 `json:"layers"`
+	BlockTokens uint32 `json:"block_tokens"`
+	KVHeads     uint32 `json:"kv_heads"`
+	HeadDim     uint32 `json:"head_dim"`
+	Elem        string `json:"elem"`
+}
+
+func (g *geometryJSON) geometry() container.Geometry {
+	if g == nil {
+		return container.Geometry{}
+	}
+	e, _ := container.ParseElemType(g.Elem)
+	return container.Geometry{Layers: g.Layers, BlockTokens: g.BlockTokens, KVHeads: g.KVHeads, HeadDim: g.HeadDim, Elem: e}
 }
 
 // TestSharedVectors runs every vector of the committed file against Go (issue
@@ -150,7 +183,32 @@ func TestSharedVectors(t *testing.T) {
 		}
 		ran++
 	}
-	if ran != v.Count || ran < 100 {
+	for _, c := range v.NewHeaders {
+		h, err := container.NewHeader(c.Codec, c.First, c.Count, c.Geometry.geometry())
+		switch {
+		case c.Error != "" && err == nil:
+			t.Errorf("new header %q: made, want refused", c.Name)
+		case c.Error == "" && (err != nil || hex.EncodeToString(h.Append(nil)) != c.Hex):
+			t.Errorf("new header %q: %v %x, want %s", c.Name, err, h.Append(nil), c.Hex)
+		}
+		ran++
+	}
+	for _, c := range v.Headers {
+		b, _ := hex.DecodeString(c.Hex)
+		h, n, err := container.ParseHeader(b, c.Geometry.geometry())
+		var layers [][2]uint64
+		for _, l := range h.Layers {
+			layers = append(layers, [2]uint64{l.K, l.V})
+		}
+		switch {
+		case c.Error != "" && err == nil:
+			t.Errorf("header %q: accepted, want refused (%s)", c.Name, c.Error)
+		case c.Error == "" && (err != nil || h.Codec != c.Codec || h.FirstLayer != c.FirstLayer || h.TokenCount != c.TokenCount || n != c.Len || !slices.Equal(layers, c.Layers)):
+			t.Errorf("header %q: %v %+v (%d octets)", c.Name, err, h, n)
+		}
+		ran++
+	}
+	if ran != v.Count || ran < 133 {
 		t.Fatalf("ran %d vectors, the file says %d", ran, v.Count)
 	}
 	t.Logf("%d shared vectors", ran)

@@ -32,6 +32,48 @@ type Vectors struct {
 	Layers      []LayerVector      `json:"layer_digests"`
 	Replicas    []ReplicaVector    `json:"replica_digests"`
 	ReprFields  []ReprVector       `json:"repr_digest_fields"`
+	NewHeaders  []NewHeaderVector  `json:"new_headers"`
+	Headers     []HeaderVector     `json:"headers"`
+}
+
+// GeometryJSON is a container.Geometry with the element type's name.
+type GeometryJSON struct {
+	Layers      uint32 `json:"layers"`
+	BlockTokens uint32 `json:"block_tokens"`
+	KVHeads     uint32 `json:"kv_heads"`
+	HeadDim     uint32 `json:"head_dim"`
+	Elem        string `json:"elem"`
+}
+
+func (g GeometryJSON) geometry() container.Geometry {
+	e, _ := container.ParseElemType(g.Elem)
+	return container.Geometry{Layers: g.Layers, BlockTokens: g.BlockTokens, KVHeads: g.KVHeads, HeadDim: g.HeadDim, Elem: e}
+}
+
+// NewHeaderVector is the header of layers [first, first+count) under a
+// codec, encoded (or a refusal).
+type NewHeaderVector struct {
+	Name     string       `json:"name"`
+	Geometry GeometryJSON `json:"geometry"`
+	Codec    uint16       `json:"codec"`
+	First    uint32       `json:"first"`
+	Count    uint32       `json:"count"`
+	Hex      string       `json:"hex,omitempty"`
+	Error    string       `json:"error,omitempty"`
+}
+
+// HeaderVector is a header's octets parsed against a geometry (null: the
+// holder's case, no descriptor), and what they give.
+type HeaderVector struct {
+	Name       string        `json:"name"`
+	Geometry   *GeometryJSON `json:"geometry"`
+	Hex        string        `json:"hex"`
+	Codec      uint16        `json:"codec"`
+	FirstLayer uint32        `json:"first_layer"`
+	TokenCount uint32        `json:"token_count"`
+	Layers     [][2]uint64   `json:"layers,omitempty"`
+	Len        int           `json:"len"`
+	Error      string        `json:"error,omitempty"`
 }
 
 // LayerVector is one layer's K and V sections and SHA-256(K || V).
@@ -390,7 +432,9 @@ func run(path string) error {
 		}
 		v.ReprFields = append(v.ReprFields, rv)
 	}
-	v.Count = len(v.Descriptors) + len(v.ScopeKeys) + len(v.BlockKeys) + len(v.Layers) + len(v.Replicas) + len(v.ReprFields)
+	headerVectors(&v)
+	v.Count = len(v.Descriptors) + len(v.ScopeKeys) + len(v.BlockKeys) + len(v.Layers) + len(v.Replicas) + len(v.ReprFields) +
+		len(v.NewHeaders) + len(v.Headers)
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
@@ -402,4 +446,93 @@ func run(path string) error {
 		return errors.Join(errors.New("writing "+path), err)
 	}
 	return nil
+}
+
+func headerVectors(v *Vectors) {
+	appendixG := GeometryJSON{32, 4, 8, 128, "bf16"}
+	tiny := GeometryJSON{4, 16, 2, 64, "fp16"}
+	for _, c := range []struct {
+		name         string
+		g            GeometryJSON
+		codec        uint16
+		first, count uint32
+	}{
+		{"appendix: raw, layers 0-1 (KVSP draft, Test Vectors)", appendixG, container.CodecRaw, 0, 2},
+		{"raw, every layer", tiny, container.CodecRaw, 0, 4},
+		{"raw, the last layer", tiny, container.CodecRaw, 3, 1},
+		{"fp8 per-head codec", tiny, container.CodecFP8Head, 1, 2},
+		{"fp32", GeometryJSON{2, 4, 1, 8, "fp32"}, container.CodecRaw, 0, 2},
+		{"past the model's layers", tiny, container.CodecRaw, 3, 2},
+		{"no layers", tiny, container.CodecRaw, 0, 0},
+		{"unregistered codec", tiny, 0x0002, 0, 1},
+		{"geometry with a zero dimension", GeometryJSON{4, 0, 2, 64, "fp16"}, container.CodecRaw, 0, 1},
+	} {
+		hv := NewHeaderVector{Name: c.name, Geometry: c.g, Codec: c.codec, First: c.first, Count: c.count}
+		h, err := container.NewHeader(c.codec, c.first, c.count, c.g.geometry())
+		if err != nil {
+			hv.Error = err.Error()
+		} else {
+			hv.Hex = hex.EncodeToString(h.Append(nil))
+		}
+		v.NewHeaders = append(v.NewHeaders, hv)
+	}
+	good, _ := container.NewHeader(container.CodecRaw, 1, 2, tiny.geometry())
+	ok := good.Append(nil)
+	fp8, _ := container.NewHeader(container.CodecFP8Head, 0, 4, tiny.geometry())
+	with := func(off int, b ...byte) []byte {
+		x := append([]byte(nil), ok...)
+		copy(x[off:], b)
+		return x
+	}
+	be32 := func(n uint32) []byte { return binary.BigEndian.AppendUint32(nil, n) }
+	be64 := func(n uint64) []byte { return binary.BigEndian.AppendUint64(nil, n) }
+	huge := append(append(with(12, be32(1)...)[:20], be64(1<<61)...), be64(1<<61+1)...)
+	bigLayers := append(with(8, be32(1<<32-1)...)[:12], be32(2)...)
+	bigLayers = append(append(bigLayers, ok[16:20]...), ok[20:52]...)
+	for _, c := range []struct {
+		name string
+		g    *GeometryJSON
+		b    []byte
+	}{
+		{"raw, layers 1-2", &tiny, ok},
+		{"raw, layers 1-2, no geometry", nil, ok},
+		{"followed by data (only the header is read)", &tiny, append(append([]byte(nil), ok...), 1, 2, 3)},
+		{"fp8 per-head codec", &tiny, fp8.Append(nil)},
+		{"truncated in the fixed part", &tiny, ok[:19]},
+		{"truncated in the lengths", &tiny, ok[:51]},
+		{"empty", &tiny, nil},
+		{"magic", &tiny, with(0, 'K', 'V', 'B', '2')},
+		{"version 2", &tiny, with(4, 2)},
+		{"version 0", nil, with(4, 0)},
+		{"reserved flags", &tiny, with(5, 1)},
+		{"codec 0", nil, with(6, 0, 0)},
+		{"unregistered codec", &tiny, with(6, 0, 2)},
+		{"unregistered codec, no geometry (the consumer checks it)", nil, with(6, 0, 2)},
+		{"layer count 0", nil, with(12, be32(0)...)},
+		{"layers beyond the model", &tiny, with(8, be32(3)...)},
+		{"token count", &tiny, with(16, be32(17)...)},
+		{"token count, no geometry", nil, with(16, be32(17)...)},
+		{"a K length off by one", &tiny, with(20, be64(2049)...)},
+		{"a V length of another codec", &tiny, with(44, be64(4*2+16*2*64)...)},
+		{"layer count 2^32-1 in 52 octets (nothing allocated)", &tiny, with(12, be32(1<<32-1)...)},
+		{"layer count 2^32-1, no geometry", nil, with(12, be32(1<<32-1)...)},
+		{"layers past 2^32, no geometry", nil, bigLayers},
+		{"section lengths past 2^62, no geometry", nil, huge},
+	} {
+		hv := HeaderVector{Name: c.name, Geometry: c.g, Hex: hex.EncodeToString(c.b)}
+		g := container.Geometry{}
+		if c.g != nil {
+			g = c.g.geometry()
+		}
+		h, n, err := container.ParseHeader(c.b, g)
+		if err != nil {
+			hv.Error = err.Error()
+		} else {
+			hv.Codec, hv.FirstLayer, hv.TokenCount, hv.Len = h.Codec, h.FirstLayer, h.TokenCount, n
+			for _, l := range h.Layers {
+				hv.Layers = append(hv.Layers, [2]uint64{l.K, l.V})
+			}
+		}
+		v.Headers = append(v.Headers, hv)
+	}
 }

@@ -21,8 +21,17 @@ def _ids(cases: list[dict[str, Any]]) -> list[str]:
 
 
 def test_count() -> None:
-    sections = ("descriptors", "scope_keys", "block_keys", "layer_digests", "replica_digests", "repr_digest_fields")
-    assert sum(len(DATA[s]) for s in sections) == DATA["count"] >= 100
+    sections = [
+        "descriptors",
+        "scope_keys",
+        "block_keys",
+        "layer_digests",
+        "replica_digests",
+        "repr_digest_fields",
+        "new_headers",
+        "headers",
+    ]
+    assert sum(len(DATA[s]) for s in sections) == DATA["count"] >= 133
 
 
 @pytest.mark.parametrize("case", DATA["descriptors"], ids=_ids(DATA["descriptors"]))
@@ -82,3 +91,39 @@ def test_repr_digest_field(case: dict[str, Any]) -> None:
             kvsp.parse_repr_digest(case["field"])
         return
     assert kvsp.parse_repr_digest(case["field"]).hex() == case["digest"]
+
+
+def _geometry(g: dict[str, Any] | None) -> kvsp.Geometry | None:
+    if g is None:
+        return None
+    return kvsp.Geometry(g["layers"], g["block_tokens"], g["kv_heads"], g["head_dim"], g["elem"])
+
+
+@pytest.mark.parametrize("case", DATA["new_headers"], ids=_ids(DATA["new_headers"]))
+def test_new_header(case: dict[str, Any]) -> None:
+    g = _geometry(case["geometry"])
+    assert g is not None
+    if case.get("error"):
+        with pytest.raises(kvsp.InvalidError):
+            kvsp.new_header(case["codec"], case["first"], case["count"], g)
+        return
+    assert kvsp.new_header(case["codec"], case["first"], case["count"], g).to_bytes().hex() == case["hex"]
+
+
+@pytest.mark.parametrize("case", DATA["headers"], ids=_ids(DATA["headers"]))
+def test_header(case: dict[str, Any]) -> None:
+    b = bytes.fromhex(case["hex"])
+    g = _geometry(case["geometry"])
+    if case.get("error"):
+        with pytest.raises(kvsp.InvalidError):
+            kvsp.parse_header(b, g)
+        return
+    h, n = kvsp.parse_header(memoryview(b), g)
+    assert (h.codec, h.first_layer, h.token_count, n) == (
+        case["codec"],
+        case["first_layer"],
+        case["token_count"],
+        case["len"],
+    )
+    assert [list(x) for x in h.layers] == case["layers"]
+    assert h.to_bytes() == b[:n]

@@ -1,6 +1,6 @@
 """kvsp: the KV Cache Storage Protocol for Python, byte for byte as kvsp's Go
 implementation (compatibility IDs, scope keys, Block Keys, layer and replica
-digests, Repr-Digest).
+digests, Repr-Digest, the KVB1 header).
 
 Dependencies: ``rfc8785`` (the JSON Canonicalization Scheme the descriptor's
 ID is computed over: small, typed, no dependencies of its own); everything
@@ -8,6 +8,17 @@ else is the standard library.
 """
 
 from .blockkeys import Chain, block_keys
+from .container import (
+    CODEC_FP8_HEAD,
+    CODEC_RAW,
+    Geometry,
+    Header,
+    MalformedError,
+    TruncatedError,
+    UnsupportedCodecError,
+    new_header,
+    parse_header,
+)
 from .descriptor import Descriptor, Positional, parse_descriptor, parse_positional
 from .digests import layer_digest, parse_repr_digest, replica_digest, repr_digest
 from .errors import InvalidError, KVSPError, SecretError
@@ -15,20 +26,29 @@ from .ids import BlockKey, CompatID, ScopeID, parse_digest
 from .scope import ScopeKey
 
 __all__ = [
+    "CODEC_FP8_HEAD",
+    "CODEC_RAW",
     "BlockKey",
     "Chain",
     "CompatID",
     "Descriptor",
+    "Geometry",
+    "Header",
     "InvalidError",
     "KVSPError",
+    "MalformedError",
     "Positional",
     "ScopeID",
     "ScopeKey",
     "SecretError",
+    "TruncatedError",
+    "UnsupportedCodecError",
     "block_keys",
     "layer_digest",
+    "new_header",
     "parse_descriptor",
     "parse_digest",
+    "parse_header",
     "parse_positional",
     "parse_repr_digest",
     "replica_digest",
