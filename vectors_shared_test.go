@@ -1,8 +1,11 @@
 package kvsp_test
 
 import (
+	"bytes"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
+	"io"
 	"os"
 	"slices"
 	"testing"
@@ -61,6 +64,19 @@ type sharedVectors struct {
 		Layers     [][2]uint64
 		Len        int
 	} `json:"headers"`
+	Containers []struct {
+		Name            string
+		Geometry        geometryJSON
+		Hex             string
+		ExpectLayers    []string `json:"expect_layer_digests"`
+		ExpectContainer string   `json:"expect_container_digest"`
+		Layers          []struct {
+			Index  uint32
+			Digest string
+		}
+		Container string `json:"container_digest"`
+		Error     string
+	} `json:"containers"`
 }
 
 type geometryJSON struct {
@@ -208,7 +224,46 @@ func TestSharedVectors(t *testing.T) {
 		}
 		ran++
 	}
-	if ran != v.Count || ran < 133 {
+	for _, c := range v.Containers {
+		b, _ := hex.DecodeString(c.Hex)
+		r := container.NewReader(bytes.NewReader(b), c.Geometry.geometry())
+		if c.ExpectLayers != nil {
+			ds := make([]container.Digest, len(c.ExpectLayers))
+			for i, x := range c.ExpectLayers {
+				hex.Decode(ds[i][:], []byte(x))
+			}
+			r.ExpectLayerDigests(ds)
+		}
+		if c.ExpectContainer != "" {
+			var d container.Digest
+			hex.Decode(d[:], []byte(c.ExpectContainer))
+			r.ExpectContainerDigest(d)
+		}
+		var got []string
+		var err error
+		for {
+			var l container.Layer
+			if l, err = r.Next(); err != nil {
+				break
+			}
+			got = append(got, fmt.Sprintf("%d:%x", l.Index, l.Digest))
+		}
+		var want []string
+		for _, l := range c.Layers {
+			want = append(want, fmt.Sprintf("%d:%s", l.Index, l.Digest))
+		}
+		d := r.Digests().Container
+		switch {
+		case !slices.Equal(got, want):
+			t.Errorf("container %q: layers %v, want %v", c.Name, got, want)
+		case c.Error != "" && err == io.EOF:
+			t.Errorf("container %q: read whole, want refused (%s)", c.Name, c.Error)
+		case c.Error == "" && (err != io.EOF || hex.EncodeToString(d[:]) != c.Container):
+			t.Errorf("container %q: %v, container digest %x", c.Name, err, d)
+		}
+		ran++
+	}
+	if ran != v.Count || ran < 143 {
 		t.Fatalf("ran %d vectors, the file says %d", ran, v.Count)
 	}
 	t.Logf("%d shared vectors", ran)

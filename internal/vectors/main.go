@@ -14,6 +14,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 
@@ -34,6 +35,28 @@ type Vectors struct {
 	ReprFields  []ReprVector       `json:"repr_digest_fields"`
 	NewHeaders  []NewHeaderVector  `json:"new_headers"`
 	Headers     []HeaderVector     `json:"headers"`
+	Containers  []ContainerVector  `json:"containers"`
+}
+
+// ContainerVector is a whole container read as a stream against a
+// geometry, optionally holding it to expected layer digests (indexed by
+// model layer) and a container digest: the layers it yields (index and
+// digest) before it ends or fails, and the container digest at its end.
+type ContainerVector struct {
+	Name            string       `json:"name"`
+	Geometry        GeometryJSON `json:"geometry"`
+	Hex             string       `json:"hex"`
+	ExpectLayers    []string     `json:"expect_layer_digests,omitempty"`
+	ExpectContainer string       `json:"expect_container_digest,omitempty"`
+	Layers          []LayerOut   `json:"layers"`
+	Container       string       `json:"container_digest,omitempty"`
+	Error           string       `json:"error,omitempty"`
+}
+
+// LayerOut is a layer a Reader yielded.
+type LayerOut struct {
+	Index  uint32 `json:"index"`
+	Digest string `json:"digest"`
 }
 
 // GeometryJSON is a container.Geometry with the element type's name.
@@ -433,8 +456,9 @@ func run(path string) error {
 		v.ReprFields = append(v.ReprFields, rv)
 	}
 	headerVectors(&v)
+	containerVectors(&v, octets)
 	v.Count = len(v.Descriptors) + len(v.ScopeKeys) + len(v.BlockKeys) + len(v.Layers) + len(v.Replicas) + len(v.ReprFields) +
-		len(v.NewHeaders) + len(v.Headers)
+		len(v.NewHeaders) + len(v.Headers) + len(v.Containers)
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
@@ -534,5 +558,90 @@ func headerVectors(v *Vectors) {
 			}
 		}
 		v.Headers = append(v.Headers, hv)
+	}
+}
+
+func containerVectors(v *Vectors, octets func(int) []byte) {
+	gj := GeometryJSON{3, 4, 1, 8, "fp16"}
+	g := gj.geometry()
+	build := func(codec uint16, first, count uint32) ([]byte, container.Digests) {
+		h, err := container.NewHeader(codec, first, count, g)
+		if err != nil {
+			panic(err)
+		}
+		var b bytes.Buffer
+		w := container.NewWriter(&b, h)
+		n := container.LookupCodec(codec).SectionLen(g)
+		for range count {
+			if err := w.WriteLayer(octets(int(n)), octets(int(n))); err != nil {
+				panic(err)
+			}
+		}
+		d, err := w.Close()
+		if err != nil {
+			panic(err)
+		}
+		return b.Bytes(), container.Digests{Layers: append([]container.Digest(nil), d.Layers...), Container: d.Container}
+	}
+	all, dAll := build(container.CodecRaw, 0, 3)
+	rng, dRng := build(container.CodecRaw, 1, 2)
+	fp8, _ := build(container.CodecFP8Head, 0, 3)
+	byModel := func(d container.Digests, first int) []string {
+		out := make([]string, 3)
+		for i := range out {
+			out[i] = hex.EncodeToString(make([]byte, 32))
+		}
+		for i, l := range d.Layers {
+			out[first+i] = hex.EncodeToString(l[:])
+		}
+		return out
+	}
+	wrong := byModel(dAll, 0)
+	wrong[1] = hex.EncodeToString(bytes.Repeat([]byte{0xab}, 32))
+	for _, c := range []struct {
+		name   string
+		b      []byte
+		layers []string
+		whole  string
+	}{
+		{"every layer", all, nil, ""},
+		{"every layer, digests expected", all, byModel(dAll, 0), hex.EncodeToString(dAll.Container[:])},
+		{"layers 1-2, digests expected by model layer", rng, byModel(dRng, 1), hex.EncodeToString(dRng.Container[:])},
+		{"fp8 per-head codec", fp8, nil, ""},
+		{"a layer digest that differs (after layer 0)", all, wrong, ""},
+		{"the container digest differs", all, nil, hex.EncodeToString(bytes.Repeat([]byte{1}, 32))},
+		{"cut inside layer 1", all[:52+16+128+100], nil, ""},
+		{"cut at a layer's end", all[:52+16+128], nil, ""},
+		{"cut inside the header", all[:30], nil, ""},
+		{"an octet after the last layer", append(append([]byte(nil), all...), 0), nil, ""},
+	} {
+		cv := ContainerVector{Name: c.name, Geometry: gj, Hex: hex.EncodeToString(c.b), ExpectLayers: c.layers, ExpectContainer: c.whole, Layers: []LayerOut{}}
+		r := container.NewReader(bytes.NewReader(c.b), g)
+		if c.layers != nil {
+			ds := make([]container.Digest, len(c.layers))
+			for i, x := range c.layers {
+				hex.Decode(ds[i][:], []byte(x))
+			}
+			r.ExpectLayerDigests(ds)
+		}
+		if c.whole != "" {
+			var d container.Digest
+			hex.Decode(d[:], []byte(c.whole))
+			r.ExpectContainerDigest(d)
+		}
+		for {
+			l, err := r.Next()
+			if err == io.EOF {
+				d := r.Digests().Container
+				cv.Container = hex.EncodeToString(d[:])
+				break
+			}
+			if err != nil {
+				cv.Error = err.Error()
+				break
+			}
+			cv.Layers = append(cv.Layers, LayerOut{l.Index, hex.EncodeToString(l.Digest[:])})
+		}
+		v.Containers = append(v.Containers, cv)
 	}
 }

@@ -4,6 +4,7 @@ Go's TestSharedVectors runs the same file and the same count."""
 
 from __future__ import annotations
 
+import io
 import json
 import pathlib
 from typing import Any
@@ -30,8 +31,9 @@ def test_count() -> None:
         "repr_digest_fields",
         "new_headers",
         "headers",
+        "containers",
     ]
-    assert sum(len(DATA[s]) for s in sections) == DATA["count"] >= 133
+    assert sum(len(DATA[s]) for s in sections) == DATA["count"] >= 143
 
 
 @pytest.mark.parametrize("case", DATA["descriptors"], ids=_ids(DATA["descriptors"]))
@@ -127,3 +129,37 @@ def test_header(case: dict[str, Any]) -> None:
     )
     assert [list(x) for x in h.layers] == case["layers"]
     assert h.to_bytes() == b[:n]
+
+
+@pytest.mark.parametrize("case", DATA["containers"], ids=_ids(DATA["containers"]))
+def test_container(case: dict[str, Any]) -> None:
+    data = bytes.fromhex(case["hex"])
+    g = _geometry(case["geometry"])
+    assert g is not None
+    expect = [bytes.fromhex(x) for x in case["expect_layer_digests"]] if case.get("expect_layer_digests") else None
+    whole = bytes.fromhex(case["expect_container_digest"]) if case.get("expect_container_digest") else None
+    r = kvsp.Reader(io.BytesIO(data), g, layer_digests=expect, container_digest=whole)
+    got: list[tuple[int, str]] = []
+    sections: list[tuple[bytes, bytes]] = []
+    try:
+        for layer in r:
+            got.append((layer.index, layer.digest.hex()))
+            assert kvsp.layer_digest(layer.k, layer.v) == layer.digest
+            sections.append((bytes(layer.k), bytes(layer.v)))
+    except kvsp.KVSPError:
+        assert case.get("error"), "refused a container Go reads"
+        assert got == [(x["index"], x["digest"]) for x in case["layers"]]
+        return
+    assert not case.get("error"), "read a container Go refuses"
+    assert got == [(x["index"], x["digest"]) for x in case["layers"]]
+    assert r.digests.container.hex() == case["container_digest"]
+    # The writer makes the same octets and digests from the same layers.
+    assert r.header is not None
+    out = io.BytesIO()
+    w = kvsp.Writer(out, r.header)
+    for k, v in sections:
+        w.write_layer(k, v)
+    d = w.close()
+    assert out.getvalue() == data
+    assert d.container.hex() == case["container_digest"]
+    assert [x.hex() for x in d.layers] == [x["digest"] for x in case["layers"]]

@@ -1,6 +1,6 @@
 """kvsp: the KV Cache Storage Protocol for Python, byte for byte as kvsp's Go
 implementation (compatibility IDs, scope keys, Block Keys, layer and replica
-digests, Repr-Digest, the KVB1 header).
+digests, Repr-Digest, the KVB1 header, and containers read as streams and written).
 
 Dependencies: ``rfc8785`` (the JSON Canonicalization Scheme the descriptor's
 ID is computed over: small, typed, no dependencies of its own); everything
@@ -11,11 +11,16 @@ from .blockkeys import Chain, block_keys
 from .container import (
     CODEC_FP8_HEAD,
     CODEC_RAW,
+    DigestMismatchError,
+    Digests,
     Geometry,
     Header,
+    Layer,
     MalformedError,
+    Reader,
     TruncatedError,
     UnsupportedCodecError,
+    Writer,
     new_header,
     parse_header,
 )
@@ -32,17 +37,22 @@ __all__ = [
     "Chain",
     "CompatID",
     "Descriptor",
+    "DigestMismatchError",
+    "Digests",
     "Geometry",
     "Header",
     "InvalidError",
     "KVSPError",
+    "Layer",
     "MalformedError",
     "Positional",
+    "Reader",
     "ScopeID",
     "ScopeKey",
     "SecretError",
     "TruncatedError",
     "UnsupportedCodecError",
+    "Writer",
     "block_keys",
     "layer_digest",
     "new_header",
