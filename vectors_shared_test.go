@@ -77,6 +77,12 @@ type sharedVectors struct {
 		Container string `json:"container_digest"`
 		Error     string
 	} `json:"containers"`
+	Problems []struct {
+		Name                    string
+		HTTPStatus              int `json:"http_status"`
+		Body, Type, Kind, Error string
+		Status                  int
+	} `json:"problems"`
 }
 
 type geometryJSON struct {
@@ -263,7 +269,17 @@ func TestSharedVectors(t *testing.T) {
 		}
 		ran++
 	}
-	if ran != v.Count || ran < 143 {
+	for _, c := range v.Problems {
+		p, err := kvsp.ParseProblem([]byte(c.Body), c.HTTPStatus)
+		switch {
+		case c.Error != "" && err == nil:
+			t.Errorf("problem %q: accepted, want refused", c.Name)
+		case c.Error == "" && (err != nil || p.Type != c.Type || p.Status != c.Status || p.Unwrap() == nil || p.Unwrap().Error() != c.Kind):
+			t.Errorf("problem %q: %v %+v, want %s %d %s", c.Name, err, p, c.Type, c.Status, c.Kind)
+		}
+		ran++
+	}
+	if ran != v.Count || ran < 179 {
 		t.Fatalf("ran %d vectors, the file says %d", ran, v.Count)
 	}
 	t.Logf("%d shared vectors", ran)

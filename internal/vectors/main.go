@@ -17,6 +17,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
+	"strings"
 
 	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/container"
@@ -36,6 +37,20 @@ type Vectors struct {
 	NewHeaders  []NewHeaderVector  `json:"new_headers"`
 	Headers     []HeaderVector     `json:"headers"`
 	Containers  []ContainerVector  `json:"containers"`
+	Problems    []ProblemVector    `json:"problems"`
+}
+
+// ProblemVector is a problem details body with its HTTP status, and the
+// error it decodes to: its type, status and the sentinel it stands for
+// (Go's error text, each Python class's kind), or a refusal.
+type ProblemVector struct {
+	Name       string `json:"name"`
+	HTTPStatus int    `json:"http_status"`
+	Body       string `json:"body"`
+	Type       string `json:"type,omitempty"`
+	Status     int    `json:"status,omitempty"`
+	Kind       string `json:"kind,omitempty"`
+	Error      string `json:"error,omitempty"`
 }
 
 // ContainerVector is a whole container read as a stream against a
@@ -279,7 +294,7 @@ func descriptorCases() []DescriptorVector {
 			}
 		}
 		if err != nil {
-			v.Error = err.Error()
+			v.Error = errText(err)
 		}
 		out = append(out, v)
 	}
@@ -287,7 +302,7 @@ func descriptorCases() []DescriptorVector {
 	bad := bytes.Replace([]byte(appendix), []byte(`"example-model"`), []byte("\"example-\xffmodel\""), 1)
 	v := DescriptorVector{Name: "invalid UTF-8 in a string", JSONHex: hex.EncodeToString(bad)}
 	if _, err := kvsp.ParseDescriptor(bad); err != nil {
-		v.Error = err.Error()
+		v.Error = errText(err)
 	}
 	return append(out, v)
 }
@@ -298,6 +313,20 @@ func slicesRepeat(d container.Digest, n int) []container.Digest {
 		out[i] = d
 	}
 	return out
+}
+
+// errText is an error's text for the file, cut where the JSON library's own
+// message begins: go-json-experiment words its errors differently from run
+// to run on purpose ("cannot" or "unable to"), so that nothing depends on
+// them; the file must not move when nothing did.
+func errText(err error) string {
+	s := err.Error()
+	for _, lib := range []string{"json: ", "jsontext: "} {
+		if i := strings.Index(s, lib); i >= 0 {
+			return s[:i] + "(the JSON library's message)"
+		}
+	}
+	return s
 }
 
 func replaceOnce(s, old, new string) string {
@@ -339,7 +368,7 @@ func run(path string) error {
 		kv := ScopeKeyVector{Name: c.name, Text: c.text}
 		k, err := kvsp.ParseScopeKey([]byte(c.text))
 		if err != nil {
-			kv.Error = err.Error()
+			kv.Error = errText(err)
 		} else {
 			kv.ScopeID = k.ID().String()
 		}
@@ -449,7 +478,7 @@ func run(path string) error {
 		rv := ReprVector{Name: c.name, Field: c.field}
 		d, err := container.ParseReprDigest(c.field)
 		if err != nil {
-			rv.Error = err.Error()
+			rv.Error = errText(err)
 		} else {
 			rv.Digest = hex.EncodeToString(d[:])
 		}
@@ -457,8 +486,9 @@ func run(path string) error {
 	}
 	headerVectors(&v)
 	containerVectors(&v, octets)
+	problemVectors(&v)
 	v.Count = len(v.Descriptors) + len(v.ScopeKeys) + len(v.BlockKeys) + len(v.Layers) + len(v.Replicas) + len(v.ReprFields) +
-		len(v.NewHeaders) + len(v.Headers) + len(v.Containers)
+		len(v.NewHeaders) + len(v.Headers) + len(v.Containers) + len(v.Problems)
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
@@ -494,7 +524,7 @@ func headerVectors(v *Vectors) {
 		hv := NewHeaderVector{Name: c.name, Geometry: c.g, Codec: c.codec, First: c.first, Count: c.count}
 		h, err := container.NewHeader(c.codec, c.first, c.count, c.g.geometry())
 		if err != nil {
-			hv.Error = err.Error()
+			hv.Error = errText(err)
 		} else {
 			hv.Hex = hex.EncodeToString(h.Append(nil))
 		}
@@ -550,7 +580,7 @@ func headerVectors(v *Vectors) {
 		}
 		h, n, err := container.ParseHeader(c.b, g)
 		if err != nil {
-			hv.Error = err.Error()
+			hv.Error = errText(err)
 		} else {
 			hv.Codec, hv.FirstLayer, hv.TokenCount, hv.Len = h.Codec, h.FirstLayer, h.TokenCount, n
 			for _, l := range h.Layers {
@@ -637,11 +667,57 @@ func containerVectors(v *Vectors, octets func(int) []byte) {
 				break
 			}
 			if err != nil {
-				cv.Error = err.Error()
+				cv.Error = errText(err)
 				break
 			}
 			cv.Layers = append(cv.Layers, LayerOut{l.Index, hex.EncodeToString(l.Digest[:])})
 		}
 		v.Containers = append(v.Containers, cv)
+	}
+}
+
+func problemVectors(v *Vectors) {
+	type c struct {
+		name   string
+		status int
+		body   string
+	}
+	var cases []c
+	for _, t := range kvsp.ProblemTypes { // every row of the table, as a server sends it
+		b, err := kvsp.MarshalProblem(kvsp.NewProblem(t.Err, "detail"))
+		if err != nil {
+			panic(err)
+		}
+		cases = append(cases, c{"the row " + t.Err.Error(), t.Status, string(b)})
+	}
+	cases = append(cases,
+		c{"a stale epoch with its extension member", 409, `{"type":"https://iana.org/assignments/kvsp#kvsp-stale-epoch","status":409,"epoch":12}`},
+		c{"an unknown KVSP type: by status", 409, `{"type":"https://iana.org/assignments/kvsp#kvsp-new-thing","status":409}`},
+		c{"an unknown 404 type: a miss", 404, `{"type":"https://example.com/other","status":404}`},
+		c{"an unlisted 4xx status: invalid", 418, `{"status":418}`},
+		c{"an unlisted 5xx status: unavailable", 502, `{}`},
+		c{"no type: about:blank", 403, `{"status":403,"title":"Forbidden"}`},
+		c{"status absent: the HTTP status", 429, `{"type":"about:blank"}`},
+		c{"status disagreeing with HTTP", 404, `{"type":"about:blank","status":409}`},
+		c{"status a string", 404, `{"status":"404"}`},
+		c{"status 404.0", 404, `{"status":404.0}`},
+		c{"status true", 404, `{"status":true}`},
+		c{"type a number", 404, `{"type":7,"status":404}`},
+		c{"not an object", 404, `[]`},
+		c{"duplicate status", 404, `{"status":404,"status":404}`},
+		c{"trailing data", 404, `{"status":404} x`},
+	)
+	for _, k := range cases {
+		pv := ProblemVector{Name: k.name, HTTPStatus: k.status, Body: k.body}
+		p, err := kvsp.ParseProblem([]byte(k.body), k.status)
+		if err != nil {
+			pv.Error = errText(err)
+		} else {
+			pv.Type, pv.Status = p.Type, p.Status
+			if s := p.Unwrap(); s != nil {
+				pv.Kind = s.Error()
+			}
+		}
+		v.Problems = append(v.Problems, pv)
 	}
 }

@@ -32,8 +32,9 @@ def test_count() -> None:
         "new_headers",
         "headers",
         "containers",
+        "problems",
     ]
-    assert sum(len(DATA[s]) for s in sections) == DATA["count"] >= 143
+    assert sum(len(DATA[s]) for s in sections) == DATA["count"] >= 179
 
 
 @pytest.mark.parametrize("case", DATA["descriptors"], ids=_ids(DATA["descriptors"]))
@@ -163,3 +164,18 @@ def test_container(case: dict[str, Any]) -> None:
     assert out.getvalue() == data
     assert d.container.hex() == case["container_digest"]
     assert [x.hex() for x in d.layers] == [x["digest"] for x in case["layers"]]
+
+
+@pytest.mark.parametrize("case", DATA["problems"], ids=_ids(DATA["problems"]))
+def test_problem(case: dict[str, Any]) -> None:
+    body = case["body"].encode("utf-8")
+    if case.get("error"):
+        with pytest.raises(kvsp.InvalidError):
+            kvsp.parse_problem(body, case["http_status"])
+        return
+    p = kvsp.parse_problem(body, case["http_status"])
+    assert (p.type, p.status) == (case["type"], case["status"])
+    e = kvsp.problem_error(p)
+    assert e.kind == case["kind"]
+    assert e.problem is p
+    assert isinstance(e, kvsp.KVSPError)

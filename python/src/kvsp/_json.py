@@ -17,7 +17,7 @@ from .errors import invalid
 MAX_JSON_INT = (1 << 53) - 1
 
 
-class _Float(float):
+class Float(float):
     """A JSON number written with a fraction or exponent: never an integer."""
 
 
@@ -58,7 +58,7 @@ def loads(data: bytes) -> Any:
     if text.startswith("\ufeff"):
         raise invalid("a byte-order mark before the value")
     try:
-        v = json.loads(text, object_pairs_hook=_pairs, parse_constant=_constant, parse_float=_Float)
+        v = json.loads(text, object_pairs_hook=_pairs, parse_constant=_constant, parse_float=Float)
     except json.JSONDecodeError as e:
         raise invalid(f"malformed JSON at offset {e.pos}") from None
     _check_strings(v)
@@ -68,7 +68,7 @@ def loads(data: bytes) -> Any:
 def integer(obj: dict[str, Any], member: str, where: str, lo: int = 0, hi: int = MAX_JSON_INT) -> int:
     """obj[member] as an integer in lo..hi (absent: 0, as Go's zero value)."""
     v = obj.get(member, 0)
-    if isinstance(v, bool) or not isinstance(v, int) or isinstance(v, _Float):
+    if isinstance(v, bool) or not isinstance(v, int) or isinstance(v, Float):
         raise invalid(f"{where}: {member}: must be an integer")
     if v < 0 or v > MAX_JSON_INT:
         raise invalid(f"{where}: {member}: out of range")

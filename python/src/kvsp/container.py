@@ -12,7 +12,7 @@ from typing import Protocol
 
 from .descriptor import ELEMENT_SIZES, Descriptor
 from .digests import layer_digest
-from .errors import PROBLEM_TYPE_BASE, InvalidError, KVSPError
+from .errors import DigestMismatchError, InvalidError
 
 MAGIC = 0x4B564231  # "KVB1"
 VERSION = 1
@@ -179,14 +179,6 @@ def _parse_lengths(b: memoryview, codec: int, first: int, g: Geometry | None) ->
             )
         layers.append((k, v))
     return tuple(layers)
-
-
-class DigestMismatchError(KVSPError):
-    """A layer or container digest differs from the one expected
-    (kvsp-digest-mismatch, 422)."""
-
-    problem_type = PROBLEM_TYPE_BASE + "kvsp-digest-mismatch"
-    status = 422
 
 
 class _Readable(Protocol):
