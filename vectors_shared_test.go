@@ -83,6 +83,11 @@ type sharedVectors struct {
 		Body, Type, Kind, Error string
 		Status                  int
 	} `json:"problems"`
+	BaseURIs []struct {
+		Name, Input, Normalized, Error string
+		Valid                          bool
+		ResourceID                     string `json:"resource_id"`
+	} `json:"base_uris"`
 }
 
 type geometryJSON struct {
@@ -279,7 +284,20 @@ func TestSharedVectors(t *testing.T) {
 		}
 		ran++
 	}
-	if ran != v.Count || ran < 179 {
+	for _, c := range v.BaseURIs {
+		n, err := kvsp.NormalizeBaseURI(c.Input)
+		valid := kvsp.ValidateBaseURI("uri", c.Input) == nil
+		switch {
+		case valid != c.Valid:
+			t.Errorf("base URI %q: valid %v, want %v", c.Name, valid, c.Valid)
+		case c.Error != "" && err == nil:
+			t.Errorf("base URI %q: normalized to %s, want refused", c.Name, n)
+		case c.Error == "" && (err != nil || n != c.Normalized || kvsp.ResourceID(n) != c.ResourceID):
+			t.Errorf("base URI %q: %v %s", c.Name, err, n)
+		}
+		ran++
+	}
+	if ran != v.Count || ran < 237 {
 		t.Fatalf("ran %d vectors, the file says %d", ran, v.Count)
 	}
 	t.Logf("%d shared vectors", ran)

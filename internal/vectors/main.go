@@ -38,6 +38,20 @@ type Vectors struct {
 	Headers     []HeaderVector     `json:"headers"`
 	Containers  []ContainerVector  `json:"containers"`
 	Problems    []ProblemVector    `json:"problems"`
+	BaseURIs    []BaseURIVector    `json:"base_uris"`
+}
+
+// BaseURIVector is a string offered as a base URI: its normalized form (or
+// a refusal), whether it is valid as it stands (an https base URI in
+// normalized form), and the resource id of the normalized form
+// ({holder-id}, {instance-id}).
+type BaseURIVector struct {
+	Name       string `json:"name"`
+	Input      string `json:"input"`
+	Normalized string `json:"normalized,omitempty"`
+	Valid      bool   `json:"valid"`
+	ResourceID string `json:"resource_id,omitempty"`
+	Error      string `json:"error,omitempty"`
 }
 
 // ProblemVector is a problem details body with its HTTP status, and the
@@ -487,8 +501,9 @@ func run(path string) error {
 	headerVectors(&v)
 	containerVectors(&v, octets)
 	problemVectors(&v)
+	baseURIVectors(&v)
 	v.Count = len(v.Descriptors) + len(v.ScopeKeys) + len(v.BlockKeys) + len(v.Layers) + len(v.Replicas) + len(v.ReprFields) +
-		len(v.NewHeaders) + len(v.Headers) + len(v.Containers) + len(v.Problems)
+		len(v.NewHeaders) + len(v.Headers) + len(v.Containers) + len(v.Problems) + len(v.BaseURIs)
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
@@ -719,5 +734,79 @@ func problemVectors(v *Vectors) {
 			}
 		}
 		v.Problems = append(v.Problems, pv)
+	}
+}
+
+func baseURIVectors(v *Vectors) {
+	for _, c := range []struct{ name, in string }{
+		{"holder (CONFORMANCE 2.5)", "https://h1.example/kvsp/"},
+		{"without the final slash", "https://h1.example/kvsp"},
+		{"unnormalised (CONFORMANCE 2.5)", "https://H1.example:443/kvsp/"},
+		{"instance (CONFORMANCE 2.5)", "https://ii7.example/kvsp/"},
+		{"uppercase scheme", "HTTPS://h.example/"},
+		{"no path", "https://h.example"},
+		{"a port", "https://h.example:8443/kvsp/"},
+		{"a port with leading zeros", "https://h.example:08443/"},
+		{"the default port with leading zeros", "https://h.example:0443/"},
+		{"an empty port", "https://h.example:/"},
+		{"port past 65535", "https://h.example:65536/"},
+		{"port 65535", "https://h.example:65535/"},
+		{"IPv4", "https://127.0.0.1:8443/kvsp/"},
+		{"IPv6", "https://[::1]:8443/kvsp/"},
+		{"IPv6 uppercase", "https://[FE80::A]/"},
+		{"IPv6 IPv4-mapped", "https://[::ffff:1.2.3.4]/"},
+		{"IPv4 in brackets", "https://[1.2.3.4]/"},
+		{"IPv6 with a zone", "https://[fe80::1%25en0]/"},
+		{"IPv6 unclosed", "https://[::1/"},
+		{"IPv6 not an address", "https://[::g]/"},
+		{"two colons in the host", "https://a:1:2/"},
+		{"a non-numeric port", "https://h.example:https/"},
+		{"dot segments", "https://h.example/a/./b/../c/"},
+		{"dot segments past the root", "https://h.example/../../a/"},
+		{"a final dot segment", "https://h.example/a/b/.."},
+		{"percent-encoded unreserved", "https://h.example/%7Euser/%61/"},
+		{"percent-encoding lowercase hex", "https://h.example/a%2fb/"},
+		{"percent-encoding uppercase hex", "https://h.example/a%2Fb/"},
+		{"truncated percent-encoding", "https://h.example/a%2/"},
+		{"bad percent-encoding", "https://h.example/a%zz/"},
+		{"a space in the path", "https://h.example/a b/"},
+		{"non-ASCII in the path", "https://h.example/caf\u00e9/"},
+		{"sub-delims in the path", "https://h.example/a!$&'()*+,;=:@/"},
+		{"brackets in the path", "https://h.example/a[b]/"},
+		{"non-ASCII host", "https://b\u00fccher.example/"},
+		{"percent-encoded host", "https://h%2e.example/"},
+		{"percent-encoded non-ASCII host", "https://h%c3%bc.example/"},
+		{"a quote in the host", "https://h\"x.example/"},
+		{"a space in the host", "https://h x.example/"},
+		{"uppercase host", "https://H.EXAMPLE/"},
+		{"user information", "https://user@h.example/"},
+		{"empty user information", "https://@h.example/"},
+		{"a query", "https://h.example/?x=1"},
+		{"an empty query", "https://h.example/?"},
+		{"a fragment", "https://h.example/#x"},
+		{"an empty fragment", "https://h.example/#"},
+		{"http", "http://h.example/"},
+		{"moqt", "moqt://relay.example/kvsp/"},
+		{"no scheme", "//h.example/"},
+		{"opaque", "https:h.example/"},
+		{"one slash", "https:/h.example/"},
+		{"three slashes", "https:///h.example/"},
+		{"a control character", "https://h.example/\u0001/"},
+		{"a tab", "https://h.example/a\tb/"},
+		{"empty", ""},
+		{"a scheme starting with a digit", "1https://h.example/"},
+		{"a colon first", ":https://h.example/"},
+		{"longer than 2048 octets", "https://h.example/" + strings.Repeat("a", 2030) + "/"},
+	} {
+		in := c.in
+		bv := BaseURIVector{Name: c.name, Input: in}
+		n, err := kvsp.NormalizeBaseURI(in)
+		if err != nil {
+			bv.Error = errText(err)
+		} else {
+			bv.Normalized, bv.ResourceID = n, kvsp.ResourceID(n)
+		}
+		bv.Valid = kvsp.ValidateBaseURI("uri", in) == nil
+		v.BaseURIs = append(v.BaseURIs, bv)
 	}
 }

@@ -33,8 +33,9 @@ def test_count() -> None:
         "headers",
         "containers",
         "problems",
+        "base_uris",
     ]
-    assert sum(len(DATA[s]) for s in sections) == DATA["count"] >= 179
+    assert sum(len(DATA[s]) for s in sections) == DATA["count"] >= 237
 
 
 @pytest.mark.parametrize("case", DATA["descriptors"], ids=_ids(DATA["descriptors"]))
@@ -179,3 +180,20 @@ def test_problem(case: dict[str, Any]) -> None:
     assert e.kind == case["kind"]
     assert e.problem is p
     assert isinstance(e, kvsp.KVSPError)
+
+
+@pytest.mark.parametrize("case", DATA["base_uris"], ids=_ids(DATA["base_uris"]))
+def test_base_uri(case: dict[str, Any]) -> None:
+    valid = True
+    try:
+        kvsp.validate_base_uri("uri", case["input"])
+    except kvsp.InvalidError:
+        valid = False
+    assert valid == case["valid"]
+    if case.get("error"):
+        with pytest.raises(kvsp.InvalidError):
+            kvsp.normalize_base_uri(case["input"])
+        return
+    n = kvsp.normalize_base_uri(case["input"])
+    assert n == case["normalized"]
+    assert kvsp.resource_id(n) == case["resource_id"]

@@ -7,6 +7,7 @@ ID is computed over: small, typed, no dependencies of its own); everything
 else is the standard library.
 """
 
+from .baseuri import normalize_base_uri, resource_id, validate_base_uri
 from .blockkeys import Chain, block_keys
 from .container import (
     CODEC_FP8_HEAD,
@@ -102,6 +103,7 @@ __all__ = [
     "block_keys",
     "layer_digest",
     "new_header",
+    "normalize_base_uri",
     "parse_descriptor",
     "parse_digest",
     "parse_header",
@@ -111,4 +113,6 @@ __all__ = [
     "problem_error",
     "replica_digest",
     "repr_digest",
+    "resource_id",
+    "validate_base_uri",
 ]
