@@ -88,6 +88,7 @@ type sharedVectors struct {
 		Valid                          bool
 		ResourceID                     string `json:"resource_id"`
 	} `json:"base_uris"`
+	Records []struct{ Type, Name, JSON, Error string } `json:"records"`
 }
 
 type geometryJSON struct {
@@ -297,7 +298,25 @@ func TestSharedVectors(t *testing.T) {
 		}
 		ran++
 	}
-	if ran != v.Count || ran < 237 {
+	for _, c := range v.Records {
+		var r kvsp.Validator
+		switch c.Type {
+		case "replica":
+			r = new(kvsp.ReplicaRecord)
+		case "lease_request":
+			r = new(kvsp.LeaseRequest)
+		case "lease_response":
+			r = new(kvsp.LeaseResponse)
+		default:
+			t.Fatalf("record %q: unknown type %q", c.Name, c.Type)
+		}
+		err := kvsp.Decode([]byte(c.JSON), r)
+		if (err != nil) != (c.Error != "") {
+			t.Errorf("%s %q: %v, want error %q", c.Type, c.Name, err, c.Error)
+		}
+		ran++
+	}
+	if ran != v.Count || ran < 306 {
 		t.Fatalf("ran %d vectors, the file says %d", ran, v.Count)
 	}
 	t.Logf("%d shared vectors", ran)

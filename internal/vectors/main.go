@@ -8,6 +8,7 @@ package main
 import (
 	"bytes"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
@@ -17,6 +18,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/kvsp/kvsp"
@@ -39,6 +41,16 @@ type Vectors struct {
 	Containers  []ContainerVector  `json:"containers"`
 	Problems    []ProblemVector    `json:"problems"`
 	BaseURIs    []BaseURIVector    `json:"base_uris"`
+	Records     []RecordVector     `json:"records"`
+}
+
+// RecordVector is a JSON record of one type (replica, lease_request,
+// lease_response) and whether Go's Decode accepts it.
+type RecordVector struct {
+	Type  string `json:"type"`
+	Name  string `json:"name"`
+	JSON  string `json:"json"`
+	Error string `json:"error,omitempty"`
 }
 
 // BaseURIVector is a string offered as a base URI: its normalized form (or
@@ -502,8 +514,9 @@ func run(path string) error {
 	containerVectors(&v, octets)
 	problemVectors(&v)
 	baseURIVectors(&v)
+	recordVectors(&v)
 	v.Count = len(v.Descriptors) + len(v.ScopeKeys) + len(v.BlockKeys) + len(v.Layers) + len(v.Replicas) + len(v.ReprFields) +
-		len(v.NewHeaders) + len(v.Headers) + len(v.Containers) + len(v.Problems) + len(v.BaseURIs)
+		len(v.NewHeaders) + len(v.Headers) + len(v.Containers) + len(v.Problems) + len(v.BaseURIs) + len(v.Records)
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
@@ -808,5 +821,167 @@ func baseURIVectors(v *Vectors) {
 		}
 		bv.Valid = kvsp.ValidateBaseURI("uri", in) == nil
 		v.BaseURIs = append(v.BaseURIs, bv)
+	}
+}
+
+// object writes base's members in order, each replaced by over[k] (raw
+// JSON; "" removes it), then over's members base has not.
+func object(base [][2]string, over map[string]string) string {
+	var b strings.Builder
+	b.WriteByte('{')
+	n := 0
+	add := func(k, v string) {
+		if n > 0 {
+			b.WriteByte(',')
+		}
+		n++
+		fmt.Fprintf(&b, "%q:%s", k, v)
+	}
+	seen := map[string]bool{}
+	for _, m := range base {
+		seen[m[0]] = true
+		v, ok := over[m[0]]
+		if !ok {
+			v = m[1]
+		}
+		if v != "" {
+			add(m[0], v)
+		}
+	}
+	var extra []string
+	for k := range over {
+		if !seen[k] {
+			extra = append(extra, k)
+		}
+	}
+	slices.Sort(extra)
+	for _, k := range extra {
+		if over[k] != "" {
+			add(k, over[k])
+		}
+	}
+	b.WriteByte('}')
+	return b.String()
+}
+
+func recordVectors(v *Vectors) {
+	hex32 := func(c byte) string {
+		return `"` + strings.Repeat(string([]byte{"0123456789abcdef"[c>>4], "0123456789abcdef"[c&15]}), 32) + `"`
+	}
+	hex16 := func(c byte) string {
+		return `"` + strings.Repeat(string([]byte{"0123456789abcdef"[c>>4], "0123456789abcdef"[c&15]}), 16) + `"`
+	}
+	digest := `"sha-256:` + strings.Repeat("ab", 32) + `"`
+	replica := [][2]string{{"block_key", hex32(1)}, {"compat_id", hex32(2)}, {"scope_id", hex16(3)}, {"holder", `"https://h1.example/kvsp/"`},
+		{"codec", "1"}, {"size", "65536"}, {"digest", digest}, {"layer_digests", "[" + hex32(4) + "," + hex32(5) + "," + hex32(6) + "," + hex32(7) + "]"},
+		{"residency", `[{"tier":"host","layers":[0,1]},{"tier":"local-storage","layers":[2,3],"read_mbit_per_s":8000}]`}, {"ttl_ms", "60000"}}
+	ns := base64.RawURLEncoding.EncodeToString([]byte("\x01a\x01b\x01c\x01d\x01e"))
+	type c struct {
+		name string
+		over map[string]string
+	}
+	for _, k := range []c{
+		{"complete", nil},
+		{"without layer digests", map[string]string{"layer_digests": ""}},
+		{"an unknown member, ignored", map[string]string{"x_extension": `{"a":[1,2]}`}},
+		{"one layer", map[string]string{"residency": `[{"tier":"device","layers":[3,3]}]`}},
+		{"ranges out of order", map[string]string{"residency": `[{"tier":"host","layers":[2,3]},{"tier":"host","layers":[0,1]}]`}},
+		{"moqt", map[string]string{"holder": `"moqt://relay.example/kvsp/"`, "moqt_namespace": `"` + ns + `"`}},
+		{"block_key absent", map[string]string{"block_key": ""}},
+		{"block_key null", map[string]string{"block_key": "null"}},
+		{"block_key zero", map[string]string{"block_key": hex32(0)}},
+		{"block_key uppercase", map[string]string{"block_key": `"` + strings.Repeat("AB", 32) + `"`}},
+		{"block_key short", map[string]string{"block_key": `"abcd"`}},
+		{"block_key a number", map[string]string{"block_key": "7"}},
+		{"scope_id of 32 octets", map[string]string{"scope_id": hex32(3)}},
+		{"compat_id zero", map[string]string{"compat_id": hex32(0)}},
+		{"codec 0", map[string]string{"codec": "0"}},
+		{"codec past 2^16", map[string]string{"codec": "65536"}},
+		{"codec -1", map[string]string{"codec": "-1"}},
+		{"codec 1.0", map[string]string{"codec": "1.0"}},
+		{"codec true", map[string]string{"codec": "true"}},
+		{"codec a string", map[string]string{"codec": `"1"`}},
+		{"size 0", map[string]string{"size": "0"}},
+		{"size 2^53", map[string]string{"size": "9007199254740992"}},
+		{"size 2^64", map[string]string{"size": "18446744073709551616"}},
+		{"size 1e3", map[string]string{"size": "1e3"}},
+		{"digest without its prefix", map[string]string{"digest": `"` + strings.Repeat("ab", 32) + `"`}},
+		{"digest zero", map[string]string{"digest": `"sha-256:` + strings.Repeat("00", 32) + `"`}},
+		{"ttl_ms 0", map[string]string{"ttl_ms": "0"}},
+		{"ttl_ms absent", map[string]string{"ttl_ms": ""}},
+		{"holder http", map[string]string{"holder": `"http://h1.example/kvsp/"`}},
+		{"holder unnormalised", map[string]string{"holder": `"https://H1.example/kvsp/"`}},
+		{"holder without a slash", map[string]string{"holder": `"https://h1.example/kvsp"`}},
+		{"holder moqt without a namespace", map[string]string{"holder": `"moqt://relay.example/kvsp/"`}},
+		{"moqt namespace with an https holder", map[string]string{"moqt_namespace": `"` + ns + `"`}},
+		{"moqt namespace with padding", map[string]string{"holder": `"moqt://relay.example/kvsp/"`, "moqt_namespace": `"` + ns + `="`}},
+		{"moqt namespace of four fields", map[string]string{"holder": `"moqt://relay.example/kvsp/"`, "moqt_namespace": `"` + base64.RawURLEncoding.EncodeToString([]byte("\x01a\x01b\x01c\x01d")) + `"`}},
+		{"moqt namespace with a field truncated", map[string]string{"holder": `"moqt://relay.example/kvsp/"`, "moqt_namespace": `"` + base64.RawURLEncoding.EncodeToString([]byte("\x01a\x01b\x01c\x01d\x05e")) + `"`}},
+		{"moqt namespace with octets after", map[string]string{"holder": `"moqt://relay.example/kvsp/"`, "moqt_namespace": `"` + base64.RawURLEncoding.EncodeToString([]byte("\x01a\x01b\x01c\x01d\x01ef")) + `"`}},
+		{"residency empty", map[string]string{"residency": "[]"}},
+		{"residency absent", map[string]string{"residency": ""}},
+		{"residency overlapping", map[string]string{"residency": `[{"tier":"host","layers":[0,2]},{"tier":"host","layers":[2,3]}]`}},
+		{"residency first past last", map[string]string{"residency": `[{"tier":"host","layers":[3,2]}]`}},
+		{"residency unregistered tier", map[string]string{"residency": `[{"tier":"cloud","layers":[0,3]}]`}},
+		{"residency layers past 2^32", map[string]string{"residency": `[{"tier":"host","layers":[0,4294967296]}]`}},
+		{"residency layers of three", map[string]string{"residency": `[{"tier":"host","layers":[0,1,2]}]`}},
+		{"residency rate past 2^53", map[string]string{"residency": `[{"tier":"host","layers":[0,3],"read_mbit_per_s":9007199254740992}]`}},
+		{"layer digests fewer than the layers", map[string]string{"layer_digests": "[" + hex32(4) + "]"}},
+		{"layer digests empty", map[string]string{"layer_digests": "[]"}},
+		{"layer digest with a prefix", map[string]string{"layer_digests": `["sha-256:` + strings.Repeat("ab", 32) + `"]`}},
+		{"10,000 layer digests", map[string]string{"layer_digests": "[" + strings.TrimSuffix(strings.Repeat(hex32(9)+",", 10000), ",") + "]"}},
+		{"duplicate member", map[string]string{"ttl_ms": "1,\"ttl_ms\":2"}},
+		{"not an object", map[string]string{"": ""}},
+	} {
+		j := object(replica, k.over)
+		if k.name == "not an object" {
+			j = "[" + object(replica, nil) + "]"
+		}
+		rv := RecordVector{Type: "replica", Name: k.name, JSON: j}
+		var r kvsp.ReplicaRecord
+		if err := kvsp.Decode([]byte(j), &r); err != nil {
+			rv.Error = errText(err)
+		}
+		v.Records = append(v.Records, rv)
+	}
+	lease := [][2]string{{"scope_id", hex16(3)}, {"compat_id", hex32(2)}, {"block_keys", "[" + hex32(1) + "," + hex32(8) + "]"}, {"ttl_ms", "2000"}}
+	for _, k := range []c{
+		{"complete", nil},
+		{"block_keys empty", map[string]string{"block_keys": "[]"}},
+		{"block_keys with a zero key", map[string]string{"block_keys": "[" + hex32(1) + "," + hex32(0) + "]"}},
+		{"block_keys with a null", map[string]string{"block_keys": "[" + hex32(1) + ",null]"}},
+		{"ttl_ms 0", map[string]string{"ttl_ms": "0"}},
+		{"ttl_ms 2^53", map[string]string{"ttl_ms": "9007199254740992"}},
+		{"scope_id absent", map[string]string{"scope_id": ""}},
+		{"compat_id null", map[string]string{"compat_id": "null"}},
+	} {
+		j := object(lease, k.over)
+		rv := RecordVector{Type: "lease_request", Name: k.name, JSON: j}
+		var r kvsp.LeaseRequest
+		if err := kvsp.Decode([]byte(j), &r); err != nil {
+			rv.Error = errText(err)
+		}
+		v.Records = append(v.Records, rv)
+	}
+	resp := [][2]string{{"lease", `"l-0123_abc.~"`}, {"ttl_ms", "2000"}, {"block_keys", "[" + hex32(1) + "]"}}
+	for _, k := range []c{
+		{"complete", nil},
+		{"lease empty", map[string]string{"lease": `""`}},
+		{"lease of 128 octets", map[string]string{"lease": `"` + strings.Repeat("a", 128) + `"`}},
+		{"lease of 129 octets", map[string]string{"lease": `"` + strings.Repeat("a", 129) + `"`}},
+		{"lease with a slash", map[string]string{"lease": `"a/b"`}},
+		{"lease with a percent", map[string]string{"lease": `"a%20b"`}},
+		{"lease non-ASCII", map[string]string{"lease": `"caf\u00e9"`}},
+		{"lease a dot segment", map[string]string{"lease": `".."`}},
+		{"ttl_ms absent", map[string]string{"ttl_ms": ""}},
+		{"block_keys absent", map[string]string{"block_keys": ""}},
+	} {
+		j := object(resp, k.over)
+		rv := RecordVector{Type: "lease_response", Name: k.name, JSON: j}
+		var r kvsp.LeaseResponse
+		if err := kvsp.Decode([]byte(j), &r); err != nil {
+			rv.Error = errText(err)
+		}
+		v.Records = append(v.Records, rv)
 	}
 }

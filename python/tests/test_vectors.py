@@ -34,8 +34,9 @@ def test_count() -> None:
         "containers",
         "problems",
         "base_uris",
+        "records",
     ]
-    assert sum(len(DATA[s]) for s in sections) == DATA["count"] >= 237
+    assert sum(len(DATA[s]) for s in sections) == DATA["count"] >= 306
 
 
 @pytest.mark.parametrize("case", DATA["descriptors"], ids=_ids(DATA["descriptors"]))
@@ -197,3 +198,14 @@ def test_base_uri(case: dict[str, Any]) -> None:
     n = kvsp.normalize_base_uri(case["input"])
     assert n == case["normalized"]
     assert kvsp.resource_id(n) == case["resource_id"]
+
+
+@pytest.mark.parametrize("case", DATA["records"], ids=[f"{c['type']}: {c['name']}" for c in DATA["records"]])
+def test_record(case: dict[str, Any]) -> None:
+    cls = kvsp.RECORDS[case["type"]]
+    data = case["json"].encode("utf-8")
+    if case.get("error"):
+        with pytest.raises(kvsp.InvalidError):
+            cls.decode(data)
+        return
+    cls.decode(data)

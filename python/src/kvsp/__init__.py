@@ -55,11 +55,13 @@ from .errors import (
     problem_error,
 )
 from .ids import BlockKey, CompatID, ScopeID, parse_digest
+from .records import RECORDS, LeaseRequest, LeaseResponse, ReplicaRecord, Residency
 from .scope import ScopeKey
 
 __all__ = [
     "CODEC_FP8_HEAD",
     "CODEC_RAW",
+    "RECORDS",
     "BlockKey",
     "Chain",
     "CompatID",
@@ -78,6 +80,8 @@ __all__ = [
     "Layer",
     "LayersUnavailableError",
     "LeaseQuotaError",
+    "LeaseRequest",
+    "LeaseResponse",
     "MalformedError",
     "MethodNotAllowedError",
     "NotFoundError",
@@ -87,7 +91,9 @@ __all__ = [
     "PreconditionRequiredError",
     "Problem",
     "Reader",
+    "ReplicaRecord",
     "RequestTimeoutError",
+    "Residency",
     "ScopeDeniedError",
     "ScopeID",
     "ScopeKey",

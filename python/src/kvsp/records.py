@@ -1,0 +1,308 @@
+"""KVSP's JSON records, decoded and validated as kvsp's Go records are:
+the same members, the same checks in the same order of severity, and the
+same refusals (the shared vectors hold the two to it). Unknown members are
+ignored (R-REC-1); a null member is as if absent, as in Go."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import itertools
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from . import _json
+from .baseuri import normalize_base_uri_named, validate_base_uri
+from .errors import invalid
+from .ids import _ID, DIGEST_PREFIX, BlockKey, CompatID, ScopeID, parse_digest, parse_hex
+
+TIERS = ("device", "host", "local-storage", "remote-memory", "remote-storage")
+MOQT_NAMESPACE_FIELDS = 5
+MAX_LEASE_ID_LEN = 128
+_U16, _U32, _U64 = (1 << 16) - 1, (1 << 32) - 1, (1 << 64) - 1
+
+_I = TypeVar("_I", bound=_ID)
+
+
+def _obj(data: bytes | dict[str, Any], what: str) -> dict[str, Any]:
+    obj = _json.loads(data) if isinstance(data, bytes) else data
+    if not isinstance(obj, dict):
+        raise invalid(f"{what}: must be a JSON object")
+    return obj
+
+
+def _get(obj: dict[str, Any], member: str) -> Any:
+    return obj.get(member)
+
+
+def _uint(obj: dict[str, Any], member: str, what: str, hi: int = _U64) -> int:
+    v = _get(obj, member)
+    if v is None:
+        return 0
+    if isinstance(v, bool) or not isinstance(v, int) or isinstance(v, _json.Float) or not 0 <= v <= hi:
+        raise invalid(f"{what}: /{member}: must be an integer in 0..{hi}")
+    return v
+
+
+def _str(obj: dict[str, Any], member: str, what: str) -> str:
+    v = _get(obj, member)
+    if v is None:
+        return ""
+    if not isinstance(v, str):
+        raise invalid(f"{what}: /{member}: must be a string")
+    return v
+
+
+def _id(obj: dict[str, Any], member: str, cls: type[_I], what: str) -> _I | None:
+    """A hex identifier; None when absent or null (Go's zero value)."""
+    v = _get(obj, member)
+    if v is None:
+        return None
+    if not isinstance(v, str):
+        raise invalid(f"{what}: /{member}: must be a string")
+    return cls(parse_hex(v, cls.SIZE, cls.WHAT))
+
+
+def _list(obj: dict[str, Any], member: str, what: str) -> list[Any] | None:
+    v = _get(obj, member)
+    if v is None:
+        return None
+    if not isinstance(v, list):
+        raise invalid(f"{what}: /{member}: must be an array")
+    return v
+
+
+def _zero(b: bytes | None) -> bool:
+    return b is None or not any(b)
+
+
+def _check_int(what: str, v: int) -> None:
+    if v > _json.MAX_JSON_INT:
+        raise invalid(f"{what}: integer outside 0..2^53-1")
+
+
+@dataclass(frozen=True)
+class Residency:
+    tier: str
+    layers: tuple[int, int]  # inclusive (R-REC-9)
+    read_mbit_per_s: int = 0
+
+
+@dataclass(frozen=True)
+class ReplicaRecord:
+    """A copy of a block, or of some of its layers, at a holder (R-REC-5..13,
+    A-1, A-8, A-14)."""
+
+    block_key: BlockKey | None
+    compat_id: CompatID | None
+    scope_id: ScopeID | None
+    holder: str
+    codec: int
+    size: int
+    digest: bytes | None
+    layer_digests: tuple[bytes, ...] | None
+    residency: tuple[Residency, ...]
+    ttl_ms: int
+    moqt_namespace: str = ""
+
+    @classmethod
+    def decode(cls, data: bytes | dict[str, Any]) -> ReplicaRecord:
+        w = "replica"
+        o = _obj(data, w)
+        digest = None
+        dv = _get(o, "digest")
+        if dv is not None:
+            if not isinstance(dv, str):
+                raise invalid(f"{w}: /digest: must be a string")
+            if not dv.startswith(DIGEST_PREFIX):
+                raise invalid(f'{w}: /digest: want "{DIGEST_PREFIX}" followed by hex32')
+            digest = parse_digest(dv)
+        lds = None
+        raw = _list(o, "layer_digests", w)
+        if raw is not None:
+            out = []
+            for x in raw:
+                if not isinstance(x, str):
+                    raise invalid(f"{w}: /layer_digests: each must be a string")
+                out.append(parse_hex(x, 32, "layer digest"))
+            lds = tuple(out)
+        res = []
+        for e in _list(o, "residency", w) or []:
+            if e is None:
+                e = {}
+            if not isinstance(e, dict):
+                raise invalid(f"{w}: /residency: each must be an object")
+            layers = _get(e, "layers")
+            if layers is None:
+                layers = [0, 0]
+            if not isinstance(layers, list) or len(layers) != 2:
+                raise invalid(f"{w}: /residency/layers: must be an array of two integers")
+            lo = _uint({"v": layers[0]}, "v", f"{w}: residency layers", _U32)
+            hi = _uint({"v": layers[1]}, "v", f"{w}: residency layers", _U32)
+            res.append(Residency(_str(e, "tier", w), (lo, hi), _uint(e, "read_mbit_per_s", w)))
+        r = cls(
+            block_key=_id(o, "block_key", BlockKey, w),
+            compat_id=_id(o, "compat_id", CompatID, w),
+            scope_id=_id(o, "scope_id", ScopeID, w),
+            holder=_str(o, "holder", w),
+            codec=_uint(o, "codec", w, _U16),
+            size=_uint(o, "size", w),
+            digest=digest,
+            layer_digests=lds,
+            residency=tuple(res),
+            ttl_ms=_uint(o, "ttl_ms", w),
+            moqt_namespace=_str(o, "moqt_namespace", w),
+        )
+        r.validate()
+        return r
+
+    def validate(self) -> None:
+        w = "replica"
+        if _zero(self.block_key):
+            raise invalid(f"{w}: block_key: required")
+        if _zero(self.compat_id):
+            raise invalid(f"{w}: compat_id: required")
+        if _zero(self.scope_id):
+            raise invalid(f"{w}: scope_id: required")
+        if self.codec == 0:
+            raise invalid(f"{w}: codec: required, and 0 is reserved")
+        if self.size == 0:
+            raise invalid(f"{w}: size: required")
+        if _zero(self.digest):
+            raise invalid(f"{w}: digest: required")
+        if self.ttl_ms == 0:
+            raise invalid(f"{w}: ttl_ms: required, at least 1")
+        if not self.residency:
+            raise invalid(f"{w}: residency: required, at least one entry")
+        _check_int(f"{w}: size", self.size)
+        _check_int(f"{w}: ttl_ms", self.ttl_ms)
+        if self.moqt_namespace:
+            _validate_moqt_namespace(self.moqt_namespace)
+            if normalize_base_uri_named(f"{w}: holder", self.holder) != self.holder:
+                raise invalid(f"{w}: holder: base URI is not in normalised form")
+            if not self.holder.startswith("moqt://"):
+                raise invalid(f"{w}: holder: a record with moqt_namespace names a moqt URI")
+        else:
+            validate_base_uri(f"{w}: holder", self.holder)
+        for i, e in enumerate(self.residency):
+            if e.tier not in TIERS:
+                raise invalid(f"{w}: residency[{i}].tier: not registered")
+            if e.layers[0] > e.layers[1]:
+                raise invalid(f"{w}: residency[{i}].layers: first exceeds last")
+            _check_int(f"{w}: read_mbit_per_s", e.read_mbit_per_s)
+        ranges = sorted(e.layers for e in self.residency)
+        for a, b in itertools.pairwise(ranges):
+            if b[0] <= a[1]:
+                raise invalid(f"{w}: residency: layer ranges overlap")
+        if self.layer_digests is not None:
+            if not self.layer_digests:
+                raise invalid(f"{w}: layer_digests: empty")
+            if ranges[-1][1] >= len(self.layer_digests):
+                raise invalid(f"{w}: layer_digests: fewer entries than the layers resident")
+
+    def held_layers(self) -> int:
+        return sum(e.layers[1] - e.layers[0] + 1 for e in self.residency)
+
+
+def _validate_moqt_namespace(s: str) -> None:
+    """base64url without padding of exactly five length-prefixed fields
+    (R-REC-12, A-37)."""
+    ok = True
+    try:
+        b = base64.urlsafe_b64decode(s + "=" * (-len(s) % 4))
+        ok = "=" not in s and base64.urlsafe_b64encode(b).rstrip(b"=").decode("ascii") == s
+    except (binascii.Error, ValueError):
+        ok = False
+    if not ok:
+        raise invalid("replica: moqt_namespace: not base64url without padding")
+    for i in range(MOQT_NAMESPACE_FIELDS):
+        if not b:
+            raise invalid(f"replica: moqt_namespace: fewer than {MOQT_NAMESPACE_FIELDS} fields")
+        n = b[0]
+        if len(b) < 1 + n:
+            raise invalid(f"replica: moqt_namespace: field {i} truncated")
+        b = b[1 + n :]
+    if b:
+        raise invalid("replica: moqt_namespace: octets after the last field")
+
+
+def _keys(o: dict[str, Any], member: str, what: str) -> list[BlockKey]:
+    out = []
+    for x in _list(o, member, what) or []:
+        if x is None:
+            out.append(BlockKey(bytes(32)))
+            continue
+        if not isinstance(x, str):
+            raise invalid(f"{what}: /{member}: each must be a string")
+        out.append(BlockKey(parse_hex(x, 32, "block key")))
+    return out
+
+
+@dataclass(frozen=True)
+class LeaseRequest:
+    """The body of POST leases (A-2)."""
+
+    scope_id: ScopeID | None
+    compat_id: CompatID | None
+    block_keys: tuple[BlockKey, ...]
+    ttl_ms: int
+
+    @classmethod
+    def decode(cls, data: bytes | dict[str, Any]) -> LeaseRequest:
+        w = "lease"
+        o = _obj(data, w)
+        r = cls(
+            _id(o, "scope_id", ScopeID, w),
+            _id(o, "compat_id", CompatID, w),
+            tuple(_keys(o, "block_keys", w)),
+            _uint(o, "ttl_ms", w),
+        )
+        r.validate()
+        return r
+
+    def validate(self) -> None:
+        if _zero(self.scope_id):
+            raise invalid("lease: scope_id: required")
+        if _zero(self.compat_id):
+            raise invalid("lease: compat_id: required")
+        if not self.block_keys:
+            raise invalid("lease: block_keys: required, at least one")
+        if self.ttl_ms == 0:
+            raise invalid("lease: ttl_ms: required, at least 1")
+        for i, k in enumerate(self.block_keys):
+            if not any(k):
+                raise invalid(f"lease: block_keys[{i}]: zero key")
+        _check_int("lease: ttl_ms", self.ttl_ms)
+
+
+@dataclass(frozen=True)
+class LeaseResponse:
+    """The body of a granted or renewed lease (A-2)."""
+
+    lease: str
+    ttl_ms: int
+    block_keys: tuple[BlockKey, ...]
+
+    @classmethod
+    def decode(cls, data: bytes | dict[str, Any]) -> LeaseResponse:
+        w = "lease response"
+        o = _obj(data, w)
+        r = cls(_str(o, "lease", w), _uint(o, "ttl_ms", w), tuple(_keys(o, "block_keys", w)))
+        r.validate()
+        return r
+
+    def validate(self) -> None:
+        if self.lease == "" or len(self.lease.encode("utf-8")) > MAX_LEASE_ID_LEN:
+            raise invalid(f"lease response: lease: required, at most {MAX_LEASE_ID_LEN} octets")
+        if any(not (c.isascii() and (c.isalnum() or c in "-._~")) for c in self.lease):
+            raise invalid("lease response: lease: must be path-safe")
+        if self.lease in (".", ".."):
+            raise invalid("lease response: lease: a dot segment is not path-safe")
+        if self.ttl_ms == 0:
+            raise invalid("lease response: ttl_ms: required")
+        if not self.block_keys:
+            raise invalid("lease response: block_keys: required")
+        _check_int("lease response: ttl_ms", self.ttl_ms)
+
+
+RECORDS: dict[str, Any] = {"replica": ReplicaRecord, "lease_request": LeaseRequest, "lease_response": LeaseResponse}
