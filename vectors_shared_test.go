@@ -307,6 +307,10 @@ func TestSharedVectors(t *testing.T) {
 			r = new(kvsp.LeaseRequest)
 		case "lease_response":
 			r = new(kvsp.LeaseResponse)
+		case "prefetch_directive":
+			r = new(kvsp.PrefetchDirective)
+		case "prefetch_status":
+			r = new(kvsp.PrefetchStatus)
 		default:
 			t.Fatalf("record %q: unknown type %q", c.Name, c.Type)
 		}
@@ -316,7 +320,7 @@ func TestSharedVectors(t *testing.T) {
 		}
 		ran++
 	}
-	if ran != v.Count || ran < 306 {
+	if ran != v.Count || ran < 332 {
 		t.Fatalf("ran %d vectors, the file says %d", ran, v.Count)
 	}
 	t.Logf("%d shared vectors", ran)

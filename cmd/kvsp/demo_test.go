@@ -141,7 +141,7 @@ func TestDemo(t *testing.T) {
 }
 
 // TestDemoLlama: kvsp demo on llama.cpp (the default engine): the model
-// it generates runs in every instance, each trace block is 4 tokens, and
+// it generates runs in every instance, each trace block is 64 tokens here (4 by default), and
 // the three modes are measured on real prefill: no cache computes every
 // prompt token (llama.cpp's own count says so), KVSP reuses most of the
 // bound by verified transfers of the KV llama.cpp produced.
@@ -149,30 +149,31 @@ func TestDemoLlama(t *testing.T) {
 	requireLlama(t)
 	dir := t.TempDir()
 	const n = 12
-	// A 100-block shared prefix (400 tokens on the tiny model): loading
-	// it pays even under -race beside other tests, where a 16-token one
-	// does not (its recompute took 7 ms, a directive's round trips more,
-	// and the PC rightly stops sending directives once the instances'
-	// measured links say so).
-	const shared = 100
+	// An 8-block shared prefix of 64-token blocks (512 tokens on the tiny
+	// model, 64 KiB a block): loading it pays even under make test's
+	// -race beside other packages. A 16-token prefix did not (its
+	// recompute took 7 ms, a directive's round trips more), nor did 100
+	// blocks of 4 tokens (the burst's 1,000 GETs missed the 80 ms its
+	// recompute was worth); the PC rightly recomputes there.
+	const shared, bt = 8, 64
 	tracePath := sharedPrefixTrace(t, dir, n, 12, shared)
 	jsonPath := filepath.Join(dir, "d.json")
-	code, out, errs := runCLI(t, "demo", "-trace", tracePath, "-speed", "1", "-host-capacity", "64MiB", "-disk-capacity", "0", "-json", jsonPath, "-png", "")
+	code, out, errs := runCLI(t, "demo", "-trace", tracePath, "-speed", "1", "-block-tokens", strconv.Itoa(bt), "-host-capacity", "64MiB", "-disk-capacity", "0", "-json", jsonPath, "-png", "")
 	if code != 0 {
 		t.Fatalf("demo: %d\n%s\n%s", code, out, errs)
 	}
 	var rep demoReport
 	readReport(t, jsonPath, &rep)
-	// 100 x 512 + 412 tokens of 101 512-token blocks become 404 of 101
-	// 4-token blocks: requests 2..12 reuse 100 x 4 (the last block is the
-	// tail).
-	const prompt = (shared + 1) * 4
-	wantBound := float64((n-1)*shared*4) / float64(n*prompt)
-	kvOctets := demoLlama.Layers * 2 * 4 * demoLlama.KVHeads * demoLlama.HeadDim() * 2
-	if rep.Engine != "llamacpp" || rep.Model != demoLlama.Name || rep.BlockTokens != 4 || rep.BlockOctets != kvOctets ||
+	// 8 x 512 + 412 tokens of nine 512-token blocks become 564 (the tail
+	// block's 412 shrink to 52) of 64-token blocks: requests 2..12 reuse
+	// 8 x 64.
+	const prompt = shared*bt + (412*bt+511)/512
+	wantBound := float64((n-1)*shared*bt) / float64(n*prompt)
+	kvOctets := demoLlama.Layers * 2 * bt * demoLlama.KVHeads * demoLlama.HeadDim() * 2
+	if rep.Engine != "llamacpp" || rep.Model != demoLlama.Name || rep.BlockTokens != bt || rep.BlockOctets != kvOctets ||
 		rep.BoundRatio < wantBound-1e-9 || rep.BoundRatio > wantBound+1e-9 {
-		t.Fatalf("report: engine %s, model %s, %d octets per %d-token block (want %d per 4), bound %v (want %v)", rep.Engine, rep.Model, rep.BlockOctets, rep.BlockTokens,
-			kvOctets, rep.BoundRatio, wantBound)
+		t.Fatalf("report: engine %s, model %s, %d octets per %d-token block (want %d per %d), bound %v (want %v)", rep.Engine, rep.Model, rep.BlockOctets, rep.BlockTokens,
+			kvOctets, bt, rep.BoundRatio, wantBound)
 	}
 	kv, no := rep.Modes["kvsp"], rep.Modes["none"]
 	for name, m := range rep.Modes {

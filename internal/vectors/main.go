@@ -963,6 +963,57 @@ func recordVectors(v *Vectors) {
 		}
 		v.Records = append(v.Records, rv)
 	}
+	uuid := `"a2b7c9e0-1f3d-4c1a-8f5b-6d2e9a7c3b10"`
+	blocks := `[{"block_key":` + hex32(1) + `,"sources":["https://h1.example/kvsp/","https://h2.example/kvsp/"]},{"block_key":` + hex32(8) + `,"sources":["https://h1.example/kvsp/"]}]`
+	directive := [][2]string{{"directive", uuid}, {"request_ref", `"opaque-value-from-PC"`}, {"scope_id", hex16(3)}, {"compat_id", hex32(2)},
+		{"blocks", blocks}, {"layer_order", `"ascending"`}, {"deadline_ms", "50"}, {"lease_ms", "2000"}}
+	for _, k := range []c{
+		{"the spec's example shape", nil},
+		{"without request_ref and layer_order", map[string]string{"request_ref": "", "layer_order": ""}},
+		{"directive uppercase", map[string]string{"directive": `"A2B7C9E0-1F3D-4C1A-8F5B-6D2E9A7C3B10"`}},
+		{"directive without dashes", map[string]string{"directive": `"a2b7c9e01f3d4c1a8f5b6d2e9a7c3b10"`}},
+		{"directive braced", map[string]string{"directive": `"{a2b7c9e0-1f3d-4c1a-8f5b-6d2e9a7c3b10}"`}},
+		{"directive nil", map[string]string{"directive": `"00000000-0000-0000-0000-000000000000"`}},
+		{"directive absent", map[string]string{"directive": ""}},
+		{"blocks empty", map[string]string{"blocks": "[]"}},
+		{"a block without sources", map[string]string{"blocks": `[{"block_key":` + hex32(1) + `,"sources":[]}]`}},
+		{"a block with a zero key", map[string]string{"blocks": `[{"block_key":` + hex32(0) + `,"sources":["https://h1.example/kvsp/"]}]`}},
+		{"a source unnormalised", map[string]string{"blocks": `[{"block_key":` + hex32(1) + `,"sources":["https://H1.example/kvsp/"]}]`}},
+		{"a source over http", map[string]string{"blocks": `[{"block_key":` + hex32(1) + `,"sources":["http://h1.example/kvsp/"]}]`}},
+		{"a null block", map[string]string{"blocks": `[null]`}},
+		{"layer_order descending", map[string]string{"layer_order": `"descending"`}},
+		{"request_ref of 4096 octets", map[string]string{"request_ref": `"` + strings.Repeat("r", 4096) + `"`}},
+		{"request_ref of 4097 octets", map[string]string{"request_ref": `"` + strings.Repeat("r", 4097) + `"`}},
+		{"deadline_ms 0", map[string]string{"deadline_ms": "0"}},
+		{"lease_ms 2^53", map[string]string{"lease_ms": "9007199254740992"}},
+		{"deadline_ms negative", map[string]string{"deadline_ms": "-50"}},
+	} {
+		j := object(directive, k.over)
+		rv := RecordVector{Type: "prefetch_directive", Name: k.name, JSON: j}
+		var r kvsp.PrefetchDirective
+		if err := kvsp.Decode([]byte(j), &r); err != nil {
+			rv.Error = errText(err)
+		}
+		v.Records = append(v.Records, rv)
+	}
+	status := [][2]string{{"directive", uuid}, {"state", `"partial"`}, {"loaded", "[" + hex32(1) + "]"}, {"failed", "[" + hex32(8) + "]"}}
+	for _, k := range []c{
+		{"partial", nil},
+		{"complete, nothing failed", map[string]string{"state": `"complete"`, "failed": "[]"}},
+		{"state unknown", map[string]string{"state": `"done"`}},
+		{"state uppercase", map[string]string{"state": `"PENDING"`}},
+		{"loaded absent", map[string]string{"loaded": ""}},
+		{"failed null", map[string]string{"failed": "null"}},
+		{"a loaded key not hex", map[string]string{"loaded": `["xyz"]`}},
+	} {
+		j := object(status, k.over)
+		rv := RecordVector{Type: "prefetch_status", Name: k.name, JSON: j}
+		var r kvsp.PrefetchStatus
+		if err := kvsp.Decode([]byte(j), &r); err != nil {
+			rv.Error = errText(err)
+		}
+		v.Records = append(v.Records, rv)
+	}
 	resp := [][2]string{{"lease", `"l-0123_abc.~"`}, {"ttl_ms", "2000"}, {"block_keys", "[" + hex32(1) + "]"}}
 	for _, k := range []c{
 		{"complete", nil},

@@ -55,7 +55,16 @@ from .errors import (
     problem_error,
 )
 from .ids import BlockKey, CompatID, ScopeID, parse_digest
-from .records import RECORDS, LeaseRequest, LeaseResponse, ReplicaRecord, Residency
+from .records import (
+    RECORDS,
+    LeaseRequest,
+    LeaseResponse,
+    PrefetchBlock,
+    PrefetchDirective,
+    PrefetchStatus,
+    ReplicaRecord,
+    Residency,
+)
 from .scope import ScopeKey
 
 __all__ = [
@@ -89,6 +98,9 @@ __all__ = [
     "Positional",
     "PreconditionFailedError",
     "PreconditionRequiredError",
+    "PrefetchBlock",
+    "PrefetchDirective",
+    "PrefetchStatus",
     "Problem",
     "Reader",
     "ReplicaRecord",

@@ -305,4 +305,135 @@ class LeaseResponse:
         _check_int("lease response: ttl_ms", self.ttl_ms)
 
 
-RECORDS: dict[str, Any] = {"replica": ReplicaRecord, "lease_request": LeaseRequest, "lease_response": LeaseResponse}
+def _uuid(o: dict[str, Any], member: str, what: str) -> bytes | None:
+    """A UUID in the canonical lowercase 8-4-4-4-12 form; None when absent."""
+    v = _get(o, member)
+    if v is None:
+        return None
+    if not isinstance(v, str):
+        raise invalid(f"{what}: /{member}: must be a string")
+    if len(v) != 36 or v[8] != "-" or v[13] != "-" or v[18] != "-" or v[23] != "-":
+        raise invalid(f"{what}: /{member}: uuid: want the lowercase 8-4-4-4-12 form")
+    return parse_hex(v[0:8] + v[9:13] + v[14:18] + v[19:23] + v[24:36], 16, "uuid")
+
+
+MAX_REQUEST_REF_LEN = 4096
+LAYER_ORDER_ASCENDING = "ascending"
+PREFETCH_STATES = ("pending", "partial", "complete", "failed")
+
+
+@dataclass(frozen=True)
+class PrefetchBlock:
+    block_key: BlockKey | None
+    sources: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class PrefetchDirective:
+    """The body of POST prefetch (R-PF-1, R-PF-10, R-PF-11)."""
+
+    directive: bytes | None
+    scope_id: ScopeID | None
+    compat_id: CompatID | None
+    blocks: tuple[PrefetchBlock, ...]
+    deadline_ms: int
+    lease_ms: int
+    request_ref: str = ""
+    layer_order: str = ""
+
+    @classmethod
+    def decode(cls, data: bytes | dict[str, Any]) -> PrefetchDirective:
+        w = "prefetch"
+        o = _obj(data, w)
+        blocks = []
+        for b in _list(o, "blocks", w) or []:
+            if b is None:
+                b = {}
+            if not isinstance(b, dict):
+                raise invalid(f"{w}: /blocks: each must be an object")
+            srcs = []
+            for x in _list(b, "sources", w) or []:
+                if x is None:
+                    x = ""
+                if not isinstance(x, str):
+                    raise invalid(f"{w}: /blocks/sources: each must be a string")
+                srcs.append(x)
+            blocks.append(PrefetchBlock(_id(b, "block_key", BlockKey, w), tuple(srcs)))
+        r = cls(
+            directive=_uuid(o, "directive", w),
+            scope_id=_id(o, "scope_id", ScopeID, w),
+            compat_id=_id(o, "compat_id", CompatID, w),
+            blocks=tuple(blocks),
+            deadline_ms=_uint(o, "deadline_ms", w),
+            lease_ms=_uint(o, "lease_ms", w),
+            request_ref=_str(o, "request_ref", w),
+            layer_order=_str(o, "layer_order", w),
+        )
+        r.validate()
+        return r
+
+    def validate(self) -> None:
+        w = "prefetch"
+        if _zero(self.directive):
+            raise invalid(f"{w}: directive: required")
+        if _zero(self.scope_id):
+            raise invalid(f"{w}: scope_id: required")
+        if _zero(self.compat_id):
+            raise invalid(f"{w}: compat_id: required")
+        if not self.blocks:
+            raise invalid(f"{w}: blocks: required, at least one")
+        if len(self.request_ref.encode("utf-8")) > MAX_REQUEST_REF_LEN:
+            raise invalid(f"{w}: request_ref: longer than {MAX_REQUEST_REF_LEN} octets")
+        if self.layer_order not in ("", LAYER_ORDER_ASCENDING):
+            raise invalid(f'{w}: layer_order: only "{LAYER_ORDER_ASCENDING}" is defined')
+        if self.deadline_ms == 0:
+            raise invalid(f"{w}: deadline_ms: required, at least 1")
+        if self.lease_ms == 0:
+            raise invalid(f"{w}: lease_ms: required, at least 1")
+        _check_int(f"{w}: deadline_ms", self.deadline_ms)
+        _check_int(f"{w}: lease_ms", self.lease_ms)
+        for i, b in enumerate(self.blocks):
+            if _zero(b.block_key):
+                raise invalid(f"{w}: blocks[{i}].block_key: required")
+            if not b.sources:
+                raise invalid(f"{w}: blocks[{i}].sources: required, at least one")
+            for src in b.sources:
+                validate_base_uri(f"{w}: blocks[].sources[]", src)
+
+
+@dataclass(frozen=True)
+class PrefetchStatus:
+    """The body of GET prefetch/{id} (A-17)."""
+
+    directive: bytes | None
+    state: str
+    loaded: tuple[BlockKey, ...] | None
+    failed: tuple[BlockKey, ...] | None
+
+    @classmethod
+    def decode(cls, data: bytes | dict[str, Any]) -> PrefetchStatus:
+        w = "prefetch status"
+        o = _obj(data, w)
+        loaded = tuple(_keys(o, "loaded", w)) if _get(o, "loaded") is not None else None
+        failed = tuple(_keys(o, "failed", w)) if _get(o, "failed") is not None else None
+        r = cls(_uuid(o, "directive", w), _str(o, "state", w), loaded, failed)
+        r.validate()
+        return r
+
+    def validate(self) -> None:
+        w = "prefetch status"
+        if _zero(self.directive):
+            raise invalid(f"{w}: directive: required")
+        if self.state not in PREFETCH_STATES:
+            raise invalid(f"{w}: state: must be pending, partial, complete or failed")
+        if self.loaded is None or self.failed is None:
+            raise invalid(f"{w}: loaded and failed: required (may be empty)")
+
+
+RECORDS: dict[str, Any] = {
+    "replica": ReplicaRecord,
+    "lease_request": LeaseRequest,
+    "lease_response": LeaseResponse,
+    "prefetch_directive": PrefetchDirective,
+    "prefetch_status": PrefetchStatus,
+}
