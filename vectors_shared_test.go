@@ -311,6 +311,10 @@ func TestSharedVectors(t *testing.T) {
 			r = new(kvsp.PrefetchDirective)
 		case "prefetch_status":
 			r = new(kvsp.PrefetchStatus)
+		case "lookup_request":
+			r = new(kvsp.LookupRequest)
+		case "lookup_response":
+			r = new(kvsp.LookupResponse)
 		default:
 			t.Fatalf("record %q: unknown type %q", c.Name, c.Type)
 		}
@@ -320,7 +324,7 @@ func TestSharedVectors(t *testing.T) {
 		}
 		ran++
 	}
-	if ran != v.Count || ran < 332 {
+	if ran != v.Count || ran < 358 {
 		t.Fatalf("ran %d vectors, the file says %d", ran, v.Count)
 	}
 	t.Logf("%d shared vectors", ran)

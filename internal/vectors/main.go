@@ -1014,6 +1014,57 @@ func recordVectors(v *Vectors) {
 		}
 		v.Records = append(v.Records, rv)
 	}
+	lookup := [][2]string{{"scope_id", hex16(3)}, {"compat_id", hex32(2)}, {"block_keys", "[" + hex32(1) + "," + hex32(8) + "]"},
+		{"targets", `["https://ii1.example/kvsp/","https://ii2.example/kvsp/"]`}}
+	for _, k := range []c{
+		{"complete", nil},
+		{"no targets", map[string]string{"targets": ""}},
+		{"no block keys (an empty array)", map[string]string{"block_keys": "[]"}},
+		{"block_keys absent", map[string]string{"block_keys": ""}},
+		{"block_keys null", map[string]string{"block_keys": "null"}},
+		{"block_keys an object", map[string]string{"block_keys": "{}"}},
+		{"a block key null", map[string]string{"block_keys": "[" + hex32(1) + ",null]"}},
+		{"a block key a number", map[string]string{"block_keys": "[1]"}},
+		{"a block key escaped", map[string]string{"block_keys": `["\u0030` + strings.Repeat("1", 63) + `"]`}},
+		{"a target unnormalised", map[string]string{"targets": `["https://II1.example/kvsp/"]`}},
+		{"a target null", map[string]string{"targets": `[null]`}},
+		{"scope_id a number", map[string]string{"scope_id": "3"}},
+		{"an unknown member", map[string]string{"hint": `[1,{"x":null}]`}},
+	} {
+		j := object(lookup, k.over)
+		rv := RecordVector{Type: "lookup_request", Name: k.name, JSON: j}
+		var r kvsp.LookupRequest
+		if err := kvsp.Decode([]byte(j), &r); err != nil {
+			rv.Error = errText(err)
+		}
+		v.Records = append(v.Records, rv)
+	}
+	rec := object(replica, nil)
+	lresp := [][2]string{{"matched", "2"}, {"replicas", "[[" + rec + "],[" + rec + "," + rec + "]]"},
+		{"targets", `[{"instance":"https://ii1.example/kvsp/","fetch_us":0,"recompute_us":1500}]`}}
+	for _, k := range []c{
+		{"two blocks matched", nil},
+		{"nothing matched", map[string]string{"matched": "0", "replicas": "[]", "targets": ""}},
+		{"nothing matched, replicas null", map[string]string{"matched": "0", "replicas": "null", "targets": ""}},
+		{"matched absent", map[string]string{"matched": ""}},
+		{"matched null", map[string]string{"matched": "null"}},
+		{"matched more than the replicas", map[string]string{"matched": "3"}},
+		{"matched negative", map[string]string{"matched": "-1", "replicas": "[]"}},
+		{"an empty entry", map[string]string{"replicas": "[[" + rec + "],[]]"}},
+		{"an invalid replica inside", map[string]string{"replicas": "[[" + rec + "],[" + object(replica, map[string]string{"ttl_ms": "0"}) + "]]"}},
+		{"a target without fetch_us", map[string]string{"targets": `[{"instance":"https://ii1.example/kvsp/","recompute_us":1500}]`}},
+		{"a target with fetch_us null", map[string]string{"targets": `[{"instance":"https://ii1.example/kvsp/","fetch_us":null,"recompute_us":1500}]`}},
+		{"a target's instance over http", map[string]string{"targets": `[{"instance":"http://ii1.example/kvsp/","fetch_us":0,"recompute_us":1500}]`}},
+		{"a target's recompute_us past 2^53", map[string]string{"targets": `[{"instance":"https://ii1.example/kvsp/","fetch_us":0,"recompute_us":9007199254740992}]`}},
+	} {
+		j := object(lresp, k.over)
+		rv := RecordVector{Type: "lookup_response", Name: k.name, JSON: j}
+		var r kvsp.LookupResponse
+		if err := kvsp.Decode([]byte(j), &r); err != nil {
+			rv.Error = errText(err)
+		}
+		v.Records = append(v.Records, rv)
+	}
 	resp := [][2]string{{"lease", `"l-0123_abc.~"`}, {"ttl_ms", "2000"}, {"block_keys", "[" + hex32(1) + "]"}}
 	for _, k := range []c{
 		{"complete", nil},

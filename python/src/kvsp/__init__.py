@@ -59,11 +59,14 @@ from .records import (
     RECORDS,
     LeaseRequest,
     LeaseResponse,
+    LookupRequest,
+    LookupResponse,
     PrefetchBlock,
     PrefetchDirective,
     PrefetchStatus,
     ReplicaRecord,
     Residency,
+    TargetEstimate,
 )
 from .scope import ScopeKey
 
@@ -91,6 +94,8 @@ __all__ = [
     "LeaseQuotaError",
     "LeaseRequest",
     "LeaseResponse",
+    "LookupRequest",
+    "LookupResponse",
     "MalformedError",
     "MethodNotAllowedError",
     "NotFoundError",
@@ -111,6 +116,7 @@ __all__ = [
     "ScopeKey",
     "SecretError",
     "StaleEpochError",
+    "TargetEstimate",
     "TooLargeError",
     "TooManyRequestsError",
     "TruncatedError",

@@ -430,7 +430,130 @@ class PrefetchStatus:
             raise invalid(f"{w}: loaded and failed: required (may be empty)")
 
 
+def _required(o: dict[str, Any], what: str, *members: str) -> None:
+    """Members that must be present and not null (0 is a valid value)."""
+    for m in members:
+        if o.get(m) is None:
+            raise invalid(f"{what}: {m}: required")
+
+
+def _int(o: dict[str, Any], member: str, what: str) -> int:
+    """A Go int (64 bits, signed)."""
+    v = _get(o, member)
+    if v is None:
+        return 0
+    if isinstance(v, bool) or not isinstance(v, int) or isinstance(v, _json.Float) or not -(1 << 63) <= v < 1 << 63:
+        raise invalid(f"{what}: /{member}: must be an integer")
+    return v
+
+
+def _strings(o: dict[str, Any], member: str, what: str) -> tuple[str, ...]:
+    out = []
+    for x in _list(o, member, what) or []:
+        if x is None:
+            x = ""
+        if not isinstance(x, str):
+            raise invalid(f"{what}: /{member}: each must be a string")
+        out.append(x)
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class LookupRequest:
+    """The body of POST lookup (R-IS-11, R-IS-12)."""
+
+    scope_id: ScopeID | None
+    compat_id: CompatID | None
+    block_keys: tuple[BlockKey, ...] | None
+    targets: tuple[str, ...] = ()
+
+    @classmethod
+    def decode(cls, data: bytes | dict[str, Any]) -> LookupRequest:
+        w = "lookup"
+        o = _json.loads(data) if isinstance(data, bytes) else data
+        if o is None:
+            o = {}
+        if not isinstance(o, dict):
+            raise invalid(f"{w}: must be a JSON object")
+        keys = tuple(_keys(o, "block_keys", w)) if _get(o, "block_keys") is not None else None
+        r = cls(_id(o, "scope_id", ScopeID, w), _id(o, "compat_id", CompatID, w), keys, _strings(o, "targets", w))
+        r.validate()
+        return r
+
+    def validate(self) -> None:
+        if _zero(self.scope_id):
+            raise invalid("lookup: scope_id: required")
+        if _zero(self.compat_id):
+            raise invalid("lookup: compat_id: required")
+        if self.block_keys is None:
+            raise invalid("lookup: block_keys: required")
+        for i, k in enumerate(self.block_keys):
+            if not any(k):
+                raise invalid(f"lookup: block_keys[{i}]: zero key")
+        for t in self.targets:
+            validate_base_uri("lookup: targets[]", t)
+
+
+@dataclass(frozen=True)
+class TargetEstimate:
+    """The IS's estimate for one lookup target (A-3, A-21, A-22), in µs."""
+
+    instance: str
+    fetch_us: int
+    recompute_us: int
+
+
+@dataclass(frozen=True)
+class LookupResponse:
+    """The answer to POST lookup (A-3): exactly ``matched`` entries of
+    replicas, each non-empty."""
+
+    matched: int
+    replicas: tuple[tuple[ReplicaRecord, ...], ...]
+    targets: tuple[TargetEstimate, ...] = ()
+
+    @classmethod
+    def decode(cls, data: bytes | dict[str, Any]) -> LookupResponse:
+        w = "lookup response"
+        o = _obj(data, w)
+        _required(o, w, "matched")
+        reps = []
+        for entry in _list(o, "replicas", w) or []:
+            if entry is None:
+                entry = []
+            if not isinstance(entry, list):
+                raise invalid(f"{w}: /replicas: each must be an array")
+            reps.append(tuple(ReplicaRecord.decode(x if x is not None else {}) for x in entry))
+        targets = []
+        for t in _list(o, "targets", w) or []:
+            if t is None:
+                t = {}
+            if not isinstance(t, dict):
+                raise invalid(f"{w}: /targets: each must be an object")
+            _required(t, f"{w}: targets[]", "fetch_us", "recompute_us")
+            targets.append(TargetEstimate(_str(t, "instance", w), _uint(t, "fetch_us", w), _uint(t, "recompute_us", w)))
+        r = cls(_int(o, "matched", w), tuple(reps), tuple(targets))
+        r.validate()
+        return r
+
+    def validate(self) -> None:
+        w = "lookup response"
+        if self.matched < 0 or self.matched != len(self.replicas):
+            raise invalid(f"{w}: replicas: must have exactly matched entries")
+        for i, entry in enumerate(self.replicas):
+            if not entry:
+                raise invalid(f"{w}: replicas[{i}]: empty")
+            for rec in entry:
+                rec.validate()
+        for t in self.targets:
+            validate_base_uri(f"{w}: targets[].instance", t.instance)
+            _check_int(f"{w}: fetch_us", t.fetch_us)
+            _check_int(f"{w}: recompute_us", t.recompute_us)
+
+
 RECORDS: dict[str, Any] = {
+    "lookup_request": LookupRequest,
+    "lookup_response": LookupResponse,
     "replica": ReplicaRecord,
     "lease_request": LeaseRequest,
     "lease_response": LeaseResponse,
