@@ -315,6 +315,8 @@ func TestSharedVectors(t *testing.T) {
 			r = new(kvsp.LookupRequest)
 		case "lookup_response":
 			r = new(kvsp.LookupResponse)
+		case "status":
+			r = new(kvsp.InstanceStatus)
 		default:
 			t.Fatalf("record %q: unknown type %q", c.Name, c.Type)
 		}
@@ -324,7 +326,7 @@ func TestSharedVectors(t *testing.T) {
 		}
 		ran++
 	}
-	if ran != v.Count || ran < 358 {
+	if ran != v.Count || ran < 390 {
 		t.Fatalf("ran %d vectors, the file says %d", ran, v.Count)
 	}
 	t.Logf("%d shared vectors", ran)

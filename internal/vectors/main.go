@@ -1065,6 +1065,53 @@ func recordVectors(v *Vectors) {
 		}
 		v.Records = append(v.Records, rv)
 	}
+	istatus := [][2]string{{"instance", `"https://ii1.example/kvsp/"`}, {"epoch", "1765000000000"}, {"state", `"active"`}, {"running", "3"}, {"queued", "0"},
+		{"batch_size", "8"}, {"kv_utilization", "0.42"}, {"prefill_tokens_per_s", "5000"}, {"decode_tokens_per_s", "1.5e3"},
+		{"links", `[{"holder":"https://h1.example/kvsp/","mbit_per_s":100000,"rtt_us":20}]`}, {"requested_state", "null"}, {"ttl_ms", "3000"},
+		{"compat_id", hex32(2)}, {"holder", `"https://h1.example/kvsp/"`}, {"vocab_size", "2048"}, {"context_tokens", "8192"}, {"max_output_tokens", "1024"},
+		{"started", "[" + hex16(9) + "]"}}
+	for _, k := range []c{
+		{"complete", nil},
+		{"without kvsp's extension members", map[string]string{"compat_id": "", "holder": "", "vocab_size": "", "context_tokens": "", "max_output_tokens": "", "started": ""}},
+		{"requested sleeping", map[string]string{"requested_state": `"sleeping"`}},
+		{"requested_state absent", map[string]string{"requested_state": ""}},
+		{"requested draining", map[string]string{"requested_state": `"draining"`}},
+		{"requested an unknown state", map[string]string{"requested_state": `"resting"`}},
+		{"no links (an empty array)", map[string]string{"links": "[]"}},
+		{"links absent", map[string]string{"links": ""}},
+		{"a link at 0 Mbit/s", map[string]string{"links": `[{"holder":"https://h1.example/kvsp/","mbit_per_s":0,"rtt_us":20}]`}},
+		{"a link's holder unnormalised", map[string]string{"links": `[{"holder":"https://h1.example:443/kvsp/","mbit_per_s":1,"rtt_us":20}]`}},
+		{"running absent", map[string]string{"running": ""}},
+		{"queued null", map[string]string{"queued": "null"}},
+		{"kv_utilization absent", map[string]string{"kv_utilization": ""}},
+		{"kv_utilization 0", map[string]string{"kv_utilization": "0"}},
+		{"kv_utilization 1", map[string]string{"kv_utilization": "1"}},
+		{"kv_utilization 1.01", map[string]string{"kv_utilization": "1.01"}},
+		{"kv_utilization negative", map[string]string{"kv_utilization": "-0.1"}},
+		{"kv_utilization a string", map[string]string{"kv_utilization": `"0.4"`}},
+		{"prefill rate negative", map[string]string{"prefill_tokens_per_s": "-1"}},
+		{"prefill rate 1e400", map[string]string{"prefill_tokens_per_s": "1e400"}},
+		{"prefill rate an integer of 400 digits", map[string]string{"prefill_tokens_per_s": "1" + strings.Repeat("0", 400)}},
+		{"epoch 0", map[string]string{"epoch": "0"}},
+		{"epoch 2^53", map[string]string{"epoch": "9007199254740992"}},
+		{"state unknown", map[string]string{"state": `"resting"`}},
+		{"state absent", map[string]string{"state": ""}},
+		{"ttl_ms 0", map[string]string{"ttl_ms": "0"}},
+		{"instance over http", map[string]string{"instance": `"http://ii1.example/kvsp/"`}},
+		{"holder without a slash", map[string]string{"holder": `"https://h1.example/kvsp"`}},
+		{"started of 4096", map[string]string{"started": "[" + strings.TrimSuffix(strings.Repeat(hex16(9)+",", 4096), ",") + "]"}},
+		{"started of 4097", map[string]string{"started": "[" + strings.TrimSuffix(strings.Repeat(hex16(9)+",", 4097), ",") + "]"}},
+		{"a started grant short", map[string]string{"started": `["abcd"]`}},
+		{"context_tokens 2^53", map[string]string{"context_tokens": "9007199254740992"}},
+	} {
+		j := object(istatus, k.over)
+		rv := RecordVector{Type: "status", Name: k.name, JSON: j}
+		var r kvsp.InstanceStatus
+		if err := kvsp.Decode([]byte(j), &r); err != nil {
+			rv.Error = errText(err)
+		}
+		v.Records = append(v.Records, rv)
+	}
 	resp := [][2]string{{"lease", `"l-0123_abc.~"`}, {"ttl_ms", "2000"}, {"block_keys", "[" + hex32(1) + "]"}}
 	for _, k := range []c{
 		{"complete", nil},

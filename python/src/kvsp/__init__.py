@@ -57,8 +57,10 @@ from .errors import (
 from .ids import BlockKey, CompatID, ScopeID, parse_digest
 from .records import (
     RECORDS,
+    InstanceStatus,
     LeaseRequest,
     LeaseResponse,
+    Link,
     LookupRequest,
     LookupResponse,
     PrefetchBlock,
@@ -85,6 +87,7 @@ __all__ = [
     "Geometry",
     "Header",
     "IncompatibleError",
+    "InstanceStatus",
     "InternalError",
     "InvalidError",
     "InvalidStateError",
@@ -94,6 +97,7 @@ __all__ = [
     "LeaseQuotaError",
     "LeaseRequest",
     "LeaseResponse",
+    "Link",
     "LookupRequest",
     "LookupResponse",
     "MalformedError",

@@ -551,7 +551,160 @@ class LookupResponse:
             _check_int(f"{w}: recompute_us", t.recompute_us)
 
 
+INSTANCE_STATES = ("active", "draining", "sleeping", "failed")
+MAX_STARTED = 4096
+
+
+def _float(o: dict[str, Any], member: str, what: str) -> float:
+    v = _get(o, member)
+    if v is None:
+        return 0.0
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise invalid(f"{what}: /{member}: must be a number")
+    try:
+        f = float(v)
+    except OverflowError:
+        raise invalid(f"{what}: /{member}: out of range") from None
+    if f != f or f in (float("inf"), float("-inf")):
+        raise invalid(f"{what}: /{member}: out of range")
+    return f
+
+
+def _state(o: dict[str, Any], member: str, what: str) -> str | None:
+    v = _get(o, member)
+    if v is None:
+        return None
+    if not isinstance(v, str):
+        raise invalid(f"{what}: /{member}: must be a string")
+    if v not in INSTANCE_STATES:
+        raise invalid(f"{what}: /{member}: state: not in the KVSP Instance States registry")
+    return v
+
+
+@dataclass(frozen=True)
+class Link:
+    holder: str
+    mbit_per_s: int
+    rtt_us: int
+
+
+@dataclass(frozen=True)
+class InstanceStatus:
+    """The Instance Status Record (R-REC-14, R-REC-15, R-ST-*), with kvsp's
+    extension members (compat_id, holder, the request limits, started)."""
+
+    instance: str
+    epoch: int
+    state: str
+    running: int
+    queued: int
+    batch_size: int
+    kv_utilization: float
+    prefill_tokens_per_s: float
+    decode_tokens_per_s: float
+    links: tuple[Link, ...] | None
+    requested_state: str | None
+    ttl_ms: int
+    compat_id: CompatID | None = None
+    holder: str = ""
+    vocab_size: int = 0
+    context_tokens: int = 0
+    max_output_tokens: int = 0
+    started: tuple[bytes, ...] = ()
+
+    @classmethod
+    def decode(cls, data: bytes | dict[str, Any]) -> InstanceStatus:
+        w = "status"
+        o = _obj(data, w)
+        _required(
+            o, w, "running", "queued", "batch_size", "kv_utilization", "prefill_tokens_per_s", "decode_tokens_per_s"
+        )
+        links = None
+        raw = _list(o, "links", w)
+        if raw is not None:
+            out = []
+            for x in raw:
+                if x is None:
+                    x = {}
+                if not isinstance(x, dict):
+                    raise invalid(f"{w}: /links: each must be an object")
+                out.append(Link(_str(x, "holder", w), _uint(x, "mbit_per_s", w), _uint(x, "rtt_us", w)))
+            links = tuple(out)
+        started = []
+        for x in _list(o, "started", w) or []:
+            if x is None:
+                started.append(bytes(16))
+                continue
+            if not isinstance(x, str):
+                raise invalid(f"{w}: /started: each must be a string")
+            started.append(parse_hex(x, 16, "grant"))
+        r = cls(
+            instance=_str(o, "instance", w),
+            epoch=_uint(o, "epoch", w),
+            state=_state(o, "state", w) or "",
+            running=_uint(o, "running", w),
+            queued=_uint(o, "queued", w),
+            batch_size=_uint(o, "batch_size", w),
+            kv_utilization=_float(o, "kv_utilization", w),
+            prefill_tokens_per_s=_float(o, "prefill_tokens_per_s", w),
+            decode_tokens_per_s=_float(o, "decode_tokens_per_s", w),
+            links=links,
+            requested_state=_state(o, "requested_state", w),
+            ttl_ms=_uint(o, "ttl_ms", w),
+            compat_id=_id(o, "compat_id", CompatID, w),
+            holder=_str(o, "holder", w),
+            vocab_size=_uint(o, "vocab_size", w),
+            context_tokens=_uint(o, "context_tokens", w),
+            max_output_tokens=_uint(o, "max_output_tokens", w),
+            started=tuple(started),
+        )
+        r.validate()
+        return r
+
+    def validate(self) -> None:
+        w = "status"
+        validate_base_uri(f"{w}: instance", self.instance)
+        if self.epoch == 0:
+            raise invalid(f"{w}: epoch: required, at least 1")
+        if self.state not in INSTANCE_STATES:
+            raise invalid(f"{w}: state: required, a registered state")
+        if self.ttl_ms == 0:
+            raise invalid(f"{w}: ttl_ms: required, at least 1")
+        if not 0 <= self.kv_utilization <= 1:
+            raise invalid(f"{w}: kv_utilization: must be in [0, 1]")
+        if self.prefill_tokens_per_s < 0:
+            raise invalid(f"{w}: prefill_tokens_per_s: must be a non-negative number")
+        if self.decode_tokens_per_s < 0:
+            raise invalid(f"{w}: decode_tokens_per_s: must be a non-negative number")
+        if self.links is None:
+            raise invalid(f"{w}: links: required (may be empty)")
+        if self.holder:
+            validate_base_uri(f"{w}: holder", self.holder)
+        if self.requested_state is not None and self.requested_state != "sleeping":
+            raise invalid(f'{w}: requested_state: must be null or "sleeping"')
+        if len(self.started) > MAX_STARTED:
+            raise invalid(f"{w}: started: more than {MAX_STARTED}")
+        for name in (
+            "epoch",
+            "running",
+            "queued",
+            "batch_size",
+            "ttl_ms",
+            "vocab_size",
+            "context_tokens",
+            "max_output_tokens",
+        ):
+            _check_int(f"{w}: {name}", getattr(self, name))
+        for i, link in enumerate(self.links):
+            validate_base_uri(f"{w}: links[].holder", link.holder)
+            if link.mbit_per_s == 0:
+                raise invalid(f"{w}: links[{i}].mbit_per_s: required, at least 1")
+            _check_int(f"{w}: links[].mbit_per_s", link.mbit_per_s)
+            _check_int(f"{w}: links[].rtt_us", link.rtt_us)
+
+
 RECORDS: dict[str, Any] = {
+    "status": InstanceStatus,
     "lookup_request": LookupRequest,
     "lookup_response": LookupResponse,
     "replica": ReplicaRecord,
