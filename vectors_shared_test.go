@@ -317,6 +317,8 @@ func TestSharedVectors(t *testing.T) {
 			r = new(kvsp.LookupResponse)
 		case "status":
 			r = new(kvsp.InstanceStatus)
+		case "checkpoint":
+			r = new(kvsp.Checkpoint)
 		default:
 			t.Fatalf("record %q: unknown type %q", c.Name, c.Type)
 		}
@@ -326,7 +328,7 @@ func TestSharedVectors(t *testing.T) {
 		}
 		ran++
 	}
-	if ran != v.Count || ran < 390 {
+	if ran != v.Count || ran < 418 {
 		t.Fatalf("ran %d vectors, the file says %d", ran, v.Count)
 	}
 	t.Logf("%d shared vectors", ran)

@@ -1112,6 +1112,47 @@ func recordVectors(v *Vectors) {
 		}
 		v.Records = append(v.Records, rv)
 	}
+	sampler := `{"method":"top-p","params":{"p":0.9},"seed":7,"step":3,"deterministic":false}`
+	checkpoint := [][2]string{{"session", uuid}, {"epoch", "12"}, {"compat_id", hex32(2)}, {"scope_id", hex16(3)}, {"prompt_blocks", "[" + hex32(1) + "," + hex32(8) + "]"},
+		{"prompt_tail", "[5, 6,7]"}, {"generated", "[100,4294967295,0]"}, {"output_offset", "3"}, {"sampler", sampler}}
+	for _, k := range []c{
+		{"complete", nil},
+		{"nothing generated yet", map[string]string{"generated": "[]", "output_offset": "0"}},
+		{"greedy, empty params", map[string]string{"sampler": `{"method":"greedy","params":{},"seed":0,"step":0,"deterministic":true}`}},
+		{"output_offset off by one", map[string]string{"output_offset": "2"}},
+		{"output_offset absent", map[string]string{"output_offset": ""}},
+		{"generated absent", map[string]string{"generated": "", "output_offset": "0"}},
+		{"prompt_tail null", map[string]string{"prompt_tail": "null"}},
+		{"prompt_blocks empty", map[string]string{"prompt_blocks": "[]"}},
+		{"a token 2^32", map[string]string{"generated": "[100,4294967296,0]"}},
+		{"a token negative", map[string]string{"generated": "[100,-1,0]"}},
+		{"a token 1.0", map[string]string{"generated": "[100,1.0,0]"}},
+		{"a token 1e2", map[string]string{"generated": "[100,1e2,0]"}},
+		{"a token null", map[string]string{"generated": "[100,null,0]"}},
+		{"a token true", map[string]string{"generated": "[100,true,0]"}},
+		{"a token a string", map[string]string{"generated": `[100,"1",0]`}},
+		{"tokens an object", map[string]string{"prompt_tail": `{"0":5}`}},
+		{"a zero prompt block", map[string]string{"prompt_blocks": "[" + hex32(0) + "]"}},
+		{"epoch 0", map[string]string{"epoch": "0"}},
+		{"session absent", map[string]string{"session": ""}},
+		{"sampler absent", map[string]string{"sampler": ""}},
+		{"sampler null", map[string]string{"sampler": "null"}},
+		{"sampler without seed", map[string]string{"sampler": `{"method":"top-p","params":{},"step":3,"deterministic":false}`}},
+		{"sampler without deterministic", map[string]string{"sampler": `{"method":"top-p","params":{},"seed":1,"step":3}`}},
+		{"sampler deterministic a number", map[string]string{"sampler": `{"method":"top-p","params":{},"seed":1,"step":3,"deterministic":1}`}},
+		{"sampler without params", map[string]string{"sampler": `{"method":"top-p","seed":1,"step":3,"deterministic":false}`}},
+		{"sampler params an array", map[string]string{"sampler": `{"method":"top-p","params":[],"seed":1,"step":3,"deterministic":false}`}},
+		{"sampler method empty", map[string]string{"sampler": `{"method":"","params":{},"seed":1,"step":3,"deterministic":false}`}},
+		{"sampler seed 2^53", map[string]string{"sampler": `{"method":"top-p","params":{},"seed":9007199254740992,"step":3,"deterministic":false}`}},
+	} {
+		j := object(checkpoint, k.over)
+		rv := RecordVector{Type: "checkpoint", Name: k.name, JSON: j}
+		var r kvsp.Checkpoint
+		if err := kvsp.Decode([]byte(j), &r); err != nil {
+			rv.Error = errText(err)
+		}
+		v.Records = append(v.Records, rv)
+	}
 	resp := [][2]string{{"lease", `"l-0123_abc.~"`}, {"ttl_ms", "2000"}, {"block_keys", "[" + hex32(1) + "]"}}
 	for _, k := range []c{
 		{"complete", nil},

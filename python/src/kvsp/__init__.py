@@ -57,6 +57,7 @@ from .errors import (
 from .ids import BlockKey, CompatID, ScopeID, parse_digest
 from .records import (
     RECORDS,
+    Checkpoint,
     InstanceStatus,
     LeaseRequest,
     LeaseResponse,
@@ -68,6 +69,7 @@ from .records import (
     PrefetchStatus,
     ReplicaRecord,
     Residency,
+    Sampler,
     TargetEstimate,
 )
 from .scope import ScopeKey
@@ -78,6 +80,7 @@ __all__ = [
     "RECORDS",
     "BlockKey",
     "Chain",
+    "Checkpoint",
     "CompatID",
     "ConflictError",
     "Descriptor",
@@ -115,6 +118,7 @@ __all__ = [
     "ReplicaRecord",
     "RequestTimeoutError",
     "Residency",
+    "Sampler",
     "ScopeDeniedError",
     "ScopeID",
     "ScopeKey",

@@ -703,7 +703,119 @@ class InstanceStatus:
             _check_int(f"{w}: links[].rtt_us", link.rtt_us)
 
 
+def _tokens(o: dict[str, Any], member: str, what: str) -> tuple[int, ...] | None:
+    """A token array (integers 0..2^32-1; null: absent; a null element is
+    refused, as Go's token decoder refuses it)."""
+    v = _get(o, member)
+    if v is None:
+        return None
+    if not isinstance(v, list):
+        raise invalid(f"{what}: /{member}: want an array of token ids")
+    for i, t in enumerate(v):
+        if isinstance(t, bool) or not isinstance(t, int) or isinstance(t, _json.Float) or not 0 <= t <= _U32:
+            raise invalid(f"{what}: /{member}: token {i}: not an integer 0..2^32-1")
+    return tuple(v)
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """A session's sampler (R-SES-*): seed, step and deterministic are
+    required; params is an object."""
+
+    method: str
+    params: dict[str, Any] | None
+    seed: int
+    step: int
+    deterministic: bool
+
+    @classmethod
+    def decode(cls, data: bytes | dict[str, Any]) -> Sampler:
+        w = "sampler"
+        o = _obj(data, w)
+        _required(o, w, "seed", "step", "deterministic")
+        params = _get(o, "params")
+        if params is not None and not isinstance(params, dict):
+            raise invalid(f"{w}: /params: must be an object")
+        det = _get(o, "deterministic")
+        if not isinstance(det, bool):
+            raise invalid(f"{w}: /deterministic: must be a boolean")
+        return cls(_str(o, "method", w), params, _uint(o, "seed", w), _uint(o, "step", w), det)
+
+    def validate(self) -> None:
+        if self.method == "":
+            raise invalid("sampler: method: required")
+        if self.params is None:
+            raise invalid("sampler: params: required (an object)")
+        _check_int("sampler: seed", self.seed)
+        _check_int("sampler: step", self.step)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A Session Checkpoint (R-SES-5..14): what an instance needs to resume a
+    session exactly."""
+
+    session: bytes | None
+    epoch: int
+    compat_id: CompatID | None
+    scope_id: ScopeID | None
+    prompt_blocks: tuple[BlockKey, ...] | None
+    prompt_tail: tuple[int, ...] | None
+    generated: tuple[int, ...] | None
+    output_offset: int
+    sampler: Sampler
+
+    @classmethod
+    def decode(cls, data: bytes | dict[str, Any]) -> Checkpoint:
+        w = "checkpoint"
+        o = _obj(data, w)
+        _required(o, w, "output_offset", "sampler")
+        blocks = tuple(_keys(o, "prompt_blocks", w)) if _get(o, "prompt_blocks") is not None else None
+        r = cls(
+            session=_uuid(o, "session", w),
+            epoch=_uint(o, "epoch", w),
+            compat_id=_id(o, "compat_id", CompatID, w),
+            scope_id=_id(o, "scope_id", ScopeID, w),
+            prompt_blocks=blocks,
+            prompt_tail=_tokens(o, "prompt_tail", w),
+            generated=_tokens(o, "generated", w),
+            output_offset=_uint(o, "output_offset", w),
+            sampler=Sampler.decode(_get(o, "sampler")),
+        )
+        r.validate()
+        return r
+
+    def validate(self) -> None:
+        w = "checkpoint"
+        if _zero(self.session):
+            raise invalid(f"{w}: session: required")
+        if self.epoch == 0:
+            raise invalid(f"{w}: epoch: required, at least 1")
+        if _zero(self.compat_id):
+            raise invalid(f"{w}: compat_id: required")
+        if _zero(self.scope_id):
+            raise invalid(f"{w}: scope_id: required")
+        if self.prompt_blocks is None:
+            raise invalid(f"{w}: prompt_blocks: required (may be empty)")
+        if self.prompt_tail is None:
+            raise invalid(f"{w}: prompt_tail: required (may be empty)")
+        if self.generated is None:
+            raise invalid(f"{w}: generated: required (may be empty)")
+        if self.output_offset != len(self.generated):
+            raise invalid(f"{w}: output_offset: must equal the number of generated tokens")
+        for i, k in enumerate(self.prompt_blocks):
+            if not any(k):
+                raise invalid(f"{w}: prompt_blocks[{i}]: zero key")
+        _check_int(f"{w}: epoch", self.epoch)
+        self.sampler.validate()
+
+    def validate_for(self, block_tokens: int) -> None:
+        if self.prompt_tail is not None and len(self.prompt_tail) >= block_tokens:
+            raise invalid("checkpoint: prompt_tail: must be shorter than one block")
+
+
 RECORDS: dict[str, Any] = {
+    "checkpoint": Checkpoint,
     "status": InstanceStatus,
     "lookup_request": LookupRequest,
     "lookup_response": LookupResponse,
