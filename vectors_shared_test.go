@@ -88,7 +88,7 @@ type sharedVectors struct {
 		Valid                          bool
 		ResourceID                     string `json:"resource_id"`
 	} `json:"base_uris"`
-	Records []struct{ Type, Name, JSON, Error string } `json:"records"`
+	Records []struct{ Type, Name, JSON, Error, Kind string } `json:"records"`
 }
 
 type geometryJSON struct {
@@ -319,16 +319,24 @@ func TestSharedVectors(t *testing.T) {
 			r = new(kvsp.InstanceStatus)
 		case "checkpoint":
 			r = new(kvsp.Checkpoint)
+		case "place_request":
+			r = new(kvsp.PlaceRequest)
+		case "place_response":
+			r = new(kvsp.PlaceResponse)
+		case "generate_request":
+			r = new(kvsp.GenerateRequest)
+		case "generated_token":
+			r = new(kvsp.GeneratedToken)
 		default:
 			t.Fatalf("record %q: unknown type %q", c.Name, c.Type)
 		}
 		err := kvsp.Decode([]byte(c.JSON), r)
-		if (err != nil) != (c.Error != "") {
-			t.Errorf("%s %q: %v, want error %q", c.Type, c.Name, err, c.Error)
+		if (err != nil) != (c.Error != "") || err != nil && kvsp.ProblemFor(err).Unwrap().Error() != c.Kind {
+			t.Errorf("%s %q: %v, want error %q (%s)", c.Type, c.Name, err, c.Error, c.Kind)
 		}
 		ran++
 	}
-	if ran != v.Count || ran < 418 {
+	if ran != v.Count || ran < 469 {
 		t.Fatalf("ran %d vectors, the file says %d", ran, v.Count)
 	}
 	t.Logf("%d shared vectors", ran)

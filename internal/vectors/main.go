@@ -51,6 +51,7 @@ type RecordVector struct {
 	Name  string `json:"name"`
 	JSON  string `json:"json"`
 	Error string `json:"error,omitempty"`
+	Kind  string `json:"kind,omitempty"` // the refusal's sentinel (its problem type and status)
 }
 
 // BaseURIVector is a string offered as a base URI: its normalized form (or
@@ -940,7 +941,7 @@ func recordVectors(v *Vectors) {
 		rv := RecordVector{Type: "replica", Name: k.name, JSON: j}
 		var r kvsp.ReplicaRecord
 		if err := kvsp.Decode([]byte(j), &r); err != nil {
-			rv.Error = errText(err)
+			rv.Error, rv.Kind = errText(err), kvsp.ProblemFor(err).Unwrap().Error()
 		}
 		v.Records = append(v.Records, rv)
 	}
@@ -959,7 +960,7 @@ func recordVectors(v *Vectors) {
 		rv := RecordVector{Type: "lease_request", Name: k.name, JSON: j}
 		var r kvsp.LeaseRequest
 		if err := kvsp.Decode([]byte(j), &r); err != nil {
-			rv.Error = errText(err)
+			rv.Error, rv.Kind = errText(err), kvsp.ProblemFor(err).Unwrap().Error()
 		}
 		v.Records = append(v.Records, rv)
 	}
@@ -992,7 +993,7 @@ func recordVectors(v *Vectors) {
 		rv := RecordVector{Type: "prefetch_directive", Name: k.name, JSON: j}
 		var r kvsp.PrefetchDirective
 		if err := kvsp.Decode([]byte(j), &r); err != nil {
-			rv.Error = errText(err)
+			rv.Error, rv.Kind = errText(err), kvsp.ProblemFor(err).Unwrap().Error()
 		}
 		v.Records = append(v.Records, rv)
 	}
@@ -1010,7 +1011,7 @@ func recordVectors(v *Vectors) {
 		rv := RecordVector{Type: "prefetch_status", Name: k.name, JSON: j}
 		var r kvsp.PrefetchStatus
 		if err := kvsp.Decode([]byte(j), &r); err != nil {
-			rv.Error = errText(err)
+			rv.Error, rv.Kind = errText(err), kvsp.ProblemFor(err).Unwrap().Error()
 		}
 		v.Records = append(v.Records, rv)
 	}
@@ -1035,7 +1036,7 @@ func recordVectors(v *Vectors) {
 		rv := RecordVector{Type: "lookup_request", Name: k.name, JSON: j}
 		var r kvsp.LookupRequest
 		if err := kvsp.Decode([]byte(j), &r); err != nil {
-			rv.Error = errText(err)
+			rv.Error, rv.Kind = errText(err), kvsp.ProblemFor(err).Unwrap().Error()
 		}
 		v.Records = append(v.Records, rv)
 	}
@@ -1061,7 +1062,7 @@ func recordVectors(v *Vectors) {
 		rv := RecordVector{Type: "lookup_response", Name: k.name, JSON: j}
 		var r kvsp.LookupResponse
 		if err := kvsp.Decode([]byte(j), &r); err != nil {
-			rv.Error = errText(err)
+			rv.Error, rv.Kind = errText(err), kvsp.ProblemFor(err).Unwrap().Error()
 		}
 		v.Records = append(v.Records, rv)
 	}
@@ -1108,7 +1109,7 @@ func recordVectors(v *Vectors) {
 		rv := RecordVector{Type: "status", Name: k.name, JSON: j}
 		var r kvsp.InstanceStatus
 		if err := kvsp.Decode([]byte(j), &r); err != nil {
-			rv.Error = errText(err)
+			rv.Error, rv.Kind = errText(err), kvsp.ProblemFor(err).Unwrap().Error()
 		}
 		v.Records = append(v.Records, rv)
 	}
@@ -1149,7 +1150,111 @@ func recordVectors(v *Vectors) {
 		rv := RecordVector{Type: "checkpoint", Name: k.name, JSON: j}
 		var r kvsp.Checkpoint
 		if err := kvsp.Decode([]byte(j), &r); err != nil {
-			rv.Error = errText(err)
+			rv.Error, rv.Kind = errText(err), kvsp.ProblemFor(err).Unwrap().Error()
+		}
+		v.Records = append(v.Records, rv)
+	}
+	le := func(toks ...uint32) string {
+		b := make([]byte, 0, 4*len(toks))
+		for _, t := range toks {
+			b = binary.LittleEndian.AppendUint32(b, t)
+		}
+		return `"` + base64.StdEncoding.EncodeToString(b) + `"`
+	}
+	place := [][2]string{{"scope_id", hex16(3)}, {"compat_id", hex32(2)}, {"tokens", "[1,2,3,4,5]"}, {"session", uuid},
+		{"sampler", `{"method":"top-p","params":{"p":0.9},"seed":7}`}, {"max_tokens", "16"}}
+	for _, k := range []c{
+		{"complete", nil},
+		{"greedy, no session", map[string]string{"session": "", "sampler": `{"method":"greedy","seed":0}`}},
+		{"no sampler", map[string]string{"sampler": "null"}},
+		{"tokens_le32 instead of tokens", map[string]string{"tokens": "", "tokens_le32": le(1, 2, 3, 4294967295)}},
+		{"both tokens and tokens_le32", map[string]string{"tokens_le32": le(1)}},
+		{"tokens_le32 not a multiple of 4", map[string]string{"tokens": "", "tokens_le32": `"AQID"`}},
+		{"tokens_le32 unpadded base64", map[string]string{"tokens": "", "tokens_le32": `"AQAAAA"`}},
+		{"tokens_le32 base64url", map[string]string{"tokens": "", "tokens_le32": `"_____w=="`}},
+		{"tokens_le32 empty", map[string]string{"tokens": "", "tokens_le32": `""`}},
+		{"tokens empty", map[string]string{"tokens": "[]"}},
+		{"tokens absent", map[string]string{"tokens": ""}},
+		{"max_tokens 0", map[string]string{"max_tokens": "0"}},
+		{"max_tokens 2^20", map[string]string{"max_tokens": "1048576"}},
+		{"max_tokens past 2^20", map[string]string{"max_tokens": "1048577"}},
+		{"session nil", map[string]string{"session": `"00000000-0000-0000-0000-000000000000"`}},
+		{"session null", map[string]string{"session": "null"}},
+		{"sampler unknown method", map[string]string{"sampler": `{"method":"beam","seed":1}`}},
+		{"sampler method absent", map[string]string{"sampler": `{"seed":1}`}},
+		{"top-p without p", map[string]string{"sampler": `{"method":"top-p","params":{},"seed":1}`}},
+		{"top-p with p 1", map[string]string{"sampler": `{"method":"top-p","params":{"p":1},"seed":1}`}},
+		{"top-p with p 0", map[string]string{"sampler": `{"method":"top-p","params":{"p":0},"seed":1}`}},
+		{"top-p with p 1.5", map[string]string{"sampler": `{"method":"top-p","params":{"p":1.5},"seed":1}`}},
+		{"top-p with p a string", map[string]string{"sampler": `{"method":"top-p","params":{"p":"0.5"},"seed":1}`}},
+		{"top-p with p null", map[string]string{"sampler": `{"method":"top-p","params":{"p":null},"seed":1}`}},
+		{"top-p with another parameter", map[string]string{"sampler": `{"method":"top-p","params":{"p":0.5,"k":4},"seed":1}`}},
+		{"greedy with p", map[string]string{"sampler": `{"method":"greedy","params":{"p":0.5},"seed":1}`}},
+		{"seed 2^53", map[string]string{"sampler": `{"method":"greedy","seed":9007199254740992}`}},
+		{"scope_id absent", map[string]string{"scope_id": ""}},
+	} {
+		j := object(place, k.over)
+		rv := RecordVector{Type: "place_request", Name: k.name, JSON: j}
+		var r kvsp.PlaceRequest
+		if err := kvsp.Decode([]byte(j), &r); err != nil {
+			rv.Error, rv.Kind = errText(err), kvsp.ProblemFor(err).Unwrap().Error()
+		}
+		v.Records = append(v.Records, rv)
+	}
+	presp := [][2]string{{"session", uuid}, {"epoch", "3"}, {"instance", `"https://ii1.example/kvsp/"`}, {"matched", "4"}, {"directive", uuid}, {"grant", `"AbC-_0"`}}
+	for _, k := range []c{
+		{"complete", nil},
+		{"no directive, no grant", map[string]string{"directive": "null", "grant": ""}},
+		{"epoch 0", map[string]string{"epoch": "0"}},
+		{"instance unnormalised", map[string]string{"instance": `"https://II1.example/kvsp/"`}},
+		{"grant of 2972 characters", map[string]string{"grant": `"` + strings.Repeat("A", 2972) + `"`}},
+		{"grant of 2973 characters", map[string]string{"grant": `"` + strings.Repeat("A", 2973) + `"`}},
+		{"matched negative (not checked)", map[string]string{"matched": "-2"}},
+		{"session absent", map[string]string{"session": ""}},
+	} {
+		j := object(presp, k.over)
+		rv := RecordVector{Type: "place_response", Name: k.name, JSON: j}
+		var r kvsp.PlaceResponse
+		if err := kvsp.Decode([]byte(j), &r); err != nil {
+			rv.Error, rv.Kind = errText(err), kvsp.ProblemFor(err).Unwrap().Error()
+		}
+		v.Records = append(v.Records, rv)
+	}
+	gen := [][2]string{{"session", uuid}, {"epoch", "3"}, {"scope_id", hex16(3)}, {"compat_id", hex32(2)}, {"tokens", "[1,2,3]"}, {"max_tokens", "8"},
+		{"sampler", `{"method":"greedy","seed":0}`}, {"from", "2"}, {"grant", `"AbC-_0"`}}
+	for _, k := range []c{
+		{"complete", nil},
+		{"from 0", map[string]string{"from": "0"}},
+		{"max_tokens past 2^20: 413", map[string]string{"max_tokens": "1048577"}},
+		{"max_tokens 0", map[string]string{"max_tokens": "0"}},
+		{"epoch absent", map[string]string{"epoch": ""}},
+		{"session a number", map[string]string{"session": "1"}},
+		{"tokens with a null", map[string]string{"tokens": "[1,null]"}},
+		{"grant of 2973 characters", map[string]string{"grant": `"` + strings.Repeat("A", 2973) + `"`}},
+		{"from negative", map[string]string{"from": "-1"}},
+	} {
+		j := object(gen, k.over)
+		rv := RecordVector{Type: "generate_request", Name: k.name, JSON: j}
+		var r kvsp.GenerateRequest
+		if err := kvsp.Decode([]byte(j), &r); err != nil {
+			rv.Error, rv.Kind = errText(err), kvsp.ProblemFor(err).Unwrap().Error()
+		}
+		v.Records = append(v.Records, rv)
+	}
+	tok := [][2]string{{"index", "0"}, {"epoch", "3"}, {"token", "42"}, {"prefill", `{"cached_tokens":512,"computed_tokens":52}`}}
+	for _, k := range []c{
+		{"the first line, with prefill", nil},
+		{"the last line", map[string]string{"prefill": "", "done": "true"}},
+		{"epoch 0", map[string]string{"epoch": "0"}},
+		{"token 2^32", map[string]string{"token": "4294967296"}},
+		{"done a string", map[string]string{"done": `"true"`}},
+		{"prefill an array", map[string]string{"prefill": "[512,52]"}},
+	} {
+		j := object(tok, k.over)
+		rv := RecordVector{Type: "generated_token", Name: k.name, JSON: j}
+		var r kvsp.GeneratedToken
+		if err := kvsp.Decode([]byte(j), &r); err != nil {
+			rv.Error, rv.Kind = errText(err), kvsp.ProblemFor(err).Unwrap().Error()
 		}
 		v.Records = append(v.Records, rv)
 	}
@@ -1170,7 +1275,7 @@ func recordVectors(v *Vectors) {
 		rv := RecordVector{Type: "lease_response", Name: k.name, JSON: j}
 		var r kvsp.LeaseResponse
 		if err := kvsp.Decode([]byte(j), &r); err != nil {
-			rv.Error = errText(err)
+			rv.Error, rv.Kind = errText(err), kvsp.ProblemFor(err).Unwrap().Error()
 		}
 		v.Records = append(v.Records, rv)
 	}

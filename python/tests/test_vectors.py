@@ -36,7 +36,7 @@ def test_count() -> None:
         "base_uris",
         "records",
     ]
-    assert sum(len(DATA[s]) for s in sections) == DATA["count"] >= 418
+    assert sum(len(DATA[s]) for s in sections) == DATA["count"] >= 469
 
 
 @pytest.mark.parametrize("case", DATA["descriptors"], ids=_ids(DATA["descriptors"]))
@@ -205,7 +205,8 @@ def test_record(case: dict[str, Any]) -> None:
     cls = kvsp.RECORDS[case["type"]]
     data = case["json"].encode("utf-8")
     if case.get("error"):
-        with pytest.raises(kvsp.InvalidError):
+        with pytest.raises(kvsp.KVSPError) as e:
             cls.decode(data)
+        assert e.value.kind == case["kind"]
         return
     cls.decode(data)

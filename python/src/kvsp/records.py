@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from . import _json
 from .baseuri import normalize_base_uri_named, validate_base_uri
-from .errors import invalid
+from .errors import TooLargeError, invalid
 from .ids import _ID, DIGEST_PREFIX, BlockKey, CompatID, ScopeID, parse_digest, parse_hex
 
 TIERS = ("device", "host", "local-storage", "remote-memory", "remote-storage")
@@ -814,7 +814,243 @@ class Checkpoint:
             raise invalid("checkpoint: prompt_tail: must be shorter than one block")
 
 
+MAX_PLACE_TOKENS = 1 << 20
+MAX_GENERATE_TOKENS = 1 << 20
+MAX_GRANT_LEN = (1 + 16 + 16 + 8 + 16 + 32 + 32 + 8 + 8 + 8 + 2 + 2048 + 32 + 2) // 3 * 4
+SAMPLERS = ("greedy", "top-p")
+
+
+@dataclass(frozen=True)
+class PlaceSampler:
+    """A request's sampler: greedy, or top-p with params.p in (0, 1]."""
+
+    method: str
+    params: dict[str, Any] | None
+    seed: int
+
+    @classmethod
+    def decode(cls, v: Any, what: str) -> PlaceSampler | None:
+        if v is None:
+            return None
+        if not isinstance(v, dict):
+            raise invalid(f"{what}: /sampler: must be an object")
+        params = _get(v, "params")
+        if params is not None and not isinstance(params, dict):
+            raise invalid(f"{what}: /sampler/params: must be an object")
+        return cls(_str(v, "method", what), params, _uint(v, "seed", what))
+
+    def validate(self, where: str) -> None:
+        if self.method == "":
+            raise invalid(f"{where}.method: required")
+        if self.method not in SAMPLERS:
+            raise invalid(f'{where}.method: not one of "greedy", "top-p"')
+        for k, p in (self.params or {}).items():
+            if self.method != "top-p" or k != "p":
+                raise invalid(f"{where}.params: not a parameter of {self.method}")
+            if isinstance(p, bool) or not isinstance(p, int | float):
+                raise invalid(f"{where}.params.p: a number is required")
+            if not 0 < p <= 1:
+                raise invalid(f"{where}.params.p: must satisfy 0 < p <= 1")
+        if self.method == "top-p" and "p" not in (self.params or {}):
+            raise invalid(f"{where}.params.p: required for top-p")
+        if self.seed > _json.MAX_JSON_INT:
+            raise invalid(f"{where}.seed: 0..2^53-1")
+
+
+def _prompt(o: dict[str, Any], what: str) -> tuple[int, ...] | None:
+    """tokens, or tokens_le32 (base64 of little-endian uint32s): one or the
+    other."""
+    toks = _tokens(o, "tokens", what)
+    le = _get(o, "tokens_le32")
+    if le is None:
+        return toks
+    if not isinstance(le, str):
+        raise invalid(f"{what}: /tokens_le32: must be a base64 string")
+    try:
+        b = base64.b64decode(le, validate=True)
+    except (binascii.Error, ValueError):
+        raise invalid(f"{what}: /tokens_le32: not base64") from None
+    if base64.b64encode(b).decode("ascii") != le:
+        raise invalid(f"{what}: /tokens_le32: not base64")
+    if toks is not None:
+        raise invalid(f"{what}: tokens and tokens_le32: one or the other")
+    if len(b) % 4:
+        raise invalid(f"{what}: tokens_le32: {len(b)} octets, not a multiple of 4")
+    return tuple(int.from_bytes(b[i : i + 4], "little") for i in range(0, len(b), 4))
+
+
+def _check_place(
+    where: str,
+    scope: ScopeID | None,
+    compat: CompatID | None,
+    tokens: tuple[int, ...] | None,
+    max_tokens: int,
+    session: bytes | None,
+    sampler: PlaceSampler | None,
+) -> None:
+    if _zero(scope):
+        raise invalid(f"{where}: scope_id: required")
+    if _zero(compat):
+        raise invalid(f"{where}: compat_id: required")
+    if not tokens:
+        raise invalid(f"{where}: tokens: required, at least one")
+    if len(tokens) > MAX_PLACE_TOKENS:
+        raise TooLargeError(f"{where}: tokens: more than {MAX_PLACE_TOKENS}")
+    if max_tokens == 0 or max_tokens > MAX_GENERATE_TOKENS:
+        raise invalid(f"{where}: max_tokens: required, 1..{MAX_GENERATE_TOKENS}")
+    if session is not None and not any(session):
+        raise invalid(f"{where}: session: the nil UUID")
+    if sampler is not None:
+        sampler.validate(where + ": sampler")
+
+
+@dataclass(frozen=True)
+class PlaceRequest:
+    """The body of POST place."""
+
+    scope_id: ScopeID | None
+    compat_id: CompatID | None
+    tokens: tuple[int, ...] | None
+    max_tokens: int
+    session: bytes | None = None
+    sampler: PlaceSampler | None = None
+
+    @classmethod
+    def decode(cls, data: bytes | dict[str, Any]) -> PlaceRequest:
+        w = "place"
+        o = _obj(data, w)
+        r = cls(
+            _id(o, "scope_id", ScopeID, w),
+            _id(o, "compat_id", CompatID, w),
+            _prompt(o, w),
+            _uint(o, "max_tokens", w),
+            _uuid(o, "session", w),
+            PlaceSampler.decode(_get(o, "sampler"), w),
+        )
+        r.validate()
+        return r
+
+    def validate(self) -> None:
+        _check_place("place", self.scope_id, self.compat_id, self.tokens, self.max_tokens, self.session, self.sampler)
+
+
+@dataclass(frozen=True)
+class PlaceResponse:
+    """The answer to POST place."""
+
+    session: bytes | None
+    epoch: int
+    instance: str
+    matched: int
+    directive: bytes | None
+    grant: str = ""
+
+    @classmethod
+    def decode(cls, data: bytes | dict[str, Any]) -> PlaceResponse:
+        w = "place"
+        o = _obj(data, w)
+        r = cls(
+            _uuid(o, "session", w),
+            _uint(o, "epoch", w),
+            _str(o, "instance", w),
+            _int(o, "matched", w),
+            _uuid(o, "directive", w),
+            _str(o, "grant", w),
+        )
+        r.validate()
+        return r
+
+    def validate(self) -> None:
+        if _zero(self.session):
+            raise invalid("place: session: required")
+        if self.epoch == 0:
+            raise invalid("place: epoch: required, at least 1")
+        if len(self.grant) > MAX_GRANT_LEN:
+            raise invalid(f"place: grant: longer than {MAX_GRANT_LEN} characters")
+        validate_base_uri("place: instance", self.instance)
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """The body of POST generate (an instance's)."""
+
+    session: bytes | None
+    epoch: int
+    scope_id: ScopeID | None
+    compat_id: CompatID | None
+    tokens: tuple[int, ...] | None
+    max_tokens: int
+    sampler: PlaceSampler | None = None
+    from_: int | None = None
+    grant: str = ""
+
+    @classmethod
+    def decode(cls, data: bytes | dict[str, Any]) -> GenerateRequest:
+        w = "generate"
+        o = _obj(data, w)
+        frm = None if _get(o, "from") is None else _uint(o, "from", w)
+        r = cls(
+            _uuid(o, "session", w),
+            _uint(o, "epoch", w),
+            _id(o, "scope_id", ScopeID, w),
+            _id(o, "compat_id", CompatID, w),
+            _prompt(o, w),
+            _uint(o, "max_tokens", w),
+            PlaceSampler.decode(_get(o, "sampler"), w),
+            frm,
+            _str(o, "grant", w),
+        )
+        r.validate()
+        return r
+
+    def validate(self) -> None:
+        if _zero(self.session):
+            raise invalid("generate: session: required")
+        if self.epoch == 0:
+            raise invalid("generate: epoch: required, at least 1")
+        if self.max_tokens > MAX_GENERATE_TOKENS:
+            raise TooLargeError(f"generate: max_tokens: at most {MAX_GENERATE_TOKENS}")
+        if len(self.grant) > MAX_GRANT_LEN:
+            raise invalid(f"generate: grant: longer than {MAX_GRANT_LEN} characters")
+        _check_place("generate", self.scope_id, self.compat_id, self.tokens, self.max_tokens, None, self.sampler)
+
+
+@dataclass(frozen=True)
+class GeneratedToken:
+    """One line of a generate stream."""
+
+    index: int
+    epoch: int
+    token: int
+    done: bool = False
+    prefill: tuple[int, int] | None = None  # cached, computed
+
+    @classmethod
+    def decode(cls, data: bytes | dict[str, Any]) -> GeneratedToken:
+        w = "token"
+        o = _obj(data, w)
+        done = _get(o, "done")
+        if done is None:
+            done = False
+        if not isinstance(done, bool):
+            raise invalid(f"{w}: /done: must be a boolean")
+        pf = _get(o, "prefill")
+        prefill = None
+        if pf is not None:
+            if not isinstance(pf, dict):
+                raise invalid(f"{w}: /prefill: must be an object")
+            prefill = (_uint(pf, "cached_tokens", w), _uint(pf, "computed_tokens", w))
+        r = cls(_uint(o, "index", w), _uint(o, "epoch", w), _uint(o, "token", w, _U32), done, prefill)
+        if r.epoch == 0:
+            raise invalid("token: epoch: required, at least 1")
+        return r
+
+
 RECORDS: dict[str, Any] = {
+    "place_request": PlaceRequest,
+    "place_response": PlaceResponse,
+    "generate_request": GenerateRequest,
+    "generated_token": GeneratedToken,
     "checkpoint": Checkpoint,
     "status": InstanceStatus,
     "lookup_request": LookupRequest,
