@@ -327,6 +327,12 @@ func TestSharedVectors(t *testing.T) {
 			r = new(kvsp.GenerateRequest)
 		case "generated_token":
 			r = new(kvsp.GeneratedToken)
+		case "shard_map":
+			r = new(kvsp.ShardMap)
+		case "reshard":
+			r = new(kvsp.Reshard)
+		case "map_update":
+			r = new(kvsp.MapUpdate)
 		default:
 			t.Fatalf("record %q: unknown type %q", c.Name, c.Type)
 		}
@@ -336,7 +342,7 @@ func TestSharedVectors(t *testing.T) {
 		}
 		ran++
 	}
-	if ran != v.Count || ran < 469 {
+	if ran != v.Count || ran < 508 {
 		t.Fatalf("ran %d vectors, the file says %d", ran, v.Count)
 	}
 	t.Logf("%d shared vectors", ran)

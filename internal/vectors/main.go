@@ -1258,6 +1258,73 @@ func recordVectors(v *Vectors) {
 		}
 		v.Records = append(v.Records, rv)
 	}
+	smap := `{"map":"c3f8e1","version":4,"shards":[{"tokens":[0,32768],"instance":"https://ii1.example/kvsp/"},{"tokens":[32768,65536],"instance":"https://ii2.example/kvsp/"}]}`
+	for _, k := range []struct{ name, json string }{
+		{"the spec's shape", smap},
+		{"one shard", `{"map":"m","version":0,"shards":[{"tokens":[0,1],"instance":"https://ii1.example/kvsp/"}]}`},
+		{"version absent", `{"map":"m","shards":[{"tokens":[0,1],"instance":"https://ii1.example/kvsp/"}]}`},
+		{"version null", `{"map":"m","version":null,"shards":[{"tokens":[0,1],"instance":"https://ii1.example/kvsp/"}]}`},
+		{"map empty", `{"map":"","version":1,"shards":[{"tokens":[0,1],"instance":"https://ii1.example/kvsp/"}]}`},
+		{"map of 257 octets", `{"map":"` + strings.Repeat("m", 257) + `","version":1,"shards":[{"tokens":[0,1],"instance":"https://ii1.example/kvsp/"}]}`},
+		{"no shards", `{"map":"m","version":1,"shards":[]}`},
+		{"not starting at 0", `{"map":"m","version":1,"shards":[{"tokens":[1,2],"instance":"https://ii1.example/kvsp/"}]}`},
+		{"a gap", `{"map":"m","version":1,"shards":[{"tokens":[0,2],"instance":"https://ii1.example/kvsp/"},{"tokens":[3,4],"instance":"https://ii2.example/kvsp/"}]}`},
+		{"an empty range", `{"map":"m","version":1,"shards":[{"tokens":[0,0],"instance":"https://ii1.example/kvsp/"}]}`},
+		{"a range past 2^53", `{"map":"m","version":1,"shards":[{"tokens":[0,9007199254740992],"instance":"https://ii1.example/kvsp/"}]}`},
+		{"a range of three", `{"map":"m","version":1,"shards":[{"tokens":[0,1,2],"instance":"https://ii1.example/kvsp/"}]}`},
+		{"an instance over http", `{"map":"m","version":1,"shards":[{"tokens":[0,1],"instance":"http://ii1.example/kvsp/"}]}`},
+	} {
+		rv := RecordVector{Type: "shard_map", Name: k.name, JSON: k.json}
+		var r kvsp.ShardMap
+		if err := kvsp.Decode([]byte(k.json), &r); err != nil {
+			rv.Error, rv.Kind = errText(err), kvsp.ProblemFor(err).Unwrap().Error()
+		}
+		v.Records = append(v.Records, rv)
+	}
+	for _, k := range []struct{ name, json string }{
+		{"the spec's plan", `{"map":"c3f8e1","from":4,"to":5,"deadline_ms":200,"retain":[[0,32768]],"fetch":[{"tokens":[32768,49152],"from":"https://ii2.example/kvsp/"}],"release":[]}`},
+		{"a plan with kvsp's members", `{"map":"m","from":1,"to":2,"deadline_ms":50,"retain":[],"fetch":[{"tokens":[0,8],"from":"https://ii2.example/kvsp/","holder":"https://h2.example/kvsp/","block_keys":[` + hex32(1) + `,` + hex32(8) + `]}],"release":[[8,16]],"scope_id":` + hex16(3) + `,"compat_id":` + hex32(2) + `,"plan":` + uuid + `,"term":3}`},
+		{"a plan without lists", `{"map":"m","from":1,"to":2,"deadline_ms":50}`},
+		{"a commit", `{"map":"m","commit":5}`},
+		{"an abort", `{"map":"m","abort":5,"plan":` + uuid + `}`},
+		{"a plan without to", `{"map":"m","from":1,"deadline_ms":50}`},
+		{"a plan with to null", `{"map":"m","from":1,"to":null,"deadline_ms":50}`},
+		{"a plan and a commit", `{"map":"m","from":1,"to":2,"deadline_ms":50,"commit":2}`},
+		{"a commit and an abort", `{"map":"m","commit":2,"abort":2}`},
+		{"nothing", `{"map":"m"}`},
+		{"a plan without deadline", `{"map":"m","from":1,"to":2}`},
+		{"overlapping retain and fetch", `{"map":"m","from":1,"to":2,"deadline_ms":50,"retain":[[0,10]],"fetch":[{"tokens":[5,15],"from":"https://ii2.example/kvsp/"}]}`},
+		{"overlapping releases", `{"map":"m","from":1,"to":2,"deadline_ms":50,"release":[[0,10],[9,20]]}`},
+		{"an empty range", `{"map":"m","from":1,"to":2,"deadline_ms":50,"retain":[[4,4]]}`},
+		{"a fetch from http", `{"map":"m","from":1,"to":2,"deadline_ms":50,"fetch":[{"tokens":[0,8],"from":"http://ii2.example/kvsp/"}]}`},
+		{"a fetch's holder unnormalised", `{"map":"m","from":1,"to":2,"deadline_ms":50,"fetch":[{"tokens":[0,8],"from":"https://ii2.example/kvsp/","holder":"https://H2.example/kvsp/"}]}`},
+		{"a commit past 2^53", `{"map":"m","commit":9007199254740992}`},
+		{"map absent", `{"commit":2}`},
+	} {
+		rv := RecordVector{Type: "reshard", Name: k.name, JSON: k.json}
+		var r kvsp.Reshard
+		if err := kvsp.Decode([]byte(k.json), &r); err != nil {
+			rv.Error, rv.Kind = errText(err), kvsp.ProblemFor(err).Unwrap().Error()
+		}
+		v.Records = append(v.Records, rv)
+	}
+	for _, k := range []struct{ name, json string }{
+		{"complete", `{"map":` + smap + `,"scope_id":` + hex16(3) + `,"compat_id":` + hex32(2) + `,"tokens":[1,2,3],"deadline_ms":500}`},
+		{"without tokens and deadline", `{"map":` + smap + `,"scope_id":` + hex16(3) + `,"compat_id":` + hex32(2) + `}`},
+		{"without a scope", `{"map":` + smap + `,"compat_id":` + hex32(2) + `}`},
+		{"map absent", `{"scope_id":` + hex16(3) + `,"compat_id":` + hex32(2) + `}`},
+		{"map null", `{"map":null,"scope_id":` + hex16(3) + `,"compat_id":` + hex32(2) + `}`},
+		{"a map without version", `{"map":{"map":"m","shards":[{"tokens":[0,1],"instance":"https://ii1.example/kvsp/"}]},"scope_id":` + hex16(3) + `,"compat_id":` + hex32(2) + `}`},
+		{"an invalid map", `{"map":{"map":"m","version":1,"shards":[]},"scope_id":` + hex16(3) + `,"compat_id":` + hex32(2) + `}`},
+		{"deadline past 2^53", `{"map":` + smap + `,"scope_id":` + hex16(3) + `,"compat_id":` + hex32(2) + `,"deadline_ms":9007199254740992}`},
+	} {
+		rv := RecordVector{Type: "map_update", Name: k.name, JSON: k.json}
+		var r kvsp.MapUpdate
+		if err := kvsp.Decode([]byte(k.json), &r); err != nil {
+			rv.Error, rv.Kind = errText(err), kvsp.ProblemFor(err).Unwrap().Error()
+		}
+		v.Records = append(v.Records, rv)
+	}
 	resp := [][2]string{{"lease", `"l-0123_abc.~"`}, {"ttl_ms", "2000"}, {"block_keys", "[" + hex32(1) + "]"}}
 	for _, k := range []c{
 		{"complete", nil},

@@ -1046,7 +1046,235 @@ class GeneratedToken:
         return r
 
 
+MAX_MAP_ID_LEN = 256
+
+
+def _range(v: Any, what: str) -> tuple[int, int]:
+    """A token range [start, end): two unsigned 64-bit integers (null: zero)."""
+    if v is None:
+        return (0, 0)
+    if not isinstance(v, list) or len(v) != 2:
+        raise invalid(f"{what}: a token range is an array of two integers")
+    return (_uint({"v": v[0]}, "v", what), _uint({"v": v[1]}, "v", what))
+
+
+def _ranges(o: dict[str, Any], member: str, what: str) -> tuple[tuple[int, int], ...] | None:
+    raw = _list(o, member, what)
+    return None if raw is None else tuple(_range(x, what) for x in raw)
+
+
+def _range_valid(r: tuple[int, int]) -> bool:
+    return r[0] < r[1] <= _json.MAX_JSON_INT
+
+
+def _map_id(rec: str, m: str) -> None:
+    if m == "" or len(m.encode("utf-8")) > MAX_MAP_ID_LEN:
+        raise invalid(f"{rec}: map: required, at most {MAX_MAP_ID_LEN} octets")
+
+
+@dataclass(frozen=True)
+class Shard:
+    tokens: tuple[int, int]
+    instance: str
+
+
+@dataclass(frozen=True)
+class ShardMap:
+    """A sequence-sharded context's map (A-26): contiguous, non-overlapping
+    token ranges from 0, each at an instance."""
+
+    map: str
+    version: int
+    shards: tuple[Shard, ...]
+
+    @classmethod
+    def decode(cls, data: bytes | dict[str, Any]) -> ShardMap:
+        r = cls._decode(data)
+        r.validate()
+        return r
+
+    @classmethod
+    def _decode(cls, data: bytes | dict[str, Any]) -> ShardMap:
+        w = "shard map"
+        o = _obj(data, w)
+        _required(o, w, "version")
+        shards = []
+        for x in _list(o, "shards", w) or []:
+            if x is None:
+                x = {}
+            if not isinstance(x, dict):
+                raise invalid(f"{w}: /shards: each must be an object")
+            shards.append(Shard(_range(_get(x, "tokens"), w), _str(x, "instance", w)))
+        return cls(_str(o, "map", w), _uint(o, "version", w), tuple(shards))
+
+    def validate(self) -> None:
+        w = "shard map"
+        _map_id(w, self.map)
+        _check_int(f"{w}: version", self.version)
+        if not self.shards:
+            raise invalid(f"{w}: shards: required, at least one")
+        nxt = 0
+        for i, sh in enumerate(self.shards):
+            if not _range_valid(sh.tokens):
+                raise invalid(f"{w}: shards[{i}].tokens: must be [start, end) with start < end")
+            if sh.tokens[0] != nxt:
+                raise invalid(f"{w}: shards[{i}].tokens: not contiguous with the previous shard")
+            nxt = sh.tokens[1]
+            validate_base_uri(f"{w}: shards[].instance", sh.instance)
+
+
+@dataclass(frozen=True)
+class ReshardFetch:
+    tokens: tuple[int, int]
+    from_: str
+    holder: str = ""
+    block_keys: tuple[BlockKey, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Reshard:
+    """A reshard message (R-RSH-*): exactly one of a plan (from, to, with
+    retain, fetch, release), a commit or an abort."""
+
+    kind: str  # "plan", "commit" or "abort"
+    map: str
+    from_: int = 0
+    to: int = 0
+    deadline_ms: int = 0
+    retain: tuple[tuple[int, int], ...] = ()
+    fetch: tuple[ReshardFetch, ...] = ()
+    release: tuple[tuple[int, int], ...] = ()
+    commit: int = 0
+    abort: int = 0
+    scope_id: ScopeID | None = None
+    compat_id: CompatID | None = None
+    plan: bytes | None = None
+    term: int = 0
+
+    @classmethod
+    def decode(cls, data: bytes | dict[str, Any]) -> Reshard:
+        w = "reshard"
+        o = _obj(data, w)
+        fetch = []
+        for x in _list(o, "fetch", w) or []:
+            if x is None:
+                x = {}
+            if not isinstance(x, dict):
+                raise invalid(f"{w}: /fetch: each must be an object")
+            keys = tuple(_keys(x, "block_keys", w)) if _get(x, "block_keys") is not None else None
+            fetch.append(ReshardFetch(_range(_get(x, "tokens"), w), _str(x, "from", w), _str(x, "holder", w), keys))
+        fields = dict(
+            map=_str(o, "map", w),
+            deadline_ms=_uint(o, "deadline_ms", w),
+            retain=_ranges(o, "retain", w) or (),
+            fetch=tuple(fetch),
+            release=_ranges(o, "release", w) or (),
+            scope_id=_id(o, "scope_id", ScopeID, w),
+            compat_id=_id(o, "compat_id", CompatID, w),
+            plan=_uuid(o, "plan", w),
+            term=_uint(o, "term", w),
+        )
+        nums = {m: _uint(o, m, w) for m in ("from", "to", "commit", "abort")}
+        has = {m: _get(o, m) is not None for m in nums}
+        kinds = []
+        if has["from"] or has["to"]:
+            for m in ("from", "to"):
+                if not has[m]:
+                    raise invalid(f"reshard plan: {m}: required")
+            kinds.append("plan")
+        if has["commit"]:
+            kinds.append("commit")
+        if has["abort"]:
+            kinds.append("abort")
+        if len(kinds) != 1:
+            raise invalid("reshard: must be exactly one of a plan (from, to), a commit or an abort")
+        r = cls(kind=kinds[0], from_=nums["from"], to=nums["to"], commit=nums["commit"], abort=nums["abort"], **fields)  # type: ignore[arg-type]
+        r.validate()
+        return r
+
+    def validate(self) -> None:
+        _map_id("reshard", self.map)
+        for v in (self.from_, self.to, self.commit, self.abort, self.deadline_ms):
+            _check_int("reshard: version or deadline", v)
+        if self.kind != "plan":
+            if self.kind not in ("commit", "abort"):
+                raise invalid("reshard: unknown kind")
+            return
+        if self.deadline_ms == 0:
+            raise invalid("reshard plan: deadline_ms: required, at least 1")
+        seen: list[tuple[int, int]] = []
+
+        def check(name: str, rs: tuple[tuple[int, int], ...]) -> None:
+            for x in rs:
+                if not _range_valid(x):
+                    raise invalid(f"reshard plan: {name}: ranges must be [start, end) with start < end")
+                for y in seen:
+                    if x[0] < y[1] and y[0] < x[1]:
+                        raise invalid(f"reshard plan: {name}: ranges overlap (a retained range is never transferred)")
+                seen.append(x)
+
+        check("retain", self.retain)
+        for f in self.fetch:
+            validate_base_uri("reshard plan: fetch[].from", f.from_)
+            if f.holder:
+                validate_base_uri("reshard plan: fetch[].holder", f.holder)
+        check("fetch", tuple(f.tokens for f in self.fetch))
+        check("release", self.release)
+
+    def validate_for(self, block_tokens: int) -> None:
+        """The ranges against the model's block size."""
+        if block_tokens < 1:
+            raise invalid("reshard plan: block_tokens must be at least 1")
+        b = block_tokens
+        for x in self.retain:
+            if x[0] % b or x[1] % b:
+                raise invalid("reshard plan: retain: ranges must be multiples of block_tokens")
+        for f in self.fetch:
+            if f.tokens[0] % b or f.tokens[1] % b:
+                raise invalid("reshard plan: fetch: ranges must be multiples of block_tokens")
+            if f.block_keys is not None and len(f.block_keys) != (f.tokens[1] - f.tokens[0]) // b:
+                raise invalid("reshard plan: fetch[].block_keys: one key per block of the range")
+        for x in self.release:
+            if x[0] % b or x[1] % b:
+                raise invalid("reshard plan: release: ranges must be multiples of block_tokens")
+
+
+@dataclass(frozen=True)
+class MapUpdate:
+    """The body of PUT maps/{map} at the PC."""
+
+    map: ShardMap
+    scope_id: ScopeID | None
+    compat_id: CompatID | None
+    tokens: tuple[int, ...] | None = None
+    deadline_ms: int = 0
+
+    @classmethod
+    def decode(cls, data: bytes | dict[str, Any]) -> MapUpdate:
+        w = "map update"
+        o = _obj(data, w)
+        m = ShardMap._decode(_get(o, "map") if _get(o, "map") is not None else {"version": 0})
+        r = cls(
+            m,
+            _id(o, "scope_id", ScopeID, w),
+            _id(o, "compat_id", CompatID, w),
+            _tokens(o, "tokens", w),
+            _uint(o, "deadline_ms", w),
+        )
+        r.validate()
+        return r
+
+    def validate(self) -> None:
+        if _zero(self.scope_id) or _zero(self.compat_id):
+            raise invalid("map update: scope_id and compat_id: required")
+        _check_int("map update: deadline_ms", self.deadline_ms)
+        self.map.validate()
+
+
 RECORDS: dict[str, Any] = {
+    "shard_map": ShardMap,
+    "reshard": Reshard,
+    "map_update": MapUpdate,
     "place_request": PlaceRequest,
     "place_response": PlaceResponse,
     "generate_request": GenerateRequest,
