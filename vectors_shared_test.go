@@ -89,6 +89,14 @@ type sharedVectors struct {
 		ResourceID                     string `json:"resource_id"`
 	} `json:"base_uris"`
 	Records []struct{ Type, Name, JSON, Error, Kind string } `json:"records"`
+	FP8     []struct {
+		Name     string
+		Geometry geometryJSON
+		RawHex   string `json:"raw_hex"`
+		FP8Hex   string `json:"fp8_hex"`
+		BackHex  string `json:"back_hex"`
+		Error    string
+	} `json:"fp8_sections"`
 }
 
 type geometryJSON struct {
@@ -342,7 +350,25 @@ func TestSharedVectors(t *testing.T) {
 		}
 		ran++
 	}
-	if ran != v.Count || ran < 508 {
+	for _, c := range v.FP8 {
+		g := c.Geometry.geometry()
+		raw, _ := hex.DecodeString(c.RawHex)
+		codec := container.LookupCodec(container.CodecFP8Head)
+		sec := make([]byte, codec.SectionLen(g))
+		err := codec.FromRaw(sec, raw, g)
+		back := make([]byte, g.RawSectionLen())
+		if err == nil {
+			err = codec.ToRaw(back, sec, g)
+		}
+		switch {
+		case c.Error != "" && err == nil:
+			t.Errorf("fp8 %q: encoded, want refused", c.Name)
+		case c.Error == "" && (err != nil || hex.EncodeToString(sec) != c.FP8Hex || hex.EncodeToString(back) != c.BackHex):
+			t.Errorf("fp8 %q: %v", c.Name, err)
+		}
+		ran++
+	}
+	if ran != v.Count || ran < 518 {
 		t.Fatalf("ran %d vectors, the file says %d", ran, v.Count)
 	}
 	t.Logf("%d shared vectors", ran)

@@ -42,6 +42,18 @@ type Vectors struct {
 	Problems    []ProblemVector    `json:"problems"`
 	BaseURIs    []BaseURIVector    `json:"base_uris"`
 	Records     []RecordVector     `json:"records"`
+	FP8         []FP8Vector        `json:"fp8_sections"`
+}
+
+// FP8Vector is a raw K or V section and what codec 0xFF01 makes of it
+// (FromRaw), and of that back (ToRaw), or a refusal.
+type FP8Vector struct {
+	Name     string       `json:"name"`
+	Geometry GeometryJSON `json:"geometry"`
+	RawHex   string       `json:"raw_hex"`
+	FP8Hex   string       `json:"fp8_hex,omitempty"`
+	BackHex  string       `json:"back_hex,omitempty"`
+	Error    string       `json:"error,omitempty"`
 }
 
 // RecordVector is a JSON record of one type (replica, lease_request,
@@ -516,8 +528,9 @@ func run(path string) error {
 	problemVectors(&v)
 	baseURIVectors(&v)
 	recordVectors(&v)
+	fp8Vectors(&v, rng)
 	v.Count = len(v.Descriptors) + len(v.ScopeKeys) + len(v.BlockKeys) + len(v.Layers) + len(v.Replicas) + len(v.ReprFields) +
-		len(v.NewHeaders) + len(v.Headers) + len(v.Containers) + len(v.Problems) + len(v.BaseURIs) + len(v.Records)
+		len(v.NewHeaders) + len(v.Headers) + len(v.Containers) + len(v.Problems) + len(v.BaseURIs) + len(v.Records) + len(v.FP8)
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
@@ -1345,5 +1358,100 @@ func recordVectors(v *Vectors) {
 			rv.Error, rv.Kind = errText(err), kvsp.ProblemFor(err).Unwrap().Error()
 		}
 		v.Records = append(v.Records, rv)
+	}
+}
+
+func fp8Vectors(v *Vectors, rng *rand.Rand) {
+	// Random finite elements of every magnitude (subnormals, zeros of both
+	// signs, values past the fp8 range), as bit patterns.
+	finite := func(elem string, n int, scaleBits int) []byte {
+		var b []byte
+		for i := range n {
+			switch elem {
+			case "bf16", "fp16":
+				var x uint16
+				for {
+					x = uint16(rng.Uint32())
+					if scaleBits > 0 { // a narrower range of exponents: values within a few binades
+						x = x&0x83ff | uint16(scaleBits+int(rng.Uint32N(4)))<<10
+						if elem == "bf16" {
+							x = x&0x807f | uint16(120+int(rng.Uint32N(8)))<<7
+						}
+					}
+					exp := x >> 10 & 0x1f
+					if elem == "bf16" {
+						exp = x >> 7 & 0xff
+						if exp != 0xff {
+							break
+						}
+						continue
+					}
+					if exp != 0x1f {
+						break
+					}
+				}
+				if i%17 == 0 {
+					x = 0x8000 // negative zero
+				}
+				b = binary.LittleEndian.AppendUint16(b, x)
+			default:
+				var x uint32
+				for {
+					x = rng.Uint32()
+					if scaleBits > 0 {
+						x = x&0x807fffff | uint32(120+int(rng.Uint32N(8)))<<23
+					}
+					if x>>23&0xff != 0xff {
+						break
+					}
+				}
+				if i%13 == 0 {
+					x = 0
+				}
+				b = binary.LittleEndian.AppendUint32(b, x)
+			}
+		}
+		return b
+	}
+	for _, c := range []struct {
+		name  string
+		g     GeometryJSON
+		scale int
+		edit  func([]byte) []byte
+	}{
+		{"bf16, every magnitude", GeometryJSON{1, 4, 2, 8, "bf16"}, 0, nil},
+		{"bf16, a few binades", GeometryJSON{1, 4, 2, 8, "bf16"}, 1, nil},
+		{"fp16, every magnitude", GeometryJSON{1, 4, 2, 8, "fp16"}, 0, nil},
+		{"fp16, a few binades", GeometryJSON{1, 4, 2, 8, "fp16"}, 12, nil},
+		{"fp32, every magnitude", GeometryJSON{1, 4, 2, 8, "fp32"}, 0, nil},
+		{"fp32, a few binades", GeometryJSON{1, 4, 2, 8, "fp32"}, 1, nil},
+		{"fp16, one head all zero", GeometryJSON{1, 4, 2, 8, "fp16"}, 12, func(b []byte) []byte {
+			for t := 0; t < 4; t++ { // head 1 of each token: elements (2t+1)*8 .. +8
+				clear(b[2*(2*t+1)*8 : 2*(2*t+2)*8])
+			}
+			return b
+		}},
+		{"bf16 with a NaN", GeometryJSON{1, 4, 2, 8, "bf16"}, 1, func(b []byte) []byte { binary.LittleEndian.PutUint16(b[10:], 0x7fc1); return b }},
+		{"fp16 with an infinity", GeometryJSON{1, 4, 2, 8, "fp16"}, 12, func(b []byte) []byte { binary.LittleEndian.PutUint16(b[20:], 0xfc00); return b }},
+		{"fp8 elements cannot be scaled", GeometryJSON{1, 4, 2, 8, "fp8-e4m3"}, 0, func(b []byte) []byte { return make([]byte, 64) }},
+	} {
+		g := c.g.geometry()
+		raw := finite(c.g.Elem, int(g.Elements()), c.scale)
+		if c.edit != nil {
+			raw = c.edit(raw)
+		}
+		fv := FP8Vector{Name: c.name, Geometry: c.g, RawHex: hex.EncodeToString(raw)}
+		codec := container.LookupCodec(container.CodecFP8Head)
+		sec := make([]byte, codec.SectionLen(g))
+		if err := codec.FromRaw(sec, raw, g); err != nil {
+			fv.Error = errText(err)
+		} else {
+			back := make([]byte, g.RawSectionLen())
+			if err := codec.ToRaw(back, sec, g); err != nil {
+				panic(err)
+			}
+			fv.FP8Hex, fv.BackHex = hex.EncodeToString(sec), hex.EncodeToString(back)
+		}
+		v.FP8 = append(v.FP8, fv)
 	}
 }

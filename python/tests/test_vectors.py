@@ -35,8 +35,9 @@ def test_count() -> None:
         "problems",
         "base_uris",
         "records",
+        "fp8_sections",
     ]
-    assert sum(len(DATA[s]) for s in sections) == DATA["count"] >= 508
+    assert sum(len(DATA[s]) for s in sections) == DATA["count"] >= 518
 
 
 @pytest.mark.parametrize("case", DATA["descriptors"], ids=_ids(DATA["descriptors"]))
@@ -210,3 +211,17 @@ def test_record(case: dict[str, Any]) -> None:
         assert e.value.kind == case["kind"]
         return
     cls.decode(data)
+
+
+@pytest.mark.parametrize("case", DATA["fp8_sections"], ids=_ids(DATA["fp8_sections"]))
+def test_fp8(case: dict[str, Any]) -> None:
+    g = _geometry(case["geometry"])
+    assert g is not None
+    raw = bytes.fromhex(case["raw_hex"])
+    if case.get("error"):
+        with pytest.raises(kvsp.KVSPError):
+            kvsp.fp8_from_raw(raw, g)
+        return
+    sec = kvsp.fp8_from_raw(raw, g)
+    assert sec.hex() == case["fp8_hex"]
+    assert kvsp.fp8_to_raw(sec, g).hex() == case["back_hex"]

@@ -54,6 +54,7 @@ from .errors import (
     parse_problem,
     problem_error,
 )
+from .fp8 import fp8_from_raw, fp8_to_raw
 from .ids import BlockKey, CompatID, ScopeID, parse_digest
 from .records import (
     RECORDS,
@@ -153,6 +154,8 @@ __all__ = [
     "UnsupportedMediaTypeError",
     "Writer",
     "block_keys",
+    "fp8_from_raw",
+    "fp8_to_raw",
     "layer_digest",
     "new_header",
     "normalize_base_uri",
