@@ -1,0 +1,264 @@
+"""Clients of the KVSP roles over mutual TLS, as kvsp's Go client does it:
+TLS 1.3 only (R-HTTP-4), the client's certificate and key and the CA from
+files, and the server's identity checked by its certificate's URI SAN
+(A-5), not only by the host name. HTTP/1.1 over the standard library: a
+block body is read into one buffer per layer (``readinto``) and hashed
+through views, never copied per read.
+
+So far: the holder (GET whole or by layer range, verified in one pass
+against Repr-Digest and the record's layer digests; PUT with
+If-None-Match: *; leases) and the Index Service (publish, withdraw,
+lookup). Errors are problem details decoded into the KVSP exception
+classes (:mod:`kvsp.errors`)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import ssl
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+from urllib.parse import urlsplit
+
+from .container import Digests, Geometry, Layer, Reader
+from .digests import parse_repr_digest, repr_digest
+from .errors import DigestMismatchError, InvalidError, KVSPError, parse_problem, problem_error
+from .ids import BlockKey, CompatID, ScopeID
+from .records import LeaseResponse, LookupResponse, ReplicaRecord
+
+MEDIA_BLOCK = "application/kvsp-block"
+MEDIA_JSON = "application/kvsp+json"
+MEDIA_PROBLEM = "application/problem+json"
+MAX_ERROR_BODY = 64 << 10
+MAX_JSON_BODY = 64 << 20
+
+
+class IdentityError(KVSPError):
+    """The server's certificate does not carry the expected identity."""
+
+
+@dataclass(frozen=True)
+class BlockRef:
+    """A block resource: blocks/{compat}/{scope}/{block_key}."""
+
+    compat: CompatID
+    scope: ScopeID
+    key: BlockKey
+
+    def path(self) -> str:
+        return f"blocks/{self.compat.hex()}/{self.scope.hex()}/{self.key.hex()}"
+
+
+class Client:
+    """One identity's connection settings. ``server_identity``, when set, is
+    the URI SAN every server must present (then the host name is not
+    checked); otherwise the host name is, against the certificate."""
+
+    def __init__(
+        self, *, cert: str, key: str, ca: str, server_identity: str | None = None, timeout: float = 30.0
+    ) -> None:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+        ctx.load_verify_locations(cafile=ca)
+        ctx.load_cert_chain(cert, key)
+        ctx.set_alpn_protocols(["http/1.1"])
+        ctx.check_hostname = server_identity is None
+        self._ctx, self._identity, self._timeout = ctx, server_identity, timeout
+
+    def holder(self, base: str) -> Holder:
+        return Holder(self, base)
+
+    def index(self, base: str) -> IndexService:
+        return IndexService(self, base)
+
+    def _connect(self, url: str) -> tuple[http.client.HTTPSConnection, str]:
+        u = urlsplit(url)
+        if u.scheme != "https" or not u.hostname:
+            raise InvalidError("invalid: client: an https URL is required")
+        conn = http.client.HTTPSConnection(u.hostname, u.port or 443, context=self._ctx, timeout=self._timeout)
+        conn.connect()
+        if self._identity is not None:
+            sock = conn.sock
+            assert isinstance(sock, ssl.SSLSocket)
+            cert = sock.getpeercert() or {}
+            sans = [str(pair[1]) for pair in cert.get("subjectAltName", ()) if pair[0] == "URI"]
+            if self._identity not in sans:
+                conn.close()
+                raise IdentityError("client: the server's certificate does not name the expected identity")
+        path = u.path + ("?" + u.query if u.query else "")
+        return conn, path
+
+    def _json(self, method: str, url: str, body: Any = None) -> tuple[int, Any]:
+        conn, path = self._connect(url)
+        try:
+            data = None if body is None else json.dumps(body, separators=(",", ":")).encode("utf-8")
+            headers = {"Accept": f"{MEDIA_JSON}, {MEDIA_PROBLEM}"}
+            if data is not None:
+                headers["Content-Type"] = MEDIA_JSON
+            conn.request(method, path, body=data, headers=headers)
+            resp = conn.getresponse()
+            raw = resp.read(MAX_JSON_BODY + 1)
+            if len(raw) > MAX_JSON_BODY:
+                raise InvalidError("invalid: client: a response body past 64 MiB")
+            if resp.status >= 300:
+                raise _problem(resp.status, raw)
+            if not raw:
+                return resp.status, None
+            from . import _json
+
+            return resp.status, _json.loads(raw)
+        finally:
+            conn.close()
+
+
+def _problem(status: int, body: bytes) -> KVSPError:
+    try:
+        return problem_error(parse_problem(body[:MAX_ERROR_BODY], status))
+    except KVSPError:
+        from .errors import Problem
+
+        return problem_error(Problem("about:blank", status))
+
+
+def _join(base: str, rel: str) -> str:
+    return base + rel if base.endswith("/") else base + "/" + rel
+
+
+class BlockStream:
+    """A verified GET's layers, in order: iterate it (each layer once its
+    octets arrived and its digests matched), then ``digests``. Use it as a
+    context manager, or call :meth:`close`."""
+
+    def __init__(self, conn: http.client.HTTPSConnection, resp: http.client.HTTPResponse, reader: Reader) -> None:
+        self._conn, self.response, self._reader = conn, resp, reader
+
+    def __iter__(self) -> Iterator[Layer]:
+        return iter(self._reader)
+
+    @property
+    def digests(self) -> Digests:
+        return self._reader.digests
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> BlockStream:
+        return self
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+
+class Holder:
+    """A holder's block and lease resources."""
+
+    def __init__(self, client: Client, base: str) -> None:
+        self._c, self.base = client, base
+
+    def get_block(
+        self,
+        ref: BlockRef,
+        g: Geometry,
+        *,
+        layers: tuple[int, int] | None = None,
+        layer_digests: Sequence[bytes] | None = None,
+    ) -> BlockStream:
+        """GET a block, whole or layers [first, last] (inclusive), verified in
+        one pass: the container digest against Repr-Digest (required,
+        R-BLK-6) and each layer against ``layer_digests`` (indexed by model
+        layer, as a replica record's), when given."""
+        url = _join(self.base, ref.path())
+        if layers is not None:
+            url += f"?layers={layers[0]}-{layers[1]}"
+        conn, path = self._c._connect(url)
+        try:
+            conn.request(
+                "GET", path, headers={"Accept": f"{MEDIA_BLOCK}, {MEDIA_PROBLEM}", "Accept-Encoding": "identity"}
+            )
+            resp = conn.getresponse()
+            if resp.status != 200:
+                raise _problem(resp.status, resp.read(MAX_ERROR_BODY))
+            ctype = (resp.getheader("Content-Type") or "").split(";")[0].strip()
+            if ctype != MEDIA_BLOCK:
+                raise InvalidError("invalid: client: a block answered with another Content-Type")
+            try:
+                whole = parse_repr_digest(resp.getheader("Repr-Digest") or "")
+            except InvalidError as e:
+                raise DigestMismatchError(f"client: {e}") from None
+            return BlockStream(conn, resp, Reader(resp, g, layer_digests=layer_digests, container_digest=whole))
+        except BaseException:
+            conn.close()
+            raise
+
+    def put_block(self, ref: BlockRef, data: bytes | memoryview, digest: bytes) -> bool:
+        """PUT a container with If-None-Match: * and its Repr-Digest
+        (R-BLK-12, A-4). False when the holder already had the block and
+        kept it (412, R-BLK-14)."""
+        conn, path = self._c._connect(_join(self.base, ref.path()))
+        try:
+            conn.request(
+                "PUT",
+                path,
+                body=bytes(data),
+                headers={"Content-Type": MEDIA_BLOCK, "If-None-Match": "*", "Repr-Digest": repr_digest(digest)},
+            )
+            resp = conn.getresponse()
+            body = resp.read(MAX_ERROR_BODY)
+            if resp.status == 412:
+                return False
+            if not 200 <= resp.status < 300:
+                raise _problem(resp.status, body)
+            return True
+        finally:
+            conn.close()
+
+    def lease(self, scope: ScopeID, compat: CompatID, keys: Sequence[BlockKey], ttl_ms: int) -> LeaseResponse:
+        """POST leases (A-2)."""
+        body = {
+            "scope_id": scope.hex(),
+            "compat_id": compat.hex(),
+            "block_keys": [k.hex() for k in keys],
+            "ttl_ms": ttl_ms,
+        }
+        _, out = self._c._json("POST", _join(self.base, "leases"), body)
+        return LeaseResponse.decode(out)
+
+    def release_lease(self, lease_id: str) -> None:
+        self._c._json("DELETE", _join(self.base, "leases/" + lease_id))
+
+
+class IndexService:
+    """The Index Service: publish, withdraw and look up replicas."""
+
+    def __init__(self, client: Client, base: str) -> None:
+        self._c, self.base = client, base
+
+    def publish(self, record: dict[str, Any]) -> None:
+        """PUT replicas/{holder-id}/{block_key}: the record is validated
+        first, as the IS will validate it."""
+        from .baseuri import resource_id
+
+        rec = ReplicaRecord.decode(record)
+        assert rec.block_key is not None
+        self._c._json("PUT", _join(self.base, f"replicas/{resource_id(rec.holder)}/{rec.block_key.hex()}"), record)
+
+    def withdraw(self, holder: str, key: BlockKey) -> None:
+        from .baseuri import resource_id
+
+        self._c._json("DELETE", _join(self.base, f"replicas/{resource_id(holder)}/{key.hex()}"))
+
+    def lookup(
+        self, scope: ScopeID, compat: CompatID, keys: Sequence[BlockKey], targets: Sequence[str] = ()
+    ) -> LookupResponse:
+        """POST lookup: the longest prefix of keys with replicas (R-IS-11)."""
+        body: dict[str, Any] = {
+            "scope_id": scope.hex(),
+            "compat_id": compat.hex(),
+            "block_keys": [k.hex() for k in keys],
+        }
+        if targets:
+            body["targets"] = list(targets)
+        _, out = self._c._json("POST", _join(self.base, "lookup"), body)
+        return LookupResponse.decode(out)

@@ -1,0 +1,162 @@
+"""The Python clients against a real ``kvsp serve`` (real TLS on loopback,
+a real holder and IS, the process's policy): a producer stores a block,
+the holder publishes it, a client finds it by lookup and fetches it whole
+and by layer range, verified; another scope, a tampered digest and a
+server naming another identity are refused."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+import kvsp
+from kvsp.client import BlockRef, Client, IdentityError
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SERVER_ID = "spiffe://kvsp.local/node/127.0.0.1"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Served:
+    dir: pathlib.Path
+    base: str
+
+    def client(self, who: str = "client", identity: str | None = SERVER_ID) -> Client:
+        d = self.dir
+        return Client(
+            cert=str(d / f"{who}.pem"), key=str(d / f"{who}.key"), ca=str(d / "ca.pem"), server_identity=identity
+        )
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    binary = pathlib.Path(os.environ.get("KVSP_BIN", ROOT / "bin" / "kvsp"))
+    if not binary.exists():
+        pytest.fail(f"{binary} is missing: make build (make test-python builds it)")
+    d = tmp_path_factory.mktemp("serve")
+    port, metrics = _free_port(), _free_port()
+    conf = (ROOT / "examples" / "dev" / "kvsp.yaml").read_text()
+    (d / "kvsp.yaml").write_text(conf.replace("8443", str(port)).replace("9090", str(metrics)))
+    shutil.copy(ROOT / "examples" / "dev" / "descriptor.json", d / "descriptor.json")
+    subprocess.run([str(binary), "certs", "--config", str(d / "kvsp.yaml")], check=True, capture_output=True)
+    log = open(d / "serve.log", "wb")  # noqa: SIM115 (closed below)
+    proc = subprocess.Popen([str(binary), "serve", "--config", str(d / "kvsp.yaml")], cwd=d, stdout=log, stderr=log)
+    try:
+        end = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > end:
+                    raise RuntimeError("kvsp serve did not start: " + (d / "serve.log").read_text()[-2000:]) from None
+                time.sleep(0.05)
+        yield Served(d, f"https://127.0.0.1:{port}/")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+
+
+def _block(desc: kvsp.Descriptor, seed: int) -> tuple[bytes, kvsp.Digests, list[tuple[bytes, bytes]]]:
+    g = kvsp.Geometry.of(desc)
+    n = g.raw_section_len()
+    layers = [
+        (bytes((seed + i + j) % 251 for j in range(n)), bytes((seed * 7 + i + j) % 253 for j in range(n)))
+        for i in range(desc.layers)
+    ]
+    out = bytearray()
+
+    class Sink:
+        def write(self, b: bytes | memoryview) -> int:
+            out.extend(b)
+            return len(b)
+
+    w = kvsp.Writer(Sink(), kvsp.new_header(kvsp.CODEC_RAW, 0, desc.layers, g))
+    for k, v in layers:
+        w.write_layer(k, v)
+    return bytes(out), w.close(), layers
+
+
+def test_store_lookup_fetch_verify(served: Served) -> None:
+    desc = kvsp.parse_descriptor((served.dir / "descriptor.json").read_bytes())
+    compat = desc.compat_id()
+    key = kvsp.ScopeKey.from_hex((served.dir / "scope-a.key").read_text())
+    tokens = [128000, 791, 6460, 374, 264, 1296, 315, 279]
+    keys = kvsp.block_keys(key, compat, desc.block_tokens, tokens)
+    data, digests, layers = _block(desc, 3)
+    ref = BlockRef(compat, key.scope_id(), keys[0])
+    holder_base, is_base = served.base + "h1/", served.base + "is/"
+
+    producer = served.client("self")  # the process's identity: a producer (S13)
+    assert producer.holder(holder_base).put_block(ref, data, digests.container) is True
+    assert producer.holder(holder_base).put_block(ref, data, digests.container) is False  # 412: kept
+
+    tool = served.client()
+    index = tool.index(is_base)
+    found = None
+    for _ in range(200):  # the holder publishes after the PUT
+        found = index.lookup(key.scope_id(), compat, keys)
+        if found.matched:
+            break
+        time.sleep(0.02)
+    assert found is not None and found.matched == 1
+    rec = found.replicas[0][0]
+    assert (
+        rec.holder == holder_base
+        and rec.digest == kvsp.replica_digest(digests.layers)
+        and rec.size == desc.layers * 2 * len(layers[0][0])
+    )
+    assert rec.layer_digests is not None and list(rec.layer_digests) == digests.layers
+
+    g = kvsp.Geometry.of(desc)
+    with tool.holder(holder_base).get_block(ref, g, layer_digests=rec.layer_digests) as s:
+        got = [(layer.index, bytes(layer.k), bytes(layer.v)) for layer in s]
+        assert s.digests.container == digests.container
+    assert got == [(i, k, v) for i, (k, v) in enumerate(layers)]
+
+    with tool.holder(holder_base).get_block(ref, g, layers=(5, 7), layer_digests=rec.layer_digests) as s:
+        part = [(layer.index, bytes(layer.k)) for layer in s]
+    assert part == [(i, layers[i][0]) for i in (5, 6, 7)]
+
+    # Expected layer digests that differ: the layer is refused, not yielded.
+    wrong = list(rec.layer_digests)
+    wrong[2] = bytes(32)
+    with tool.holder(holder_base).get_block(ref, g, layer_digests=wrong) as s, pytest.raises(kvsp.DigestMismatchError):
+        for _ in s:
+            pass
+
+
+def test_refusals(served: Served) -> None:
+    desc = kvsp.parse_descriptor((served.dir / "descriptor.json").read_bytes())
+    other = kvsp.ScopeKey(bytes(range(32, 64)))
+    tool = served.client()
+    with pytest.raises(kvsp.ScopeDeniedError):
+        tool.index(served.base + "is/").lookup(other.scope_id(), desc.compat_id(), [kvsp.BlockKey(bytes([1]) * 32)])
+    key = kvsp.ScopeKey.from_hex((served.dir / "scope-a.key").read_text())
+    ref = BlockRef(desc.compat_id(), key.scope_id(), kvsp.BlockKey(bytes([9]) * 32))
+    with pytest.raises(kvsp.NotFoundError):
+        tool.holder(served.base + "h1/").get_block(ref, kvsp.Geometry.of(desc))
+    # The tool client is no producer: its PUT is refused (S13).
+    data, digests, _ = _block(desc, 5)
+    with pytest.raises(kvsp.ForbiddenError):
+        tool.holder(served.base + "h1/").put_block(ref, data, digests.container)
+    # A server that does not present the expected identity.
+    with pytest.raises(IdentityError):
+        served.client(identity="spiffe://kvsp.local/node/elsewhere").index(served.base + "is/").lookup(
+            key.scope_id(), desc.compat_id(), [ref.key]
+        )
