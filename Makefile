@@ -81,7 +81,7 @@ vectors-check: vectors ## the committed vectors are what Go gives now
 
 test-python: deps build ## the Python package: installed from python/ into .cache/venv, ruff, mypy --strict, pytest (its clients against bin/kvsp serve)
 	@$(VENV)/bin/pip install -q --no-deps --no-build-isolation --force-reinstall ./python
-	cd python && $(CURDIR)/$(VENV)/bin/ruff check . && $(CURDIR)/$(VENV)/bin/ruff format --check . && $(CURDIR)/$(VENV)/bin/mypy --strict src tests && KVSP_BIN=$(BIN)/kvsp $(CURDIR)/$(VENV)/bin/pytest
+	cd python && $(CURDIR)/$(VENV)/bin/ruff check . && $(CURDIR)/$(VENV)/bin/ruff format --check . && $(CURDIR)/$(VENV)/bin/mypy --strict src tests bench && KVSP_BIN=$(BIN)/kvsp $(CURDIR)/$(VENV)/bin/pytest
 
 deps: ## install what the tests need when it is missing (redis-server, redis-cli and etcd, and chromium for the status page's rendering test, from Debian; the pinned llama.cpp libraries from npm into .cache/llama.cpp; h2spec into bin/; the Python virtual environment .cache/venv from python/requirements-dev.lock, hashes required)
 	@missing=""; \

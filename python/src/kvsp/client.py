@@ -16,6 +16,7 @@ from __future__ import annotations
 import http.client
 import json
 import ssl
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -66,6 +67,29 @@ class Client:
         ctx.set_alpn_protocols(["http/1.1"])
         ctx.check_hostname = server_identity is None
         self._ctx, self._identity, self._timeout = ctx, server_identity, timeout
+        self._idle: dict[tuple[str, int], list[http.client.HTTPSConnection]] = {}
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        """Close the idle connections."""
+        with self._lock:
+            idle, self._idle = self._idle, {}
+        for conns in idle.values():
+            for c in conns:
+                c.close()
+
+    def _release(self, conn: http.client.HTTPSConnection, resp: http.client.HTTPResponse) -> None:
+        """Keep conn for the next request to its host, once its response was
+        read to the end and the server keeps it open; else close it."""
+        if not resp.isclosed() or resp.will_close or conn.sock is None:
+            conn.close()
+            return
+        with self._lock:
+            conns = self._idle.setdefault((conn.host, conn.port), [])
+            if len(conns) < 8:
+                conns.append(conn)
+                return
+        conn.close()
 
     def holder(self, base: str) -> Holder:
         return Holder(self, base)
@@ -77,6 +101,11 @@ class Client:
         u = urlsplit(url)
         if u.scheme != "https" or not u.hostname:
             raise InvalidError("invalid: client: an https URL is required")
+        path = u.path + ("?" + u.query if u.query else "")
+        with self._lock:
+            idle = self._idle.get((u.hostname, u.port or 443))
+            if idle:
+                return idle.pop(), path  # its server's identity was checked when it connected
         conn = http.client.HTTPSConnection(u.hostname, u.port or 443, context=self._ctx, timeout=self._timeout)
         conn.connect()
         if self._identity is not None:
@@ -87,7 +116,6 @@ class Client:
             if self._identity not in sans:
                 conn.close()
                 raise IdentityError("client: the server's certificate does not name the expected identity")
-        path = u.path + ("?" + u.query if u.query else "")
         return conn, path
 
     def _json(self, method: str, url: str, body: Any = None) -> tuple[int, Any]:
@@ -100,17 +128,20 @@ class Client:
             conn.request(method, path, body=data, headers=headers)
             resp = conn.getresponse()
             raw = resp.read(MAX_JSON_BODY + 1)
-            if len(raw) > MAX_JSON_BODY:
-                raise InvalidError("invalid: client: a response body past 64 MiB")
-            if resp.status >= 300:
-                raise _problem(resp.status, raw)
-            if not raw:
-                return resp.status, None
-            from . import _json
-
-            return resp.status, _json.loads(raw)
-        finally:
+        except BaseException:
             conn.close()
+            raise
+        if len(raw) > MAX_JSON_BODY:
+            conn.close()
+            raise InvalidError("invalid: client: a response body past 64 MiB")
+        self._release(conn, resp)
+        if resp.status >= 300:
+            raise _problem(resp.status, raw)
+        if not raw:
+            return resp.status, None
+        from . import _json
+
+        return resp.status, _json.loads(raw)
 
 
 def _problem(status: int, body: bytes) -> KVSPError:
@@ -131,18 +162,25 @@ class BlockStream:
     octets arrived and its digests matched), then ``digests``. Use it as a
     context manager, or call :meth:`close`."""
 
-    def __init__(self, conn: http.client.HTTPSConnection, resp: http.client.HTTPResponse, reader: Reader) -> None:
-        self._conn, self.response, self._reader = conn, resp, reader
+    def __init__(
+        self, client: Client, conn: http.client.HTTPSConnection, resp: http.client.HTTPResponse, reader: Reader
+    ) -> None:
+        self._client, self._conn, self.response, self._reader = client, conn, resp, reader
+        self._done = False
 
     def __iter__(self) -> Iterator[Layer]:
-        return iter(self._reader)
+        yield from self._reader
+        self._done = True  # read to the end and verified: the connection can serve another request
 
     @property
     def digests(self) -> Digests:
         return self._reader.digests
 
     def close(self) -> None:
-        self._conn.close()
+        if self._done:
+            self._client._release(self._conn, self.response)
+        else:
+            self._conn.close()
 
     def __enter__(self) -> BlockStream:
         return self
@@ -187,7 +225,9 @@ class Holder:
                 whole = parse_repr_digest(resp.getheader("Repr-Digest") or "")
             except InvalidError as e:
                 raise DigestMismatchError(f"client: {e}") from None
-            return BlockStream(conn, resp, Reader(resp, g, layer_digests=layer_digests, container_digest=whole))
+            return BlockStream(
+                self._c, conn, resp, Reader(resp, g, layer_digests=layer_digests, container_digest=whole)
+            )
         except BaseException:
             conn.close()
             raise
@@ -206,13 +246,15 @@ class Holder:
             )
             resp = conn.getresponse()
             body = resp.read(MAX_ERROR_BODY)
-            if resp.status == 412:
-                return False
-            if not 200 <= resp.status < 300:
-                raise _problem(resp.status, body)
-            return True
-        finally:
+        except BaseException:
             conn.close()
+            raise
+        self._c._release(conn, resp)
+        if resp.status == 412:
+            return False
+        if not 200 <= resp.status < 300:
+            raise _problem(resp.status, body)
+        return True
 
     def lease(self, scope: ScopeID, compat: CompatID, keys: Sequence[BlockKey], ttl_ms: int) -> LeaseResponse:
         """POST leases (A-2)."""
