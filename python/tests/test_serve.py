@@ -129,7 +129,12 @@ def test_store_lookup_fetch_verify(served: Served) -> None:
         assert s.digests.container == digests.container
     assert got == [(i, k, v) for i, (k, v) in enumerate(layers)]
 
+    # The connection the whole GET used serves the next request.
+    idle = tool._idle[("127.0.0.1", int(served.base.split(":")[2].strip("/")))]
+    assert len(idle) == 1
+    first = idle[0]
     with tool.holder(holder_base).get_block(ref, g, layers=(5, 7), layer_digests=rec.layer_digests) as s:
+        assert s._conn is first
         part = [(layer.index, bytes(layer.k)) for layer in s]
     assert part == [(i, layers[i][0]) for i in (5, 6, 7)]
 
