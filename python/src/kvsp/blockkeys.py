@@ -95,5 +95,21 @@ class Chain:
 
 
 def block_keys(key: ScopeKey, compat: CompatID, block_tokens: int, tokens: Sequence[int]) -> list[BlockKey]:
-    """The keys of every complete block of tokens (the tail has none, R-KEY-8)."""
-    return Chain(key, compat, block_tokens).extend(tokens[: len(tokens) - len(tokens) % max(block_tokens, 1)])
+    """The keys of every complete block of tokens (the tail has none, R-KEY-8),
+    a block at a time: one pack of its tokens and one HMAC each."""
+    c = Chain(key, compat, block_tokens)
+    b = block_tokens
+    pack = struct.Struct(f">{b}I").pack
+    base, prefix, prev = c._mac, c._prefix, c._prev
+    out = []
+    for i in range(0, len(tokens) - len(tokens) % b, b):
+        mac = base.copy()
+        mac.update(prefix)
+        mac.update(prev)
+        try:
+            mac.update(pack(*tokens[i : i + b]))
+        except struct.error:
+            raise invalid("block keys: a token must be in 0..2^32-1") from None
+        prev = mac.digest()
+        out.append(BlockKey(prev))
+    return out
