@@ -165,3 +165,30 @@ def test_refusals(served: Served) -> None:
         served.client(identity="spiffe://kvsp.local/node/elsewhere").index(served.base + "is/").lookup(
             key.scope_id(), desc.compat_id(), [ref.key]
         )
+
+
+def test_place_and_generate(served: Served) -> None:
+    """A request placed by the PC runs at the instance it names; its tokens
+    come labelled and in order; the same greedy request twice gives the
+    same tokens, the second reusing the first's blocks."""
+    desc = kvsp.parse_descriptor((served.dir / "descriptor.json").read_bytes())
+    key = kvsp.ScopeKey.from_hex((served.dir / "scope-a.key").read_text())
+    tool = served.client()
+    prompt = list(range(1000, 1000 + 4 * desc.block_tokens + 3))
+    runs = []
+    for _ in range(2):
+        placed = tool.controller(served.base + "pc/").place(key.scope_id(), desc.compat_id(), prompt, 6)
+        assert placed.instance == served.base + "ii1/" and placed.epoch >= 1 and placed.grant
+        lines = list(tool.instance(placed.instance).generate(placed, key.scope_id(), desc.compat_id(), prompt, 6))
+        assert [t.index for t in lines] == list(range(6))
+        assert all(t.epoch == placed.epoch for t in lines)
+        assert lines[0].prefill is not None and sum(lines[0].prefill) == len(prompt)
+        runs.append(lines)
+    assert [t.token for t in runs[0]] == [t.token for t in runs[1]]
+    first, second = runs[0][0].prefill, runs[1][0].prefill
+    assert first is not None and second is not None and second[0] >= 4 * desc.block_tokens > first[0]
+    # A generate without its grant is refused (S14).
+    placed = tool.controller(served.base + "pc/").place(key.scope_id(), desc.compat_id(), prompt, 6)
+    forged = kvsp.PlaceResponse(placed.session, placed.epoch, placed.instance, placed.matched, placed.directive, "")
+    with pytest.raises(kvsp.ForbiddenError):
+        list(tool.instance(placed.instance).generate(forged, key.scope_id(), desc.compat_id(), prompt, 6))

@@ -27,7 +27,7 @@ from .container import Digests, Geometry, Layer, Reader
 from .digests import parse_repr_digest, repr_digest
 from .errors import DigestMismatchError, InvalidError, KVSPError, parse_problem, problem_error
 from .ids import BlockKey, CompatID, ScopeID
-from .records import LeaseResponse, LookupResponse, ReplicaRecord
+from .records import GeneratedToken, LeaseResponse, LookupResponse, PlaceResponse, ReplicaRecord
 
 MEDIA_BLOCK = "application/kvsp-block"
 MEDIA_JSON = "application/kvsp+json"
@@ -96,6 +96,12 @@ class Client:
 
     def index(self, base: str) -> IndexService:
         return IndexService(self, base)
+
+    def controller(self, base: str) -> Controller:
+        return Controller(self, base)
+
+    def instance(self, base: str) -> Instance:
+        return Instance(self, base)
 
     def _connect(self, url: str) -> tuple[http.client.HTTPSConnection, str]:
         u = urlsplit(url)
@@ -304,3 +310,115 @@ class IndexService:
             body["targets"] = list(targets)
         _, out = self._c._json("POST", _join(self.base, "lookup"), body)
         return LookupResponse.decode(out)
+
+
+def _le32(tokens: Sequence[int]) -> str:
+    """A prompt as tokens_le32: base64 of little-endian uint32s (what Go's
+    client sends: a quarter of the JSON)."""
+    import base64
+    import struct
+
+    try:
+        return base64.b64encode(struct.pack(f"<{len(tokens)}I", *tokens)).decode("ascii")
+    except struct.error:
+        raise InvalidError("invalid: a token must be in 0..2^32-1") from None
+
+
+def _sampler(method: str, p: float | None, seed: int) -> dict[str, Any]:
+    s: dict[str, Any] = {"method": method, "seed": seed}
+    if p is not None:
+        s["params"] = {"p": p}
+    return s
+
+
+class Controller:
+    """The Placement Controller: POST place."""
+
+    def __init__(self, client: Client, base: str) -> None:
+        self._c, self.base = client, base
+
+    def place(
+        self,
+        scope: ScopeID,
+        compat: CompatID,
+        tokens: Sequence[int],
+        max_tokens: int,
+        *,
+        method: str = "greedy",
+        p: float | None = None,
+        seed: int = 0,
+    ) -> PlaceResponse:
+        """Where a request runs: its session, the instance and its epoch, the
+        blocks matched, the prefetch directive sent, the placement grant."""
+        body = {
+            "scope_id": scope.hex(),
+            "compat_id": compat.hex(),
+            "tokens_le32": _le32(tokens),
+            "max_tokens": max_tokens,
+            "sampler": _sampler(method, p, seed),
+        }
+        _, out = self._c._json("POST", _join(self.base, "place"), body)
+        return PlaceResponse.decode(out)
+
+
+class Instance:
+    """An instance agent: POST generate."""
+
+    def __init__(self, client: Client, base: str) -> None:
+        self._c, self.base = client, base
+
+    def generate(
+        self,
+        placed: PlaceResponse,
+        scope: ScopeID,
+        compat: CompatID,
+        tokens: Sequence[int],
+        max_tokens: int,
+        *,
+        method: str = "greedy",
+        p: float | None = None,
+        seed: int = 0,
+    ) -> Iterator[GeneratedToken]:
+        """Run a placed request: its token lines as they come, each labelled
+        with its index and the instance's epoch, the first with what the
+        prefill reused and computed. A stream that ends before its done line
+        raises UnavailableError."""
+        assert placed.session is not None
+        session = placed.session.hex()
+        body: dict[str, Any] = {
+            "session": f"{session[:8]}-{session[8:12]}-{session[12:16]}-{session[16:20]}-{session[20:]}",
+            "epoch": placed.epoch,
+            "scope_id": scope.hex(),
+            "compat_id": compat.hex(),
+            "tokens_le32": _le32(tokens),
+            "max_tokens": max_tokens,
+            "sampler": _sampler(method, p, seed),
+        }
+        if placed.grant:
+            body["grant"] = placed.grant
+        conn, path = self._c._connect(_join(self.base, "generate"))
+        try:
+            conn.request(
+                "POST",
+                path,
+                body=json.dumps(body).encode("utf-8"),
+                headers={"Content-Type": MEDIA_JSON, "Accept": "application/x-ndjson, " + MEDIA_PROBLEM},
+            )
+            resp = conn.getresponse()
+            if resp.status != 200:
+                raise _problem(resp.status, resp.read(MAX_ERROR_BODY))
+            while True:
+                line = resp.readline(MAX_ERROR_BODY)
+                if not line:
+                    from .errors import UnavailableError
+
+                    raise UnavailableError("client: the token stream ended before its end")
+                t = GeneratedToken.decode(line)
+                if t.done:
+                    break
+                yield t
+            resp.read()
+        except BaseException:
+            conn.close()
+            raise
+        self._c._release(conn, resp)
