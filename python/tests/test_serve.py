@@ -192,3 +192,58 @@ def test_place_and_generate(served: Served) -> None:
     forged = kvsp.PlaceResponse(placed.session, placed.epoch, placed.instance, placed.matched, placed.directive, "")
     with pytest.raises(kvsp.ForbiddenError):
         list(tool.instance(placed.instance).generate(forged, key.scope_id(), desc.compat_id(), prompt, 6))
+
+
+def test_asyncio_clients(served: Served) -> None:
+    """kvsp.aio: the same lookup, verified GET, place and generate over
+    asyncio, and the same refusals."""
+    import asyncio
+
+    from kvsp.aio import AsyncClient
+
+    desc = kvsp.parse_descriptor((served.dir / "descriptor.json").read_bytes())
+    key = kvsp.ScopeKey.from_hex((served.dir / "scope-a.key").read_text())
+    compat, g = desc.compat_id(), kvsp.Geometry.of(desc)
+    keys = kvsp.block_keys(key, compat, desc.block_tokens, [7, 7, 7, 7, 8, 8, 8, 8])
+    data, digests, layers = _block(desc, 11)
+    ref = BlockRef(compat, key.scope_id(), keys[0])
+    assert served.client("self").holder(served.base + "h1/").put_block(ref, data, digests.container)
+    d = served.dir
+
+    async def run() -> None:
+        c = AsyncClient(
+            cert=str(d / "client.pem"), key=str(d / "client.key"), ca=str(d / "ca.pem"), server_identity=SERVER_ID
+        )
+        found = None
+        for _ in range(200):
+            found = await c.index(served.base + "is/").lookup(key.scope_id(), compat, keys)
+            if found.matched:
+                break
+            await asyncio.sleep(0.02)
+        assert found is not None and found.matched == 1
+        rec = found.replicas[0][0]
+        got = kvsp.Digests([])
+        out = [
+            (layer.index, bytes(layer.k), bytes(layer.v))
+            async for layer in c.holder(rec.holder).get_block(ref, g, layer_digests=rec.layer_digests, digests=got)
+        ]
+        assert out == [(i, k, v) for i, (k, v) in enumerate(layers)] and got.container == digests.container
+        part = [layer.index async for layer in c.holder(rec.holder).get_block(ref, g, layers=(30, 31))]
+        assert part == [30, 31]
+        wrong = list(rec.layer_digests or [])
+        wrong[0] = bytes(32)
+        with pytest.raises(kvsp.DigestMismatchError):
+            _ = [layer async for layer in c.holder(rec.holder).get_block(ref, g, layer_digests=wrong)]
+        prompt = list(range(2000, 2000 + 3 * desc.block_tokens))
+        placed = await c.controller(served.base + "pc/").place(key.scope_id(), compat, prompt, 5)
+        lines = [t async for t in c.instance(placed.instance).generate(placed, key.scope_id(), compat, prompt, 5)]
+        assert [t.index for t in lines] == list(range(5)) and lines[0].prefill is not None
+        with pytest.raises(kvsp.ScopeDeniedError):
+            await c.index(served.base + "is/").lookup(kvsp.ScopeKey(bytes(range(40, 72))).scope_id(), compat, keys)
+        other = AsyncClient(
+            cert=str(d / "client.pem"), key=str(d / "client.key"), ca=str(d / "ca.pem"), server_identity="spiffe://x/y"
+        )
+        with pytest.raises(IdentityError):
+            await other.index(served.base + "is/").lookup(key.scope_id(), compat, keys)
+
+    asyncio.run(run())

@@ -1,0 +1,366 @@
+"""The clients of :mod:`kvsp.client` for asyncio: the same requests, checks
+and errors (TLS 1.3, a client certificate, the server's identity by URI
+SAN; blocks verified layer by layer as they arrive; problem details into
+the KVSP exception classes), over asyncio streams and HTTP/1.1 (one
+connection per request)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import ssl
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+from .client import (
+    MAX_ERROR_BODY,
+    MAX_JSON_BODY,
+    MEDIA_BLOCK,
+    MEDIA_JSON,
+    MEDIA_PROBLEM,
+    BlockRef,
+    IdentityError,
+    _join,
+    _le32,
+    _problem,
+    _sampler,
+)
+from .container import (
+    FIXED_HEADER_LEN,
+    LAYER_ENTRY_LEN,
+    Digests,
+    Geometry,
+    Header,
+    Layer,
+    MalformedError,
+    TruncatedError,
+    _parse_fixed,
+    _parse_lengths,
+)
+from .digests import parse_repr_digest
+from .errors import DigestMismatchError, InvalidError, UnavailableError
+from .ids import BlockKey, CompatID, ScopeID
+from .records import GeneratedToken, LookupResponse, PlaceResponse
+
+_MAX_HEADER = 64 << 10
+
+
+class _Response:
+    def __init__(
+        self, status: int, headers: dict[str, str], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        self.status, self.headers, self._r, self._w = status, headers, reader, writer
+        self._chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+        cl = headers.get("content-length")
+        self._left = int(cl) if cl is not None and cl.isdigit() else None
+        self._chunk = 0  # octets left in the current chunk
+        self._eof = False
+
+    async def read(self, n: int) -> bytes:
+        """Up to n octets of the body; b"" at its end."""
+        if self._eof:
+            return b""
+        if self._chunked:
+            if self._chunk == 0:
+                line = await self._r.readline()
+                size = int(line.split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    await self._r.readline()  # the empty trailer
+                    self._eof = True
+                    return b""
+                self._chunk = size
+            b = await self._r.read(min(n, self._chunk))
+            if not b:
+                raise UnavailableError("client: the response ended inside a chunk")
+            self._chunk -= len(b)
+            if self._chunk == 0:
+                await self._r.readexactly(2)  # CRLF
+            return b
+        if self._left is not None:
+            if self._left == 0:
+                self._eof = True
+                return b""
+            b = await self._r.read(min(n, self._left))
+            if not b:
+                raise UnavailableError("client: the response ended before its length")
+            self._left -= len(b)
+            return b
+        b = await self._r.read(n)
+        self._eof = not b
+        return b
+
+    async def readexactly(self, n: int, where: str) -> bytes:
+        out = bytearray()
+        while len(out) < n:
+            b = await self.read(n - len(out))
+            if not b:
+                raise TruncatedError(f"container: malformed: truncated in {where}")
+            out += b
+        return bytes(out)
+
+    async def read_all(self, limit: int) -> bytes:
+        out = bytearray()
+        while True:
+            b = await self.read(1 << 16)
+            if not b:
+                return bytes(out)
+            out += b
+            if len(out) > limit:
+                raise InvalidError("invalid: client: a response body past its limit")
+
+    async def readline(self, limit: int) -> bytes:
+        out = bytearray()
+        while not out.endswith(b"\n"):
+            b = await self.read(1) if self._chunked or self._left is not None else await self._r.readline()
+            if not b:
+                break
+            out += b
+            if len(out) > limit:
+                raise InvalidError("invalid: client: a line past its limit")
+        return bytes(out)
+
+    async def close(self) -> None:
+        self._w.close()
+        with contextlib.suppress(ConnectionError, ssl.SSLError):
+            await self._w.wait_closed()
+
+
+class AsyncClient:
+    """One identity's asyncio client (see :class:`kvsp.client.Client`)."""
+
+    def __init__(
+        self, *, cert: str, key: str, ca: str, server_identity: str | None = None, timeout: float = 30.0
+    ) -> None:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+        ctx.load_verify_locations(cafile=ca)
+        ctx.load_cert_chain(cert, key)
+        ctx.set_alpn_protocols(["http/1.1"])
+        ctx.check_hostname = server_identity is None
+        self._ctx, self._identity, self._timeout = ctx, server_identity, timeout
+
+    def holder(self, base: str) -> AsyncHolder:
+        return AsyncHolder(self, base)
+
+    def index(self, base: str) -> AsyncIndexService:
+        return AsyncIndexService(self, base)
+
+    def controller(self, base: str) -> AsyncController:
+        return AsyncController(self, base)
+
+    def instance(self, base: str) -> AsyncInstance:
+        return AsyncInstance(self, base)
+
+    async def _request(self, method: str, url: str, headers: dict[str, str], body: bytes | None = None) -> _Response:
+        u = urlsplit(url)
+        if u.scheme != "https" or not u.hostname:
+            raise InvalidError("invalid: client: an https URL is required")
+        host, port = u.hostname, u.port or 443
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(
+                host, port, ssl=self._ctx, server_hostname=host if self._identity is None else None
+            ),
+            self._timeout,
+        )
+        try:
+            if self._identity is not None:
+                sslobj = writer.get_extra_info("ssl_object")
+                cert = sslobj.getpeercert() if sslobj is not None else None
+                sans = [str(p[1]) for p in (cert or {}).get("subjectAltName", ()) if p[0] == "URI"]
+                if self._identity not in sans:
+                    raise IdentityError("client: the server's certificate does not name the expected identity")
+            path = (u.path or "/") + ("?" + u.query if u.query else "")
+            lines = [f"{method} {path} HTTP/1.1", f"Host: {u.netloc}", "Connection: close"]
+            lines += [f"{k}: {v}" for k, v in headers.items()]
+            if body is not None:
+                lines.append(f"Content-Length: {len(body)}")
+            writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b""))
+            await writer.drain()
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self._timeout)
+            if len(head) > _MAX_HEADER:
+                raise InvalidError("invalid: client: response headers past 64 KiB")
+            status_line, *fields = head.decode("latin-1").split("\r\n")
+            parts = status_line.split(" ", 2)
+            if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+                raise InvalidError("invalid: client: not an HTTP/1.1 response")
+            hdrs: dict[str, str] = {}
+            for f in fields:
+                if ":" in f:
+                    k, v = f.split(":", 1)
+                    hdrs[k.strip().lower()] = v.strip()
+            return _Response(int(parts[1]), hdrs, reader, writer)
+        except BaseException:
+            writer.close()
+            raise
+
+    async def _json(self, method: str, url: str, body: Any = None) -> Any:
+        data = None if body is None else json.dumps(body, separators=(",", ":")).encode("utf-8")
+        headers = {"Accept": f"{MEDIA_JSON}, {MEDIA_PROBLEM}"}
+        if data is not None:
+            headers["Content-Type"] = MEDIA_JSON
+        resp = await self._request(method, url, headers, data)
+        try:
+            raw = await resp.read_all(MAX_JSON_BODY)
+        finally:
+            await resp.close()
+        if resp.status >= 300:
+            raise _problem(resp.status, raw[:MAX_ERROR_BODY])
+        if not raw:
+            return None
+        from . import _json
+
+        return _json.loads(raw)
+
+
+class AsyncHolder:
+    def __init__(self, client: AsyncClient, base: str) -> None:
+        self._c, self.base = client, base
+
+    async def get_block(
+        self,
+        ref: BlockRef,
+        g: Geometry,
+        *,
+        layers: tuple[int, int] | None = None,
+        layer_digests: Sequence[bytes] | None = None,
+        digests: Digests | None = None,
+    ) -> AsyncIterator[Layer]:
+        """The block's layers as they arrive, each verified (its digest
+        against ``layer_digests`` by model layer, when given), the container
+        against Repr-Digest at the end; ``digests``, when given, receives
+        what was computed."""
+        url = _join(self.base, ref.path()) + (f"?layers={layers[0]}-{layers[1]}" if layers is not None else "")
+        resp = await self._c._request(
+            "GET", url, {"Accept": f"{MEDIA_BLOCK}, {MEDIA_PROBLEM}", "Accept-Encoding": "identity"}
+        )
+        try:
+            if resp.status != 200:
+                raise _problem(resp.status, await resp.read_all(MAX_ERROR_BODY))
+            if resp.headers.get("content-type", "").split(";")[0].strip() != MEDIA_BLOCK:
+                raise InvalidError("invalid: client: a block answered with another Content-Type")
+            try:
+                expect_c = parse_repr_digest(resp.headers.get("repr-digest", ""))
+            except InvalidError as e:
+                raise DigestMismatchError(f"client: {e}") from None
+            g.validate()
+            whole = hashlib.sha256()
+            fixed = await resp.readexactly(FIXED_HEADER_LEN, "header")
+            whole.update(fixed)
+            codec, first, count, tokens = _parse_fixed(fixed, g)
+            lens = await resp.readexactly(LAYER_ENTRY_LEN * count, "header")
+            whole.update(lens)
+            h = Header(codec, first, tokens, _parse_lengths(memoryview(lens), codec, first, g))
+            k_len, _ = h.layers[0]
+            out = digests if digests is not None else Digests([])
+            for i in range(count):
+                idx = first + i
+                buf = await resp.readexactly(sum(h.layers[i]), f"layer {idx}")
+                whole.update(buf)
+                d = hashlib.sha256(buf).digest()
+                if layer_digests is not None and (idx >= len(layer_digests) or layer_digests[idx] != d):
+                    raise DigestMismatchError(f"container: digest mismatch: layer {idx}")
+                out.layers.append(d)
+                mv = memoryview(buf)
+                yield Layer(idx, mv[:k_len], mv[k_len:], d)
+            if await resp.read(1):
+                raise MalformedError("container: malformed: octets after the last layer")
+            if whole.digest() != expect_c:
+                raise DigestMismatchError("container: digest mismatch: container")
+            out.container = expect_c
+        finally:
+            await resp.close()
+
+
+class AsyncIndexService:
+    def __init__(self, client: AsyncClient, base: str) -> None:
+        self._c, self.base = client, base
+
+    async def lookup(
+        self, scope: ScopeID, compat: CompatID, keys: Sequence[BlockKey], targets: Sequence[str] = ()
+    ) -> LookupResponse:
+        body: dict[str, Any] = {
+            "scope_id": scope.hex(),
+            "compat_id": compat.hex(),
+            "block_keys": [k.hex() for k in keys],
+        }
+        if targets:
+            body["targets"] = list(targets)
+        return LookupResponse.decode(await self._c._json("POST", _join(self.base, "lookup"), body))
+
+
+class AsyncController:
+    def __init__(self, client: AsyncClient, base: str) -> None:
+        self._c, self.base = client, base
+
+    async def place(
+        self,
+        scope: ScopeID,
+        compat: CompatID,
+        tokens: Sequence[int],
+        max_tokens: int,
+        *,
+        method: str = "greedy",
+        p: float | None = None,
+        seed: int = 0,
+    ) -> PlaceResponse:
+        body = {
+            "scope_id": scope.hex(),
+            "compat_id": compat.hex(),
+            "tokens_le32": _le32(tokens),
+            "max_tokens": max_tokens,
+            "sampler": _sampler(method, p, seed),
+        }
+        return PlaceResponse.decode(await self._c._json("POST", _join(self.base, "place"), body))
+
+
+class AsyncInstance:
+    def __init__(self, client: AsyncClient, base: str) -> None:
+        self._c, self.base = client, base
+
+    async def generate(
+        self,
+        placed: PlaceResponse,
+        scope: ScopeID,
+        compat: CompatID,
+        tokens: Sequence[int],
+        max_tokens: int,
+        *,
+        method: str = "greedy",
+        p: float | None = None,
+        seed: int = 0,
+    ) -> AsyncIterator[GeneratedToken]:
+        assert placed.session is not None
+        s = placed.session.hex()
+        body: dict[str, Any] = {
+            "session": f"{s[:8]}-{s[8:12]}-{s[12:16]}-{s[16:20]}-{s[20:]}",
+            "epoch": placed.epoch,
+            "scope_id": scope.hex(),
+            "compat_id": compat.hex(),
+            "tokens_le32": _le32(tokens),
+            "max_tokens": max_tokens,
+            "sampler": _sampler(method, p, seed),
+        }
+        if placed.grant:
+            body["grant"] = placed.grant
+        resp = await self._c._request(
+            "POST",
+            _join(self.base, "generate"),
+            {"Content-Type": MEDIA_JSON, "Accept": "application/x-ndjson, " + MEDIA_PROBLEM},
+            json.dumps(body).encode("utf-8"),
+        )
+        try:
+            if resp.status != 200:
+                raise _problem(resp.status, await resp.read_all(MAX_ERROR_BODY))
+            while True:
+                line = await resp.readline(MAX_ERROR_BODY)
+                if not line:
+                    raise UnavailableError("client: the token stream ended before its end")
+                t = GeneratedToken.decode(line)
+                if t.done:
+                    return
+                yield t
+        finally:
+            await resp.close()
