@@ -79,9 +79,11 @@ vectors: ## testdata/vectors/core.json from the Go implementation (both language
 vectors-check: vectors ## the committed vectors are what Go gives now
 	@git diff --quiet -- testdata/vectors || { git diff --stat -- testdata/vectors; echo "testdata/vectors moved (against the index): a Go change altered the shared vectors; stage them only if the change is meant"; exit 1; }
 
-test-python: deps build ## the Python package: installed from python/ into .cache/venv, ruff, mypy --strict, pytest (its clients against bin/kvsp serve)
+test-python: deps build ## the Python package: installed from python/ into .cache/venv, ruff, mypy --strict, pytest (its clients against bin/kvsp serve; property tests against the Go helper bin/kvsp-vectors)
+	@$(GO) build -o $(BIN)/kvsp-vectors ./internal/vectors
 	@$(VENV)/bin/pip install -q --no-deps --no-build-isolation --force-reinstall ./python
-	cd python && $(CURDIR)/$(VENV)/bin/ruff check . && $(CURDIR)/$(VENV)/bin/ruff format --check . && $(CURDIR)/$(VENV)/bin/mypy --strict src tests bench && KVSP_BIN=$(BIN)/kvsp $(CURDIR)/$(VENV)/bin/pytest
+	cd python && $(CURDIR)/$(VENV)/bin/ruff check . && $(CURDIR)/$(VENV)/bin/ruff format --check . && $(CURDIR)/$(VENV)/bin/mypy --strict src tests bench && \
+		KVSP_BIN=$(BIN)/kvsp KVSP_VECTORS_BIN=$(BIN)/kvsp-vectors $(CURDIR)/$(VENV)/bin/pytest
 
 deps: ## install what the tests need when it is missing (redis-server, redis-cli and etcd, and chromium for the status page's rendering test, from Debian; the pinned llama.cpp libraries from npm into .cache/llama.cpp; h2spec into bin/; the Python virtual environment .cache/venv from python/requirements-dev.lock, hashes required)
 	@missing=""; \

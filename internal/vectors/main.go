@@ -374,7 +374,15 @@ func replaceOnce(s, old, new string) string {
 
 func main() {
 	out := flag.String("o", "testdata/vectors/core.json", "file to write")
+	srv := flag.Bool("serve", false, "answer queries, one JSON line each on stdin, on stdout: the Python property tests' Go side")
 	flag.Parse()
+	if *srv {
+		if err := serve(os.Stdin, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "vectors:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(*out); err != nil {
 		fmt.Fprintln(os.Stderr, "vectors:", err)
 		os.Exit(1)
