@@ -44,6 +44,17 @@ class Served:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    yield from _serve(tmp_path_factory, {})
+
+
+@pytest.fixture(scope="module")
+def served_bitrot(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """A holder whose next block GET flips a bit half-way through the body,
+    after the stored digest was computed (RELIABILITY F1's failpoint)."""
+    yield from _serve(tmp_path_factory, {"KVSP_FAILPOINTS": "holder/corrupt-on-read=1*return"})
+
+
+def _serve(tmp_path_factory: pytest.TempPathFactory, env: dict[str, str]) -> Iterator[Served]:
     binary = pathlib.Path(os.environ.get("KVSP_BIN", ROOT / "bin" / "kvsp"))
     if not binary.exists():
         pytest.fail(f"{binary} is missing: make build (make test-python builds it)")
@@ -54,7 +65,13 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     shutil.copy(ROOT / "examples" / "dev" / "descriptor.json", d / "descriptor.json")
     subprocess.run([str(binary), "certs", "--config", str(d / "kvsp.yaml")], check=True, capture_output=True)
     log = open(d / "serve.log", "wb")  # noqa: SIM115 (closed below)
-    proc = subprocess.Popen([str(binary), "serve", "--config", str(d / "kvsp.yaml")], cwd=d, stdout=log, stderr=log)
+    proc = subprocess.Popen(
+        [str(binary), "serve", "--config", str(d / "kvsp.yaml")],
+        cwd=d,
+        stdout=log,
+        stderr=log,
+        env={**os.environ, **env},
+    )
     try:
         end = time.monotonic() + 30
         while True:
@@ -247,3 +264,26 @@ def test_asyncio_clients(served: Served) -> None:
             await other.index(served.base + "is/").lookup(key.scope_id(), compat, keys)
 
     asyncio.run(run())
+
+
+def test_a_flipped_bit_is_refused(served_bitrot: Served) -> None:
+    """A bit flipped at the holder as it serves (its failpoint, once): the
+    layer it lands in is refused by its digest, never yielded; the next
+    GET, served intact, verifies."""
+    served = served_bitrot
+    desc = kvsp.parse_descriptor((served.dir / "descriptor.json").read_bytes())
+    key = kvsp.ScopeKey.from_hex((served.dir / "scope-a.key").read_text())
+    compat, g = desc.compat_id(), kvsp.Geometry.of(desc)
+    keys = kvsp.block_keys(key, compat, desc.block_tokens, [5] * desc.block_tokens)
+    data, digests, layers = _block(desc, 21)
+    ref = BlockRef(compat, key.scope_id(), keys[0])
+    assert served.client("self").holder(served.base + "h1/").put_block(ref, data, digests.container)
+    h = served.client().holder(served.base + "h1/")
+    seen: list[int] = []
+    with h.get_block(ref, g, layer_digests=digests.layers) as s, pytest.raises(kvsp.DigestMismatchError):
+        for layer in s:
+            seen.append(layer.index)
+            assert (bytes(layer.k), bytes(layer.v)) == layers[layer.index]  # what was yielded is intact
+    assert len(seen) < desc.layers
+    with h.get_block(ref, g, layer_digests=digests.layers) as s:
+        assert [layer.index for layer in s] == list(range(desc.layers))
