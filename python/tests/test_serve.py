@@ -287,3 +287,24 @@ def test_a_flipped_bit_is_refused(served_bitrot: Served) -> None:
     assert len(seen) < desc.layers
     with h.get_block(ref, g, layer_digests=digests.layers) as s:
         assert [layer.index for layer in s] == list(range(desc.layers))
+
+
+def test_run_session_delivers_each_index_once(served: Served) -> None:
+    """run_session: placed, run and delivered in order, each index once; the
+    tokens equal a plain place and generate's. (Across a SIGKILLed
+    instance: not yet tested from Python.)"""
+    desc = kvsp.parse_descriptor((served.dir / "descriptor.json").read_bytes())
+    key = kvsp.ScopeKey.from_hex((served.dir / "scope-a.key").read_text())
+    prompt = list(range(3000, 3000 + 2 * desc.block_tokens + 1))
+    tool = served.client()
+    got: list[tuple[int, int]] = []
+    session = tool.run_session(
+        served.base + "pc/", key.scope_id(), desc.compat_id(), prompt, 7, lambda i, t: got.append((i, t))
+    )
+    assert len(session) == 16 and any(session)
+    assert [i for i, _ in got] == list(range(7))
+    placed = tool.controller(served.base + "pc/").place(key.scope_id(), desc.compat_id(), prompt, 7)
+    plain = [
+        t.token for t in tool.instance(placed.instance).generate(placed, key.scope_id(), desc.compat_id(), prompt, 7)
+    ]
+    assert [t for _, t in got] == plain

@@ -17,18 +17,28 @@ import http.client
 import json
 import ssl
 import threading
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from .container import Digests, Geometry, Layer, Reader
 from .digests import parse_repr_digest, repr_digest
-from .errors import DigestMismatchError, InvalidError, KVSPError, parse_problem, problem_error
+from .errors import (
+    DigestMismatchError,
+    InvalidError,
+    KVSPError,
+    TooManyRequestsError,
+    UnavailableError,
+    parse_problem,
+    problem_error,
+)
 from .ids import BlockKey, CompatID, ScopeID
 from .records import GeneratedToken, LeaseResponse, LookupResponse, PlaceResponse, ReplicaRecord
 
+_T = TypeVar("_T")
 MEDIA_BLOCK = "application/kvsp-block"
 MEDIA_JSON = "application/kvsp+json"
 MEDIA_PROBLEM = "application/problem+json"
@@ -102,6 +112,66 @@ class Client:
 
     def instance(self, base: str) -> Instance:
         return Instance(self, base)
+
+    def run_session(
+        self,
+        pc: str,
+        scope: ScopeID,
+        compat: CompatID,
+        tokens: Sequence[int],
+        max_tokens: int,
+        deliver: Callable[[int, int], None],
+        *,
+        method: str = "greedy",
+        p: float | None = None,
+        seed: int = 0,
+        retry: float = 0.2,
+        deadline: float = 120.0,
+    ) -> bytes:
+        """Place a request with the PC at ``pc`` and run it, delivering each
+        output index exactly once, in order (R-SES-5, R-SES-8, R-SES-9,
+        R-SES-14, R-SES-16), as Go's client.RunSession does: tokens of an
+        epoch lower than one already seen are discarded, and so are indices
+        already delivered. When the token stream ends before its end (the
+        instance failed), it asks the PC where the session continues (place
+        with the session: the PC migrates it once it detects the failure) and
+        resumes the stream from the first index it lacks. Returns the session
+        id; raises when ``deadline`` seconds pass."""
+        end = time.monotonic() + deadline
+        ctl = self.controller(pc)
+        kw: dict[str, Any] = {"method": method, "p": p, "seed": seed}
+        at = _retrying(lambda: ctl.place(scope, compat, tokens, max_tokens, **kw), retry, end)
+        assert at.session is not None
+        session = at.session
+        nxt = max_epoch = 0
+        while True:
+            try:
+                for t in self.instance(at.instance).generate(at, scope, compat, tokens, max_tokens, from_=nxt, **kw):
+                    if t.epoch < max_epoch:  # R-SES-9
+                        continue
+                    max_epoch = max(max_epoch, t.epoch)
+                    if t.index < nxt:  # a duplicate (R-SES-5)
+                        continue
+                    if t.index > nxt:
+                        raise InvalidError(f"invalid: token {t.index} arrived before {nxt}")
+                    deliver(t.index, t.token)
+                    nxt += 1
+                return session
+            except InvalidError:
+                raise
+            except (KVSPError, OSError, http.client.HTTPException):
+                pass  # the stream ended early: where does the session continue?
+            while True:
+                if time.monotonic() > end:
+                    raise UnavailableError("client: the session did not finish before its deadline")
+                time.sleep(retry)
+                try:
+                    moved = ctl.place(scope, compat, tokens, max_tokens, session=session, **kw)
+                except (KVSPError, OSError, http.client.HTTPException):
+                    continue
+                if moved.epoch > at.epoch or moved.instance != at.instance:
+                    at = moved
+                    break
 
     def _connect(self, url: str) -> tuple[http.client.HTTPSConnection, str]:
         u = urlsplit(url)
@@ -312,6 +382,11 @@ class IndexService:
         return LookupResponse.decode(out)
 
 
+def _uuid_text(u: bytes) -> str:
+    h = u.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
 def _le32(tokens: Sequence[int]) -> str:
     """A prompt as tokens_le32: base64 of little-endian uint32s (what Go's
     client sends: a quarter of the JSON)."""
@@ -331,6 +406,21 @@ def _sampler(method: str, p: float | None, seed: int) -> dict[str, Any]:
     return s
 
 
+def _retrying(f: Callable[[], _T], retry: float, end: float) -> _T:
+    """f(), again after retry seconds while it fails for a moment: no answer,
+    or 429, 502, 503, 504."""
+    while True:
+        try:
+            return f()
+        except (TooManyRequestsError, UnavailableError, OSError, http.client.HTTPException):
+            if time.monotonic() > end:
+                raise
+        except KVSPError as e:
+            if e.status not in (502, 504) or time.monotonic() > end:
+                raise
+        time.sleep(retry)
+
+
 class Controller:
     """The Placement Controller: POST place."""
 
@@ -347,16 +437,20 @@ class Controller:
         method: str = "greedy",
         p: float | None = None,
         seed: int = 0,
+        session: bytes | None = None,
     ) -> PlaceResponse:
         """Where a request runs: its session, the instance and its epoch, the
-        blocks matched, the prefetch directive sent, the placement grant."""
-        body = {
+        blocks matched, the prefetch directive sent, the placement grant.
+        With ``session``: where that session continues."""
+        body: dict[str, Any] = {
             "scope_id": scope.hex(),
             "compat_id": compat.hex(),
             "tokens_le32": _le32(tokens),
             "max_tokens": max_tokens,
             "sampler": _sampler(method, p, seed),
         }
+        if session is not None:
+            body["session"] = _uuid_text(session)
         _, out = self._c._json("POST", _join(self.base, "place"), body)
         return PlaceResponse.decode(out)
 
@@ -378,6 +472,7 @@ class Instance:
         method: str = "greedy",
         p: float | None = None,
         seed: int = 0,
+        from_: int | None = None,
     ) -> Iterator[GeneratedToken]:
         """Run a placed request: its token lines as they come, each labelled
         with its index and the instance's epoch, the first with what the
@@ -396,6 +491,8 @@ class Instance:
         }
         if placed.grant:
             body["grant"] = placed.grant
+        if from_ is not None:
+            body["from"] = from_
         conn, path = self._c._connect(_join(self.base, "generate"))
         try:
             conn.request(
@@ -410,8 +507,6 @@ class Instance:
             while True:
                 line = resp.readline(MAX_ERROR_BODY)
                 if not line:
-                    from .errors import UnavailableError
-
                     raise UnavailableError("client: the token stream ended before its end")
                 t = GeneratedToken.decode(line)
                 if t.done:
