@@ -10,6 +10,7 @@ CPU-seconds per GB (the holder's CPU is its own process's).
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import pathlib
 import sys
@@ -37,21 +38,15 @@ def main() -> int:
     )
     n = g.raw_section_len()
     layers = [(bytes([i % 251]) * n, bytes([(i * 7) % 253]) * n) for i in range(desc.layers)]
-    out = bytearray()
-
-    class Sink:
-        def write(self, b: bytes | memoryview) -> int:
-            out.extend(b)
-            return len(b)
-
-    w = kvsp.Writer(Sink(), kvsp.new_header(kvsp.CODEC_RAW, 0, desc.layers, g))
+    out = io.BytesIO()
+    w = kvsp.Writer(out, kvsp.new_header(kvsp.CODEC_RAW, 0, desc.layers, g))
     for k, v in layers:
         w.write_layer(k, v)
     digests = w.close()
     producer = Client(
         cert=str(d / "self.pem"), key=str(d / "self.key"), ca=str(d / "ca.pem"), server_identity=a.identity
     )
-    producer.holder(a.base + "h1/").put_block(ref, bytes(out), digests.container)
+    producer.holder(a.base + "h1/").put_block(ref, out.getvalue(), digests.container)
     tool = Client(
         cert=str(d / "client.pem"), key=str(d / "client.key"), ca=str(d / "ca.pem"), server_identity=a.identity
     )
@@ -65,7 +60,7 @@ def main() -> int:
         gets += 1
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     r = {
-        "block_octets": len(out),
+        "block_octets": len(out.getvalue()),
         "gets": gets,
         "octets": octets,
         "seconds": wall,

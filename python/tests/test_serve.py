@@ -6,6 +6,7 @@ server naming another identity are refused."""
 
 from __future__ import annotations
 
+import io
 import os
 import pathlib
 import shutil
@@ -96,17 +97,11 @@ def _block(desc: kvsp.Descriptor, seed: int) -> tuple[bytes, kvsp.Digests, list[
         (bytes((seed + i + j) % 251 for j in range(n)), bytes((seed * 7 + i + j) % 253 for j in range(n)))
         for i in range(desc.layers)
     ]
-    out = bytearray()
-
-    class Sink:
-        def write(self, b: bytes | memoryview) -> int:
-            out.extend(b)
-            return len(b)
-
-    w = kvsp.Writer(Sink(), kvsp.new_header(kvsp.CODEC_RAW, 0, desc.layers, g))
+    out = io.BytesIO()
+    w = kvsp.Writer(out, kvsp.new_header(kvsp.CODEC_RAW, 0, desc.layers, g))
     for k, v in layers:
         w.write_layer(k, v)
-    return bytes(out), w.close(), layers
+    return out.getvalue(), w.close(), layers
 
 
 def test_store_lookup_fetch_verify(served: Served) -> None:

@@ -22,11 +22,13 @@ from .client import (
     MEDIA_JSON,
     MEDIA_PROBLEM,
     BlockRef,
-    IdentityError,
     _join,
-    _le32,
     _problem,
-    _sampler,
+    check_identity,
+    generate_body,
+    lookup_body,
+    place_body,
+    tls_context,
 )
 from .container import (
     FIXED_HEADER_LEN,
@@ -134,13 +136,7 @@ class AsyncClient:
     def __init__(
         self, *, cert: str, key: str, ca: str, server_identity: str | None = None, timeout: float = 30.0
     ) -> None:
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-        ctx.minimum_version = ssl.TLSVersion.TLSv1_3
-        ctx.load_verify_locations(cafile=ca)
-        ctx.load_cert_chain(cert, key)
-        ctx.set_alpn_protocols(["http/1.1"])
-        ctx.check_hostname = server_identity is None
-        self._ctx, self._identity, self._timeout = ctx, server_identity, timeout
+        self._ctx, self._identity, self._timeout = tls_context(cert, key, ca, server_identity), server_identity, timeout
 
     def holder(self, base: str) -> AsyncHolder:
         return AsyncHolder(self, base)
@@ -166,12 +162,8 @@ class AsyncClient:
             self._timeout,
         )
         try:
-            if self._identity is not None:
-                sslobj = writer.get_extra_info("ssl_object")
-                cert = sslobj.getpeercert() if sslobj is not None else None
-                sans = [str(p[1]) for p in (cert or {}).get("subjectAltName", ()) if p[0] == "URI"]
-                if self._identity not in sans:
-                    raise IdentityError("client: the server's certificate does not name the expected identity")
+            sslobj = writer.get_extra_info("ssl_object")
+            check_identity(sslobj.getpeercert() if sslobj is not None else None, self._identity)
             path = (u.path or "/") + ("?" + u.query if u.query else "")
             lines = [f"{method} {path} HTTP/1.1", f"Host: {u.netloc}", "Connection: close"]
             lines += [f"{k}: {v}" for k, v in headers.items()]
@@ -281,13 +273,7 @@ class AsyncIndexService:
     async def lookup(
         self, scope: ScopeID, compat: CompatID, keys: Sequence[BlockKey], targets: Sequence[str] = ()
     ) -> LookupResponse:
-        body: dict[str, Any] = {
-            "scope_id": scope.hex(),
-            "compat_id": compat.hex(),
-            "block_keys": [k.hex() for k in keys],
-        }
-        if targets:
-            body["targets"] = list(targets)
+        body = lookup_body(scope, compat, keys, targets)
         return LookupResponse.decode(await self._c._json("POST", _join(self.base, "lookup"), body))
 
 
@@ -306,13 +292,7 @@ class AsyncController:
         p: float | None = None,
         seed: int = 0,
     ) -> PlaceResponse:
-        body = {
-            "scope_id": scope.hex(),
-            "compat_id": compat.hex(),
-            "tokens_le32": _le32(tokens),
-            "max_tokens": max_tokens,
-            "sampler": _sampler(method, p, seed),
-        }
+        body = place_body(scope, compat, tokens, max_tokens, method, p, seed)
         return PlaceResponse.decode(await self._c._json("POST", _join(self.base, "place"), body))
 
 
@@ -331,20 +311,9 @@ class AsyncInstance:
         method: str = "greedy",
         p: float | None = None,
         seed: int = 0,
+        from_: int | None = None,
     ) -> AsyncIterator[GeneratedToken]:
-        assert placed.session is not None
-        s = placed.session.hex()
-        body: dict[str, Any] = {
-            "session": f"{s[:8]}-{s[8:12]}-{s[12:16]}-{s[16:20]}-{s[20:]}",
-            "epoch": placed.epoch,
-            "scope_id": scope.hex(),
-            "compat_id": compat.hex(),
-            "tokens_le32": _le32(tokens),
-            "max_tokens": max_tokens,
-            "sampler": _sampler(method, p, seed),
-        }
-        if placed.grant:
-            body["grant"] = placed.grant
+        body = generate_body(placed, scope, compat, tokens, max_tokens, method, p, seed, from_)
         resp = await self._c._request(
             "POST",
             _join(self.base, "generate"),

@@ -62,6 +62,70 @@ class BlockRef:
         return f"blocks/{self.compat.hex()}/{self.scope.hex()}/{self.key.hex()}"
 
 
+def tls_context(cert: str, key: str, ca: str, server_identity: str | None) -> ssl.SSLContext:
+    """TLS 1.3 only (R-HTTP-4), the client's certificate and key, the CA;
+    the host name checked only when no server identity is expected."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+    ctx.load_verify_locations(cafile=ca)
+    ctx.load_cert_chain(cert, key)
+    ctx.set_alpn_protocols(["http/1.1"])
+    ctx.check_hostname = server_identity is None
+    return ctx
+
+
+def check_identity(cert: dict[str, Any] | None, identity: str | None) -> None:
+    """The server's certificate must name ``identity`` as a URI SAN (A-5)."""
+    if identity is None:
+        return
+    sans = [str(pair[1]) for pair in (cert or {}).get("subjectAltName", ()) if pair[0] == "URI"]
+    if identity not in sans:
+        raise IdentityError("client: the server's certificate does not name the expected identity")
+
+
+def lookup_body(scope: ScopeID, compat: CompatID, keys: Sequence[BlockKey], targets: Sequence[str]) -> dict[str, Any]:
+    body: dict[str, Any] = {"scope_id": scope.hex(), "compat_id": compat.hex(), "block_keys": [k.hex() for k in keys]}
+    if targets:
+        body["targets"] = list(targets)
+    return body
+
+
+def place_body(
+    scope: ScopeID, compat: CompatID, tokens: Sequence[int], max_tokens: int, method: str, p: float | None, seed: int
+) -> dict[str, Any]:
+    """The body of POST place (the prompt as tokens_le32, as Go's client
+    sends it: a quarter of the JSON)."""
+    return {
+        "scope_id": scope.hex(),
+        "compat_id": compat.hex(),
+        "tokens_le32": _le32(tokens),
+        "max_tokens": max_tokens,
+        "sampler": _sampler(method, p, seed),
+    }
+
+
+def generate_body(
+    placed: PlaceResponse,
+    scope: ScopeID,
+    compat: CompatID,
+    tokens: Sequence[int],
+    max_tokens: int,
+    method: str,
+    p: float | None,
+    seed: int,
+    from_: int | None,
+) -> dict[str, Any]:
+    """The body of POST generate for a placed request."""
+    assert placed.session is not None
+    body = place_body(scope, compat, tokens, max_tokens, method, p, seed)
+    body.update(session=_uuid_text(placed.session), epoch=placed.epoch)
+    if placed.grant:
+        body["grant"] = placed.grant
+    if from_ is not None:
+        body["from"] = from_
+    return body
+
+
 class Client:
     """One identity's connection settings. ``server_identity``, when set, is
     the URI SAN every server must present (then the host name is not
@@ -70,13 +134,7 @@ class Client:
     def __init__(
         self, *, cert: str, key: str, ca: str, server_identity: str | None = None, timeout: float = 30.0
     ) -> None:
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-        ctx.minimum_version = ssl.TLSVersion.TLSv1_3
-        ctx.load_verify_locations(cafile=ca)
-        ctx.load_cert_chain(cert, key)
-        ctx.set_alpn_protocols(["http/1.1"])
-        ctx.check_hostname = server_identity is None
-        self._ctx, self._identity, self._timeout = ctx, server_identity, timeout
+        self._ctx, self._identity, self._timeout = tls_context(cert, key, ca, server_identity), server_identity, timeout
         self._idle: dict[tuple[str, int], list[http.client.HTTPSConnection]] = {}
         self._lock = threading.Lock()
 
@@ -184,14 +242,13 @@ class Client:
                 return idle.pop(), path  # its server's identity was checked when it connected
         conn = http.client.HTTPSConnection(u.hostname, u.port or 443, context=self._ctx, timeout=self._timeout)
         conn.connect()
-        if self._identity is not None:
-            sock = conn.sock
-            assert isinstance(sock, ssl.SSLSocket)
-            cert = sock.getpeercert() or {}
-            sans = [str(pair[1]) for pair in cert.get("subjectAltName", ()) if pair[0] == "URI"]
-            if self._identity not in sans:
-                conn.close()
-                raise IdentityError("client: the server's certificate does not name the expected identity")
+        sock = conn.sock
+        assert isinstance(sock, ssl.SSLSocket)
+        try:
+            check_identity(sock.getpeercert(), self._identity)
+        except IdentityError:
+            conn.close()
+            raise
         return conn, path
 
     def _json(self, method: str, url: str, body: Any = None) -> tuple[int, Any]:
@@ -371,14 +428,7 @@ class IndexService:
         self, scope: ScopeID, compat: CompatID, keys: Sequence[BlockKey], targets: Sequence[str] = ()
     ) -> LookupResponse:
         """POST lookup: the longest prefix of keys with replicas (R-IS-11)."""
-        body: dict[str, Any] = {
-            "scope_id": scope.hex(),
-            "compat_id": compat.hex(),
-            "block_keys": [k.hex() for k in keys],
-        }
-        if targets:
-            body["targets"] = list(targets)
-        _, out = self._c._json("POST", _join(self.base, "lookup"), body)
+        _, out = self._c._json("POST", _join(self.base, "lookup"), lookup_body(scope, compat, keys, targets))
         return LookupResponse.decode(out)
 
 
@@ -388,8 +438,7 @@ def _uuid_text(u: bytes) -> str:
 
 
 def _le32(tokens: Sequence[int]) -> str:
-    """A prompt as tokens_le32: base64 of little-endian uint32s (what Go's
-    client sends: a quarter of the JSON)."""
+    """A prompt as tokens_le32: base64 of little-endian uint32s."""
     import base64
     import struct
 
@@ -442,13 +491,7 @@ class Controller:
         """Where a request runs: its session, the instance and its epoch, the
         blocks matched, the prefetch directive sent, the placement grant.
         With ``session``: where that session continues."""
-        body: dict[str, Any] = {
-            "scope_id": scope.hex(),
-            "compat_id": compat.hex(),
-            "tokens_le32": _le32(tokens),
-            "max_tokens": max_tokens,
-            "sampler": _sampler(method, p, seed),
-        }
+        body = place_body(scope, compat, tokens, max_tokens, method, p, seed)
         if session is not None:
             body["session"] = _uuid_text(session)
         _, out = self._c._json("POST", _join(self.base, "place"), body)
@@ -478,21 +521,7 @@ class Instance:
         with its index and the instance's epoch, the first with what the
         prefill reused and computed. A stream that ends before its done line
         raises UnavailableError."""
-        assert placed.session is not None
-        session = placed.session.hex()
-        body: dict[str, Any] = {
-            "session": f"{session[:8]}-{session[8:12]}-{session[12:16]}-{session[16:20]}-{session[20:]}",
-            "epoch": placed.epoch,
-            "scope_id": scope.hex(),
-            "compat_id": compat.hex(),
-            "tokens_le32": _le32(tokens),
-            "max_tokens": max_tokens,
-            "sampler": _sampler(method, p, seed),
-        }
-        if placed.grant:
-            body["grant"] = placed.grant
-        if from_ is not None:
-            body["from"] = from_
+        body = generate_body(placed, scope, compat, tokens, max_tokens, method, p, seed, from_)
         conn, path = self._c._connect(_join(self.base, "generate"))
         try:
             conn.request(
