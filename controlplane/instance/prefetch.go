@@ -42,16 +42,24 @@ type directive struct {
 	pins  []kvsp.BlockKey
 	taken bool // the request took the pins: no more are added
 	hold  *time.Timer
-	// late, when set, is how long the transfers under way at the deadline
-	// may go on (the lease's end): the directive ends at its deadline as
-	// the spec says, and the request starts, but a block already moving
-	// still lands, and the engine uses it if its prefill has not reached
-	// it yet (issue 47). Zero: transfers stop at the deadline.
-	late time.Time
-	// received is when the directive came (zero for the agent's own);
+	// received is when a PC's directive came (zero for the agent's own,
+	// whose transfers stop at their deadline; late says how a PC's go on);
 	// heard lists the holders a layer came from (links: the round trip).
 	received time.Time
 	heard    map[string]bool
+}
+
+// late is how long the transfers under way at a PC's directive's deadline
+// may go on: to the lease's end. The directive ends at its deadline as the
+// spec says, and the request starts, but a block already moving still
+// lands, and the engine uses it if its prefill has not reached it yet
+// (issue 47). Zero (the agent's own directives): transfers stop at the
+// deadline.
+func (d *directive) late() time.Time {
+	if d.received.IsZero() {
+		return time.Time{}
+	}
+	return d.received.Add(time.Duration(max(d.d.DeadlineMs, d.d.LeaseMs)) * time.Millisecond)
 }
 
 // firstFrom reports whether this is the directive's first layer from
@@ -153,7 +161,6 @@ func (a *Agent) Prefetch(d *kvsp.PrefetchDirective, body []byte) error {
 	// deadline may finish within the lease (run says why).
 	ctx, cancel := context.WithDeadline(context.Background(), received.Add(time.Duration(d.DeadlineMs)*time.Millisecond))
 	x.received = received
-	x.late = received.Add(time.Duration(max(d.DeadlineMs, d.LeaseMs)) * time.Millisecond)
 	go func() {
 		defer cancel()
 		a.run(ctx, x)
@@ -272,8 +279,9 @@ func (a *Agent) run(ctx context.Context, x *directive) {
 	// lease's end (late), by which transfers under way at the deadline
 	// have landed or stopped.
 	xctx, xcancel := ctx, context.CancelFunc(func() {})
-	if !x.late.IsZero() {
-		xctx, xcancel = context.WithDeadline(context.WithoutCancel(ctx), x.late)
+	late := x.late()
+	if !late.IsZero() {
+		xctx, xcancel = context.WithDeadline(context.WithoutCancel(ctx), late)
 	}
 	// The IS's layer digests and the holders' leases are asked for at
 	// once: each is a round trip out of the directive's deadline, and
@@ -359,11 +367,11 @@ func (a *Agent) run(ctx context.Context, x *directive) {
 	all := make(chan struct{})
 	go func() {
 		wg.Wait()
-		close(all)
 		xcancel()
 		release()
+		close(all)
 	}()
-	if x.late.IsZero() {
+	if late.IsZero() {
 		<-all
 	}
 	select {
