@@ -7,40 +7,15 @@ server naming another identity are refused."""
 from __future__ import annotations
 
 import io
-import os
-import pathlib
 import shutil
-import socket
-import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pytest
+from serving import ROOT, SERVER_ID, Proc, Served, certs, free_ports
 
 import kvsp
-from kvsp.client import BlockRef, Client, IdentityError
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-SERVER_ID = "spiffe://kvsp.local/node/127.0.0.1"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class Served:
-    dir: pathlib.Path
-    base: str
-
-    def client(self, who: str = "client", identity: str | None = SERVER_ID) -> Client:
-        d = self.dir
-        return Client(
-            cert=str(d / f"{who}.pem"), key=str(d / f"{who}.key"), ca=str(d / "ca.pem"), server_identity=identity
-        )
+from kvsp.client import BlockRef, IdentityError
 
 
 @pytest.fixture(scope="module")
@@ -56,38 +31,18 @@ def served_bitrot(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 
 
 def _serve(tmp_path_factory: pytest.TempPathFactory, env: dict[str, str]) -> Iterator[Served]:
-    binary = pathlib.Path(os.environ.get("KVSP_BIN", ROOT / "bin" / "kvsp"))
-    if not binary.exists():
-        pytest.fail(f"{binary} is missing: make build (make test-python builds it)")
+    """The development deployment (examples/dev) in one process."""
     d = tmp_path_factory.mktemp("serve")
-    port, metrics = _free_port(), _free_port()
+    port, metrics = free_ports(2)
     conf = (ROOT / "examples" / "dev" / "kvsp.yaml").read_text()
     (d / "kvsp.yaml").write_text(conf.replace("8443", str(port)).replace("9090", str(metrics)))
     shutil.copy(ROOT / "examples" / "dev" / "descriptor.json", d / "descriptor.json")
-    subprocess.run([str(binary), "certs", "--config", str(d / "kvsp.yaml")], check=True, capture_output=True)
-    log = open(d / "serve.log", "wb")  # noqa: SIM115 (closed below)
-    proc = subprocess.Popen(
-        [str(binary), "serve", "--config", str(d / "kvsp.yaml")],
-        cwd=d,
-        stdout=log,
-        stderr=log,
-        env={**os.environ, **env},
-    )
+    certs(d / "kvsp.yaml")
+    proc = Proc(d / "kvsp.yaml", port, env).start()
     try:
-        end = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > end:
-                    raise RuntimeError("kvsp serve did not start: " + (d / "serve.log").read_text()[-2000:]) from None
-                time.sleep(0.05)
         yield Served(d, f"https://127.0.0.1:{port}/")
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        log.close()
+        proc.stop()
 
 
 def _block(desc: kvsp.Descriptor, seed: int) -> tuple[bytes, kvsp.Digests, list[tuple[bytes, bytes]]]:
@@ -287,7 +242,7 @@ def test_a_flipped_bit_is_refused(served_bitrot: Served) -> None:
 def test_run_session_delivers_each_index_once(served: Served) -> None:
     """run_session: placed, run and delivered in order, each index once; the
     tokens equal a plain place and generate's. (Across a SIGKILLed
-    instance: not yet tested from Python.)"""
+    instance: test_session.py.)"""
     desc = kvsp.parse_descriptor((served.dir / "descriptor.json").read_bytes())
     key = kvsp.ScopeKey.from_hex((served.dir / "scope-a.key").read_text())
     prompt = list(range(3000, 3000 + 2 * desc.block_tokens + 1))

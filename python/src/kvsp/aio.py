@@ -11,7 +11,7 @@ import contextlib
 import hashlib
 import json
 import ssl
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -22,6 +22,7 @@ from .client import (
     MEDIA_JSON,
     MEDIA_PROBLEM,
     BlockRef,
+    SessionCursor,
     _join,
     _problem,
     check_identity,
@@ -43,7 +44,7 @@ from .container import (
     _parse_lengths,
 )
 from .digests import parse_repr_digest
-from .errors import DigestMismatchError, InvalidError, UnavailableError
+from .errors import DigestMismatchError, InvalidError, KVSPError, TooManyRequestsError, UnavailableError
 from .ids import BlockKey, CompatID, ScopeID
 from .records import GeneratedToken, LookupResponse, PlaceResponse
 
@@ -140,6 +141,72 @@ class AsyncClient:
 
     def holder(self, base: str) -> AsyncHolder:
         return AsyncHolder(self, base)
+
+    async def run_session(
+        self,
+        pc: str,
+        scope: ScopeID,
+        compat: CompatID,
+        tokens: Sequence[int],
+        max_tokens: int,
+        deliver: Callable[[int, int], Awaitable[None] | None],
+        *,
+        method: str = "greedy",
+        p: float | None = None,
+        seed: int = 0,
+        session: bytes | None = None,
+        retry: float = 0.2,
+        deadline: float = 120.0,
+    ) -> bytes:
+        """:meth:`kvsp.client.Client.run_session` for asyncio: each output
+        index delivered exactly once, in order, across the instance's
+        failure; ``deliver`` may be a coroutine function."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + deadline
+        ctl = self.controller(pc)
+        kw: dict[str, Any] = {"method": method, "p": p, "seed": seed}
+        while True:
+            try:
+                at = await ctl.place(scope, compat, tokens, max_tokens, session=session, **kw)
+                break
+            except (TooManyRequestsError, UnavailableError, OSError):
+                if loop.time() > end:
+                    raise
+            except KVSPError as e:
+                if e.status not in (502, 504) or loop.time() > end:
+                    raise
+            await asyncio.sleep(retry)
+        assert at.session is not None
+        cur = SessionCursor()
+        while True:
+            stream = self.instance(at.instance).generate(at, scope, compat, tokens, max_tokens, from_=cur.next, **kw)
+            try:
+                while True:
+                    try:
+                        t = await anext(stream)
+                    except StopAsyncIteration:
+                        return at.session
+                    except InvalidError:
+                        raise
+                    except (KVSPError, OSError, asyncio.IncompleteReadError):
+                        break  # the stream ended early: where does the session continue?
+                    if cur.take(t):
+                        r = deliver(t.index, t.token)  # its errors are the caller's
+                        if r is not None:
+                            await r
+            finally:
+                await stream.aclose()
+            while True:
+                if loop.time() > end:
+                    raise UnavailableError("client: the session did not finish before its deadline")
+                await asyncio.sleep(retry)
+                try:
+                    now = await ctl.place(scope, compat, tokens, max_tokens, session=at.session, **kw)
+                except (KVSPError, OSError):
+                    continue
+                if cur.moved(at, now):
+                    at = now
+                    break
 
     def index(self, base: str) -> AsyncIndexService:
         return AsyncIndexService(self, base)
@@ -291,8 +358,10 @@ class AsyncController:
         method: str = "greedy",
         p: float | None = None,
         seed: int = 0,
+        session: bytes | None = None,
     ) -> PlaceResponse:
-        body = place_body(scope, compat, tokens, max_tokens, method, p, seed)
+        """See :meth:`kvsp.client.Controller.place`."""
+        body = place_body(scope, compat, tokens, max_tokens, method, p, seed, session)
         return PlaceResponse.decode(await self._c._json("POST", _join(self.base, "place"), body))
 
 
@@ -312,7 +381,7 @@ class AsyncInstance:
         p: float | None = None,
         seed: int = 0,
         from_: int | None = None,
-    ) -> AsyncIterator[GeneratedToken]:
+    ) -> AsyncGenerator[GeneratedToken, None]:
         body = generate_body(placed, scope, compat, tokens, max_tokens, method, p, seed, from_)
         resp = await self._c._request(
             "POST",

@@ -13,12 +13,13 @@ classes (:mod:`kvsp.errors`)."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import ssl
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
@@ -91,17 +92,27 @@ def lookup_body(scope: ScopeID, compat: CompatID, keys: Sequence[BlockKey], targ
 
 
 def place_body(
-    scope: ScopeID, compat: CompatID, tokens: Sequence[int], max_tokens: int, method: str, p: float | None, seed: int
+    scope: ScopeID,
+    compat: CompatID,
+    tokens: Sequence[int],
+    max_tokens: int,
+    method: str,
+    p: float | None,
+    seed: int,
+    session: bytes | None = None,
 ) -> dict[str, Any]:
     """The body of POST place (the prompt as tokens_le32, as Go's client
-    sends it: a quarter of the JSON)."""
-    return {
+    sends it: a quarter of the JSON); with ``session``, that session's."""
+    body: dict[str, Any] = {
         "scope_id": scope.hex(),
         "compat_id": compat.hex(),
         "tokens_le32": _le32(tokens),
         "max_tokens": max_tokens,
         "sampler": _sampler(method, p, seed),
     }
+    if session is not None:
+        body["session"] = uuid_text(session)
+    return body
 
 
 def generate_body(
@@ -117,13 +128,43 @@ def generate_body(
 ) -> dict[str, Any]:
     """The body of POST generate for a placed request."""
     assert placed.session is not None
-    body = place_body(scope, compat, tokens, max_tokens, method, p, seed)
-    body.update(session=_uuid_text(placed.session), epoch=placed.epoch)
+    body = place_body(scope, compat, tokens, max_tokens, method, p, seed, placed.session)
+    body["epoch"] = placed.epoch
     if placed.grant:
         body["grant"] = placed.grant
     if from_ is not None:
         body["from"] = from_
     return body
+
+
+class SessionCursor:
+    """What a front end has delivered of a session (R-SES-5, R-SES-9): the
+    next index, the highest epoch seen. :meth:`take` says whether a token
+    line is delivered; :meth:`moved` whether a place answer names where the
+    session continues. Shared by the sync and asyncio ``run_session``."""
+
+    def __init__(self) -> None:
+        self.next = 0
+        self.epoch = 0
+
+    def take(self, t: GeneratedToken) -> bool:
+        """True when t is the next index: deliver it. Tokens of an epoch
+        lower than one seen (a fenced instance) and indices already
+        delivered are dropped; a gap is the server's error."""
+        if t.epoch < self.epoch:  # R-SES-9
+            return False
+        self.epoch = t.epoch
+        if t.index < self.next:  # a duplicate (R-SES-5)
+            return False
+        if t.index > self.next:
+            raise InvalidError(f"invalid: token {t.index} arrived before {self.next}")
+        self.next += 1
+        return True
+
+    @staticmethod
+    def moved(at: PlaceResponse, now: PlaceResponse) -> bool:
+        """The PC placed the session elsewhere, or at a new epoch."""
+        return now.epoch > at.epoch or now.instance != at.instance
 
 
 class Client:
@@ -183,6 +224,7 @@ class Client:
         method: str = "greedy",
         p: float | None = None,
         seed: int = 0,
+        session: bytes | None = None,
         retry: float = 0.2,
         deadline: float = 120.0,
     ) -> bytes:
@@ -193,42 +235,39 @@ class Client:
         already delivered. When the token stream ends before its end (the
         instance failed), it asks the PC where the session continues (place
         with the session: the PC migrates it once it detects the failure) and
-        resumes the stream from the first index it lacks. Returns the session
+        resumes the stream from the first index it lacks. ``session`` names
+        the session (16 octets; a new one by default). Returns the session
         id; raises when ``deadline`` seconds pass."""
         end = time.monotonic() + deadline
         ctl = self.controller(pc)
         kw: dict[str, Any] = {"method": method, "p": p, "seed": seed}
-        at = _retrying(lambda: ctl.place(scope, compat, tokens, max_tokens, **kw), retry, end)
+        at = _retrying(lambda: ctl.place(scope, compat, tokens, max_tokens, session=session, **kw), retry, end)
         assert at.session is not None
-        session = at.session
-        nxt = max_epoch = 0
+        cur = SessionCursor()
         while True:
-            try:
-                for t in self.instance(at.instance).generate(at, scope, compat, tokens, max_tokens, from_=nxt, **kw):
-                    if t.epoch < max_epoch:  # R-SES-9
-                        continue
-                    max_epoch = max(max_epoch, t.epoch)
-                    if t.index < nxt:  # a duplicate (R-SES-5)
-                        continue
-                    if t.index > nxt:
-                        raise InvalidError(f"invalid: token {t.index} arrived before {nxt}")
-                    deliver(t.index, t.token)
-                    nxt += 1
-                return session
-            except InvalidError:
-                raise
-            except (KVSPError, OSError, http.client.HTTPException):
-                pass  # the stream ended early: where does the session continue?
+            stream = self.instance(at.instance).generate(at, scope, compat, tokens, max_tokens, from_=cur.next, **kw)
+            with contextlib.closing(stream):
+                while True:
+                    try:
+                        t = next(stream)
+                    except StopIteration:
+                        return at.session
+                    except InvalidError:
+                        raise
+                    except (KVSPError, OSError, http.client.HTTPException):
+                        break  # the stream ended early: where does the session continue?
+                    if cur.take(t):
+                        deliver(t.index, t.token)  # its errors are the caller's
             while True:
                 if time.monotonic() > end:
                     raise UnavailableError("client: the session did not finish before its deadline")
                 time.sleep(retry)
                 try:
-                    moved = ctl.place(scope, compat, tokens, max_tokens, session=session, **kw)
+                    now = ctl.place(scope, compat, tokens, max_tokens, session=at.session, **kw)
                 except (KVSPError, OSError, http.client.HTTPException):
                     continue
-                if moved.epoch > at.epoch or moved.instance != at.instance:
-                    at = moved
+                if cur.moved(at, now):
+                    at = now
                     break
 
     def _connect(self, url: str) -> tuple[http.client.HTTPSConnection, str]:
@@ -432,7 +471,8 @@ class IndexService:
         return LookupResponse.decode(out)
 
 
-def _uuid_text(u: bytes) -> str:
+def uuid_text(u: bytes) -> str:
+    """A UUID's 16 octets in the canonical 8-4-4-4-12 form."""
     h = u.hex()
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
@@ -491,9 +531,7 @@ class Controller:
         """Where a request runs: its session, the instance and its epoch, the
         blocks matched, the prefetch directive sent, the placement grant.
         With ``session``: where that session continues."""
-        body = place_body(scope, compat, tokens, max_tokens, method, p, seed)
-        if session is not None:
-            body["session"] = _uuid_text(session)
+        body = place_body(scope, compat, tokens, max_tokens, method, p, seed, session)
         _, out = self._c._json("POST", _join(self.base, "place"), body)
         return PlaceResponse.decode(out)
 
@@ -516,7 +554,7 @@ class Instance:
         p: float | None = None,
         seed: int = 0,
         from_: int | None = None,
-    ) -> Iterator[GeneratedToken]:
+    ) -> Generator[GeneratedToken, None, None]:
         """Run a placed request: its token lines as they come, each labelled
         with its index and the instance's epoch, the first with what the
         prefill reused and computed. A stream that ends before its done line
