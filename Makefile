@@ -63,11 +63,20 @@ build-rdma: ## the verbs path: csrc/kvsp_verbs.c against the real infiniband/ver
 	CGO_ENABLED=1 $(GO) vet -tags rdma,nogpu ./rdma/ ./holder/... ./cmd/...
 	CGO_ENABLED=1 $(GO) test -tags rdma,nogpu ./rdma/
 
-test-gpu: ## stripped test and benchmark binaries of the GPU path in bin/gpu-check/, with the script that runs them on a GPU machine
+test-gpu: deps ## stripped test and benchmark binaries of the GPU path in bin/gpu-check/, with the script that runs them on a GPU machine
 	@mkdir -p $(BIN)/gpu-check
 	CGO_ENABLED=1 $(GO) test -c -ldflags='-s -w' -o $(BIN)/gpu-check/gpu.test ./gpu/
 	CGO_ENABLED=1 $(GO) test -c -ldflags='-s -w' -o $(BIN)/gpu-check/holder.test ./holder/
 	cp scripts/gpu-check.sh $(BIN)/gpu-check/run.sh
+	@# the Python attach client's cuda-ipc test: the GPU build of kvsp (gzipped: the bundle stays under the device's 64 MiB), its test, the dev configuration, and the
+	@# pure-Python wheels it needs (the package, pytest and their dependencies, hashes from the lock)
+	@rm -rf $(BIN)/gpu-check/py && mkdir -p $(BIN)/gpu-check/py/wheels $(BIN)/gpu-check/py/bin $(BIN)/gpu-check/py/examples
+	CGO_ENABLED=1 $(GO) build -ldflags='-s -w' -o $(BIN)/gpu-check/py/bin/kvsp ./cmd/kvsp && gzip -9 $(BIN)/gpu-check/py/bin/kvsp
+	grep -A1 -E '^(pytest|pluggy|iniconfig|packaging|rfc8785|pygments)==' $(PYLOCK) | grep -v '^--$$' > $(BIN)/gpu-check/py/wheels.txt
+	$(VENV)/bin/pip download -q --no-deps --require-hashes -r $(BIN)/gpu-check/py/wheels.txt -d $(BIN)/gpu-check/py/wheels
+	$(VENV)/bin/pip wheel -q --no-deps --no-build-isolation ./python -w $(BIN)/gpu-check/py/wheels
+	mkdir -p $(BIN)/gpu-check/py/python/tests && cp python/pyproject.toml $(BIN)/gpu-check/py/python/ && \
+		cp python/tests/serving.py python/tests/test_attach.py $(BIN)/gpu-check/py/python/tests/ && cp -r examples/dev $(BIN)/gpu-check/py/examples/
 	@du -sh $(BIN)/gpu-check
 
 test: deps fmt-check vet vectors-check test-python test-race ## the README's test command: gofmt, vet, the shared vectors, the Python package (ruff, mypy --strict, pytest), then every Go test with the race detector
@@ -79,11 +88,12 @@ vectors: ## testdata/vectors/core.json from the Go implementation (both language
 vectors-check: vectors ## the committed vectors are what Go gives now
 	@git diff --quiet -- testdata/vectors || { git diff --stat -- testdata/vectors; echo "testdata/vectors moved (against the index): a Go change altered the shared vectors; stage them only if the change is meant"; exit 1; }
 
-test-python: deps build ## the Python package: installed from python/ into .cache/venv, ruff, mypy --strict, pytest (its clients against bin/kvsp serve; property tests against the Go helper bin/kvsp-vectors)
+test-python: deps build ## the Python package: installed from python/ into .cache/venv, ruff, mypy --strict, pytest (its clients against bin/kvsp serve, the attach client against the nogpu build's holder; property tests against the Go helper bin/kvsp-vectors)
 	@$(GO) build -o $(BIN)/kvsp-vectors ./internal/vectors
+	@$(GO) build -tags nogpu -o $(BIN)/kvsp-nogpu ./cmd/kvsp
 	@$(VENV)/bin/pip install -q --no-deps --no-build-isolation --force-reinstall ./python
 	cd python && $(CURDIR)/$(VENV)/bin/ruff check . && $(CURDIR)/$(VENV)/bin/ruff format --check . && $(CURDIR)/$(VENV)/bin/mypy --strict src tests bench && \
-		KVSP_BIN=$(BIN)/kvsp KVSP_VECTORS_BIN=$(BIN)/kvsp-vectors $(CURDIR)/$(VENV)/bin/pytest
+		KVSP_BIN=$(BIN)/kvsp KVSP_NOGPU_BIN=$(BIN)/kvsp-nogpu KVSP_VECTORS_BIN=$(BIN)/kvsp-vectors $(CURDIR)/$(VENV)/bin/pytest
 
 deps: ## install what the tests need when it is missing (redis-server, redis-cli and etcd, and chromium for the status page's rendering test, from Debian; the pinned llama.cpp libraries from npm into .cache/llama.cpp; h2spec into bin/; the Python virtual environment .cache/venv from python/requirements-dev.lock, hashes required)
 	@missing=""; \

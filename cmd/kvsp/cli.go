@@ -34,6 +34,9 @@ Usage:
                                       print the Compatibility Descriptor the llamacpp engine derives from a GGUF
   kvsp inspect --descriptor FILE [--repr-digest V] BLOCK
                                       decode and verify a KVB1 file: header, digests, layer table
+  kvsp fetch --cert F --key F --ca F --descriptor F [--server-identity URI] [--layers a-b] [-o FILE] URL
+                                      GET a block with the Go client over mutual TLS, verify each layer and
+                                      its Repr-Digest, write the container
   kvsp bench [flags]                  the layer-streaming benchmark: verified block GETs per transport,
                                       block size, layer range and stream count; table, JSON and PNG
                                       (kvsp bench -h lists the flags)
@@ -65,6 +68,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = cmdModel(args[1:], stdout)
 	case "keys":
 		err = cmdKeys(args[1:], stdout)
+	case "fetch":
+		err = cmdFetch(args[1:], stdout)
 	case "bench":
 		err = cmdBench(args[1:], stdout, stderr)
 	case "replay":

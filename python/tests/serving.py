@@ -20,10 +20,13 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 SERVER_ID = "spiffe://kvsp.local/node/127.0.0.1"
 
 
-def binary() -> pathlib.Path:
-    b = pathlib.Path(os.environ.get("KVSP_BIN", ROOT / "bin" / "kvsp")).resolve()
+def binary(nogpu: bool = False) -> pathlib.Path:
+    """bin/kvsp, or with nogpu the build whose device is the stand-in in
+    host memory (go build -tags nogpu): its device tier takes memfd pools."""
+    var, name = ("KVSP_NOGPU_BIN", "kvsp-nogpu") if nogpu else ("KVSP_BIN", "kvsp")
+    b = pathlib.Path(os.environ.get(var, ROOT / "bin" / name)).resolve()
     if not b.exists():
-        pytest.fail(f"{b} is missing: make build (make test-python builds it)")
+        pytest.fail(f"{b} is missing: make test-python builds it")
     return b
 
 
@@ -51,13 +54,14 @@ class Proc:
     config: pathlib.Path
     port: int
     env: dict[str, str] = field(default_factory=dict)
+    nogpu: bool = False
     popen: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Proc:
         log = open(self.config.with_suffix(".log"), "ab")  # noqa: SIM115 (the child holds it)
         with log:
             self.popen = subprocess.Popen(
-                [str(binary()), "serve", "--config", str(self.config)],
+                [str(binary(self.nogpu)), "serve", "--config", str(self.config)],
                 cwd=self.config.parent,
                 stdout=log,
                 stderr=log,

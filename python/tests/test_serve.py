@@ -7,6 +7,7 @@ server naming another identity are refused."""
 from __future__ import annotations
 
 import io
+import json
 import shutil
 import time
 from collections.abc import Iterator
@@ -258,3 +259,79 @@ def test_run_session_delivers_each_index_once(served: Served) -> None:
         t.token for t in tool.instance(placed.instance).generate(placed, key.scope_id(), desc.compat_id(), prompt, 7)
     ]
     assert [t for _, t in got] == plain
+
+
+def test_instance_and_controller_roles(served: Served) -> None:
+    """The rest of the PC's and the instance's API from Python: a prefetch
+    directive loads a stored block (its status resource says so), the
+    instance's state changes and changes back, a checkpoint of a placed
+    session is acknowledged; each refused to a client without the role
+    (S13), and a malformed record refused before it is sent."""
+    import uuid
+
+    desc = kvsp.parse_descriptor((served.dir / "descriptor.json").read_bytes())
+    key = kvsp.ScopeKey.from_hex((served.dir / "scope-a.key").read_text())
+    compat, scope = desc.compat_id(), key.scope_id()
+    node, tool = served.client("self"), served.client()
+    h1, ii1, pc = served.base + "h1/", served.base + "ii1/", served.base + "pc/"
+    prompt = list(range(4000, 4000 + 2 * desc.block_tokens + 1))
+    keys = kvsp.block_keys(key, compat, desc.block_tokens, prompt)
+    data, digests, _ = _block(desc, 31)
+    assert node.holder(h1).put_block(BlockRef(compat, scope, keys[0]), data, digests.container)
+
+    d = uuid.uuid4()
+    directive = {
+        "directive": str(d),
+        "request_ref": "pytest",
+        "scope_id": scope.hex(),
+        "compat_id": compat.hex(),
+        "blocks": [{"block_key": keys[0].hex(), "sources": [h1]}],
+        "layer_order": "ascending",
+        "deadline_ms": 10000,
+        "lease_ms": 5000,
+    }
+    with pytest.raises(kvsp.ForbiddenError):
+        tool.instance(ii1).prefetch(directive)
+    loc = node.instance(ii1).prefetch(directive)
+    assert loc.endswith(str(d))
+    for _ in range(500):
+        st = node.instance(ii1).prefetch_status(d.bytes)
+        if st.state != "pending":
+            break
+        time.sleep(0.02)
+    assert st.state == "complete" and st.loaded == (keys[0],), st
+    with pytest.raises(kvsp.InvalidError, match="blocks"):
+        node.instance(ii1).prefetch({**directive, "blocks": []})
+
+    with pytest.raises(kvsp.ForbiddenError):
+        tool.instance(ii1).set_state("draining")
+    assert node.instance(ii1).set_state("draining") in ("draining", "sleeping")  # idle: asleep at once (A-19)
+    assert node.instance(ii1).set_state("active") == "active"
+
+    placed = tool.controller(pc).place(scope, compat, prompt, 4)
+    assert placed.session is not None
+    checkpoint = {
+        "session": str(uuid.UUID(bytes=placed.session)),
+        "epoch": placed.epoch,
+        "compat_id": compat.hex(),
+        "scope_id": scope.hex(),
+        "prompt_blocks": [k.hex() for k in keys],
+        "prompt_tail": prompt[len(keys) * desc.block_tokens :],
+        "generated": [7, 8],
+        "output_offset": 2,
+        "sampler": {"method": "greedy", "params": {}, "seed": 0, "step": 2, "deterministic": True},
+    }
+    with pytest.raises(kvsp.ForbiddenError):
+        tool.controller(pc).put_checkpoint(checkpoint)
+    assert node.controller(pc).put_checkpoint(checkpoint) == 2
+    with pytest.raises(kvsp.InvalidError, match="output_offset"):
+        node.controller(pc).put_checkpoint({**checkpoint, "output_offset": None})
+    with pytest.raises(kvsp.InvalidError, match="status: running: required"):
+        node.controller(pc).put_status({"instance": ii1, "epoch": 1, "state": "sleepy", "ttl_ms": 3000})
+    status = next(
+        json.loads(v["json"])
+        for v in json.loads((ROOT / "testdata" / "vectors" / "core.json").read_text())["records"]
+        if v["type"] == "status" and not v.get("error")
+    )
+    with pytest.raises(kvsp.ForbiddenError):  # only an instance reports its status
+        tool.controller(pc).put_status({**status, "instance": ii1})

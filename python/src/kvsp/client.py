@@ -5,11 +5,16 @@ files, and the server's identity checked by its certificate's URI SAN
 block body is read into one buffer per layer (``readinto``) and hashed
 through views, never copied per read.
 
-So far: the holder (GET whole or by layer range, verified in one pass
+Every role: the holder (GET whole or by layer range, verified in one pass
 against Repr-Digest and the record's layer digests; PUT with
-If-None-Match: *; leases) and the Index Service (publish, withdraw,
-lookup). Errors are problem details decoded into the KVSP exception
-classes (:mod:`kvsp.errors`)."""
+If-None-Match: *; leases), the Index Service (publish, withdraw, lookup),
+the Placement Controller (place, instance status, checkpoints, maps), the
+instance (generate as an iterator of labelled tokens, prefetch directives
+and their status, its state, resume, reshard), and :meth:`Client.run_session`,
+the exactly-once front end that follows a session across migrations.
+Records sent are validated first, as the receiver validates them; errors
+are problem details decoded into the KVSP exception classes
+(:mod:`kvsp.errors`)."""
 
 from __future__ import annotations
 
@@ -37,7 +42,20 @@ from .errors import (
     problem_error,
 )
 from .ids import BlockKey, CompatID, ScopeID
-from .records import GeneratedToken, LeaseResponse, LookupResponse, PlaceResponse, ReplicaRecord
+from .records import (
+    Checkpoint,
+    GeneratedToken,
+    InstanceStatus,
+    LeaseResponse,
+    LookupResponse,
+    MapUpdate,
+    PlaceResponse,
+    PrefetchDirective,
+    PrefetchStatus,
+    ReplicaRecord,
+    Reshard,
+    ShardMap,
+)
 
 _T = TypeVar("_T")
 MEDIA_BLOCK = "application/kvsp-block"
@@ -291,6 +309,12 @@ class Client:
         return conn, path
 
     def _json(self, method: str, url: str, body: Any = None) -> tuple[int, Any]:
+        status, out, _ = self._exchange(method, url, body)
+        return status, out
+
+    def _exchange(self, method: str, url: str, body: Any = None) -> tuple[int, Any, http.client.HTTPMessage]:
+        """One JSON request: the status, the decoded body (None when empty)
+        and the headers; a status of 300 or more raises its problem."""
         conn, path = self._connect(url)
         try:
             data = None if body is None else json.dumps(body, separators=(",", ":")).encode("utf-8")
@@ -310,10 +334,10 @@ class Client:
         if resp.status >= 300:
             raise _problem(resp.status, raw)
         if not raw:
-            return resp.status, None
+            return resp.status, None, resp.headers
         from . import _json
 
-        return resp.status, _json.loads(raw)
+        return resp.status, _json.loads(raw), resp.headers
 
 
 def _problem(status: int, body: bytes) -> KVSPError:
@@ -511,7 +535,7 @@ def _retrying(f: Callable[[], _T], retry: float, end: float) -> _T:
 
 
 class Controller:
-    """The Placement Controller: POST place."""
+    """The Placement Controller: place, instance status, checkpoints, maps."""
 
     def __init__(self, client: Client, base: str) -> None:
         self._c, self.base = client, base
@@ -535,12 +559,105 @@ class Controller:
         _, out = self._c._json("POST", _join(self.base, "place"), body)
         return PlaceResponse.decode(out)
 
+    def put_status(self, record: dict[str, Any]) -> str:
+        """PUT instances/{instance-id}/status: an Instance Status Record
+        (validated first, as the PC validates it); returns the state the PC
+        assigns (R-ST-9, A-19)."""
+        from .baseuri import resource_id
+
+        rec = InstanceStatus.decode(record)
+        _, out, _ = self._c._exchange("PUT", _join(self.base, f"instances/{resource_id(rec.instance)}/status"), record)
+        return _state(out)
+
+    def put_checkpoint(self, record: dict[str, Any]) -> int:
+        """PUT sessions/{session}/checkpoint: a Session Checkpoint (validated
+        first); returns the output offset the PC acknowledged (A-24)."""
+        cp = Checkpoint.decode(record)
+        assert cp.session is not None  # required by decode
+        _, out, _ = self._c._exchange("PUT", _join(self.base, f"sessions/{uuid_text(cp.session)}/checkpoint"), record)
+        if not isinstance(out, dict) or not _is_uint(out.get("output_offset")):
+            raise InvalidError("invalid: checkpoint ack: output_offset: required, an unsigned integer")
+        return int(out["output_offset"])
+
+    def update_map(self, update: dict[str, Any]) -> tuple[ShardMap, dict[str, int]]:
+        """PUT maps/{map}: move a sequence-sharded context to its next map
+        (validated first); returns once the members committed: the new map
+        and the octets each member fetched."""
+        from urllib.parse import quote
+
+        u = MapUpdate.decode(update)
+        _, out, _ = self._c._exchange("PUT", _join(self.base, "maps/" + quote(u.map.map, safe="")), update)
+        if not isinstance(out, dict):
+            raise InvalidError("invalid: map update result: must be an object")
+        fetched = out.get("fetched_bytes") or {}
+        if not isinstance(fetched, dict) or not all(_is_uint(v) for v in fetched.values()):
+            raise InvalidError("invalid: map update result: fetched_bytes: an object of unsigned integers")
+        return ShardMap.decode(out.get("map") or {}), {str(k): int(v) for k, v in fetched.items()}
+
+
+def _is_uint(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 64
+
+
+def _state(out: Any) -> str:
+    """The state of a state body ({"state": ...})."""
+    if not isinstance(out, dict) or not isinstance(out.get("state"), str) or not out["state"]:
+        raise InvalidError("invalid: state: required, a registered state")
+    return str(out["state"])
+
 
 class Instance:
-    """An instance agent: POST generate."""
+    """An instance agent: generate, prefetch directives, its lifecycle
+    state, session resumption and resharding."""
 
     def __init__(self, client: Client, base: str) -> None:
         self._c, self.base = client, base
+
+    def prefetch(self, directive: dict[str, Any]) -> str:
+        """POST prefetch: a Prefetch Directive (validated first); returns the
+        Location of its status resource (R-PF-2). Not retried: the directive
+        id makes a manual retry idempotent (A-17)."""
+        PrefetchDirective.decode(directive)
+        st, _, hdr = self._c._exchange("POST", _join(self.base, "prefetch"), directive)
+        loc = hdr.get("Location")
+        if st != 202 or not loc:
+            raise InvalidError(f"invalid: prefetch answered {st} without Location")
+        return str(loc)
+
+    def prefetch_status(self, directive: bytes) -> PrefetchStatus:
+        """GET prefetch/{id}: a directive's state (A-17)."""
+        _, out = self._c._json("GET", _join(self.base, "prefetch/" + uuid_text(directive)))
+        return PrefetchStatus.decode(out)
+
+    def set_state(self, state: str) -> str:
+        """PUT state: the instance's lifecycle state (A-19); returns it."""
+        _, out = self._c._json("PUT", _join(self.base, "state"), {"state": state})
+        return _state(out)
+
+    def resume(self, epoch: int, checkpoint: dict[str, Any]) -> None:
+        """POST sessions/{session}/resume: resume a session from its
+        checkpoint at a new epoch (A-23)."""
+        cp = Checkpoint.decode(checkpoint)
+        assert cp.session is not None  # required by decode
+        if not _is_uint(epoch) or epoch == 0:
+            raise InvalidError("invalid: resume: epoch: required, at least 1")
+        url = _join(self.base, f"sessions/{uuid_text(cp.session)}/resume")
+        self._c._json("POST", url, {"epoch": epoch, "checkpoint": checkpoint})
+
+    def reshard(self, message: dict[str, Any]) -> tuple[str, int, int]:
+        """POST reshard: a plan, commit or abort (A-26), validated first; a
+        plan returns once the instance loaded its fetch ranges. Returns the
+        acknowledgement: map, version, octets fetched."""
+        Reshard.decode(message)
+        _, out = self._c._json("POST", _join(self.base, "reshard"), message)
+        if (
+            not isinstance(out, dict)
+            or not isinstance(out.get("map"), str)
+            or not _is_uint(out.get("version"))
+            or not _is_uint(out.get("fetched_bytes", 0))
+        ):
+            raise InvalidError("invalid: reshard ack: map, version and fetched_bytes")
+        return out["map"], int(out["version"]), int(out.get("fetched_bytes", 0))
 
     def generate(
         self,
