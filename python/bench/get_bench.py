@@ -1,10 +1,11 @@
 """Verified block GETs by the Python client against a running holder:
-HTTP/1.1, one stream, each layer checked against the record's layer digest
-and the container against Repr-Digest, as `kvsp bench --transports http1
---streams 1` does with the Go client. Prints GB/s and this process's
-CPU-seconds per GB (the holder's CPU is its own process's).
+HTTP/1.1, each layer checked against the record's layer digest and the
+container against Repr-Digest, as `kvsp bench --transports http1` does
+with the Go client; --streams N runs N threads, each on its own
+connection (the client's pool), as Go's N streams. Prints GB/s and this
+process's CPU-seconds per GB (the holder's CPU is its own process's).
 
-    python bench/get_bench.py --dir DIR --seconds 3   # DIR: a kvsp certs directory, kvsp serve running
+    python bench/get_bench.py --dir DIR --seconds 3 [--streams 8]   # DIR: a kvsp certs directory, kvsp serve running
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import io
 import json
 import pathlib
 import sys
+import threading
 import time
 
 import kvsp
@@ -26,6 +28,7 @@ def main() -> int:
     ap.add_argument("--base", default="https://127.0.0.1:28443/")
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--identity", default="spiffe://kvsp.local/node/127.0.0.1")
+    ap.add_argument("--streams", type=int, default=1, help="concurrent GETs: threads, a connection each")
     a = ap.parse_args()
     d = pathlib.Path(a.dir)
     desc = kvsp.parse_descriptor((d / "descriptor.json").read_bytes())
@@ -51,16 +54,29 @@ def main() -> int:
         cert=str(d / "client.pem"), key=str(d / "client.key"), ca=str(d / "ca.pem"), server_identity=a.identity
     )
     h = tool.holder(a.base + "h1/")
-    octets = gets = 0
+    counts = [[0, 0] for _ in range(a.streams)]  # octets, GETs per stream
+    start = threading.Barrier(a.streams + 1)
+
+    def stream(i: int) -> None:
+        start.wait()
+        while time.perf_counter() - t0 < a.seconds:
+            with h.get_block(ref, g, layer_digests=digests.layers) as s:
+                for layer in s:
+                    counts[i][0] += len(layer.k) + len(layer.v)
+            counts[i][1] += 1
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(a.streams)]
+    for t in threads:
+        t.start()
     t0, c0 = time.perf_counter(), time.process_time()
-    while time.perf_counter() - t0 < a.seconds:
-        with h.get_block(ref, g, layer_digests=digests.layers) as s:
-            for layer in s:
-                octets += len(layer.k) + len(layer.v)
-        gets += 1
+    start.wait()
+    for t in threads:
+        t.join()
+    octets, gets = sum(c[0] for c in counts), sum(c[1] for c in counts)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     r = {
         "block_octets": len(out.getvalue()),
+        "streams": a.streams,
         "gets": gets,
         "octets": octets,
         "seconds": wall,
