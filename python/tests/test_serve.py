@@ -175,13 +175,25 @@ def test_asyncio_clients(served: Served) -> None:
     keys = kvsp.block_keys(key, compat, desc.block_tokens, [7, 7, 7, 7, 8, 8, 8, 8])
     data, digests, layers = _block(desc, 11)
     ref = BlockRef(compat, key.scope_id(), keys[0])
-    assert served.client("self").holder(served.base + "h1/").put_block(ref, data, digests.container)
     d = served.dir
 
     async def run() -> None:
         c = AsyncClient(
             cert=str(d / "client.pem"), key=str(d / "client.key"), ca=str(d / "ca.pem"), server_identity=SERVER_ID
         )
+        node = AsyncClient(
+            cert=str(d / "self.pem"), key=str(d / "self.key"), ca=str(d / "ca.pem"), server_identity=SERVER_ID
+        )
+        assert await node.holder(served.base + "h1/").put_block(ref, data, digests.container) is True
+        assert await node.holder(served.base + "h1/").put_block(ref, data, digests.container) is False
+        with pytest.raises(kvsp.ForbiddenError):
+            await c.holder(served.base + "h1/").put_block(ref, data, digests.container)
+        lease = await c.holder(served.base + "h1/").lease(key.scope_id(), compat, [keys[0]], 1000)
+        assert lease.block_keys == (keys[0],)
+        await c.holder(served.base + "h1/").release_lease(lease.lease)
+        assert await node.instance(served.base + "ii1/").set_state("active") == "active"
+        with pytest.raises(kvsp.ForbiddenError):
+            await c.instance(served.base + "ii1/").set_state("draining")
         found = None
         for _ in range(200):
             found = await c.index(served.base + "is/").lookup(key.scope_id(), compat, keys)
@@ -335,3 +347,12 @@ def test_instance_and_controller_roles(served: Served) -> None:
     )
     with pytest.raises(kvsp.ForbiddenError):  # only an instance reports its status
         tool.controller(pc).put_status({**status, "instance": ii1})
+
+    # A lease holds the stored block (and only blocks of the caller's scope).
+    lease = tool.holder(h1).lease(scope, compat, [keys[0]], 2000)
+    assert lease.block_keys == (keys[0],) and 0 < lease.ttl_ms <= 2000 and lease.lease
+    tool.holder(h1).release_lease(lease.lease)
+    with pytest.raises(kvsp.NotFoundError):
+        tool.holder(h1).release_lease(lease.lease)
+    with pytest.raises(kvsp.ScopeDeniedError):
+        tool.holder(h1).lease(kvsp.ScopeKey(bytes(range(64, 96))).scope_id(), compat, [keys[0]], 2000)

@@ -12,9 +12,11 @@ import hashlib
 import json
 import ssl
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+from . import _calls
+from ._calls import generate_body, join, place_body
 from .client import (
     MAX_ERROR_BODY,
     MAX_JSON_BODY,
@@ -23,12 +25,8 @@ from .client import (
     MEDIA_PROBLEM,
     BlockRef,
     SessionCursor,
-    _join,
     _problem,
     check_identity,
-    generate_body,
-    lookup_body,
-    place_body,
     tls_context,
 )
 from .container import (
@@ -43,12 +41,13 @@ from .container import (
     _parse_fixed,
     _parse_lengths,
 )
-from .digests import parse_repr_digest
+from .digests import parse_repr_digest, repr_digest
 from .errors import DigestMismatchError, InvalidError, KVSPError, TooManyRequestsError, UnavailableError
 from .ids import BlockKey, CompatID, ScopeID
-from .records import GeneratedToken, LookupResponse, PlaceResponse
+from .records import GeneratedToken, LeaseResponse, LookupResponse, PlaceResponse, PrefetchStatus, ShardMap
 
 _MAX_HEADER = 64 << 10
+_T = TypeVar("_T")
 
 
 class _Response:
@@ -236,42 +235,66 @@ class AsyncClient:
             lines += [f"{k}: {v}" for k, v in headers.items()]
             if body is not None:
                 lines.append(f"Content-Length: {len(body)}")
-            writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b""))
-            await writer.drain()
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self._timeout)
-            if len(head) > _MAX_HEADER:
-                raise InvalidError("invalid: client: response headers past 64 KiB")
-            status_line, *fields = head.decode("latin-1").split("\r\n")
-            parts = status_line.split(" ", 2)
-            if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
-                raise InvalidError("invalid: client: not an HTTP/1.1 response")
-            hdrs: dict[str, str] = {}
-            for f in fields:
-                if ":" in f:
-                    k, v = f.split(":", 1)
-                    hdrs[k.strip().lower()] = v.strip()
-            return _Response(int(parts[1]), hdrs, reader, writer)
+            if not body:
+                writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+                status, hdrs = await self._head(reader)
+                return _Response(status, hdrs, reader, writer)
+            # A body is sent once the server asks for it (100 Continue, or
+            # a second's silence, RFC 9110 10.1.1): a server that refuses
+            # the request first (a 403 PUT) answers without reading it, and
+            # the answer is not lost to a reset of the connection.
+            lines.append("Expect: 100-continue")
+            writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+            try:
+                status, hdrs = await self._head(reader, min(1.0, self._timeout))
+                if status != 100:
+                    return _Response(status, hdrs, reader, writer)  # the body was not sent
+            except TimeoutError:
+                pass
+            writer.write(body)
+            status, hdrs = await self._head(reader)
+            return _Response(status, hdrs, reader, writer)
         except BaseException:
             writer.close()
             raise
 
-    async def _json(self, method: str, url: str, body: Any = None) -> Any:
-        data = None if body is None else json.dumps(body, separators=(",", ":")).encode("utf-8")
+    async def _head(self, reader: asyncio.StreamReader, timeout: float | None = None) -> tuple[int, dict[str, str]]:
+        """A response's status and headers (names in lowercase)."""
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout or self._timeout)
+        except asyncio.IncompleteReadError:
+            raise UnavailableError("client: the connection closed before a response") from None
+        except asyncio.LimitOverrunError:
+            raise InvalidError("invalid: client: response headers past 64 KiB") from None
+        if len(head) > _MAX_HEADER:
+            raise InvalidError("invalid: client: response headers past 64 KiB")
+        status_line, *fields = head.decode("latin-1").split("\r\n")
+        parts = status_line.split(" ", 2)
+        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+            raise InvalidError("invalid: client: not an HTTP/1.1 response")
+        hdrs: dict[str, str] = {}
+        for f in fields:
+            if ":" in f:
+                k, v = f.split(":", 1)
+                hdrs[k.strip().lower()] = v.strip()
+        return int(parts[1]), hdrs
+
+    async def _call(self, c: _calls.Call[_T]) -> _T:
+        """Carry one JSON request of :mod:`kvsp._calls`."""
+        data = None if c.body is None else json.dumps(c.body, separators=(",", ":")).encode("utf-8")
         headers = {"Accept": f"{MEDIA_JSON}, {MEDIA_PROBLEM}"}
         if data is not None:
             headers["Content-Type"] = MEDIA_JSON
-        resp = await self._request(method, url, headers, data)
+        resp = await self._request(c.method, c.url, headers, data)
         try:
             raw = await resp.read_all(MAX_JSON_BODY)
         finally:
             await resp.close()
         if resp.status >= 300:
             raise _problem(resp.status, raw[:MAX_ERROR_BODY])
-        if not raw:
-            return None
         from . import _json
 
-        return _json.loads(raw)
+        return c.parse(resp.status, _json.loads(raw) if raw else None, resp.headers)
 
 
 class AsyncHolder:
@@ -291,7 +314,7 @@ class AsyncHolder:
         against ``layer_digests`` by model layer, when given), the container
         against Repr-Digest at the end; ``digests``, when given, receives
         what was computed."""
-        url = _join(self.base, ref.path()) + (f"?layers={layers[0]}-{layers[1]}" if layers is not None else "")
+        url = join(self.base, ref.path()) + (f"?layers={layers[0]}-{layers[1]}" if layers is not None else "")
         resp = await self._c._request(
             "GET", url, {"Accept": f"{MEDIA_BLOCK}, {MEDIA_PROBLEM}", "Accept-Encoding": "identity"}
         )
@@ -332,19 +355,49 @@ class AsyncHolder:
         finally:
             await resp.close()
 
+    async def put_block(self, ref: BlockRef, data: bytes | memoryview, digest: bytes) -> bool:
+        """See :meth:`kvsp.client.Holder.put_block`: False when the holder
+        already had the block and kept it (412, R-BLK-14)."""
+        headers = {"Content-Type": MEDIA_BLOCK, "If-None-Match": "*", "Repr-Digest": repr_digest(digest)}
+        resp = await self._c._request("PUT", join(self.base, ref.path()), headers, bytes(data))
+        try:
+            body = await resp.read_all(MAX_ERROR_BODY)
+        finally:
+            await resp.close()
+        if resp.status == 412:
+            return False
+        if not 200 <= resp.status < 300:
+            raise _problem(resp.status, body)
+        return True
+
+    async def lease(self, scope: ScopeID, compat: CompatID, keys: Sequence[BlockKey], ttl_ms: int) -> LeaseResponse:
+        return await self._c._call(_calls.lease(self.base, scope, compat, keys, ttl_ms))
+
+    async def release_lease(self, lease_id: str) -> None:
+        await self._c._call(_calls.release_lease(self.base, lease_id))
+
 
 class AsyncIndexService:
+    """:class:`kvsp.client.IndexService` for asyncio."""
+
     def __init__(self, client: AsyncClient, base: str) -> None:
         self._c, self.base = client, base
+
+    async def publish(self, record: dict[str, Any]) -> None:
+        await self._c._call(_calls.publish(self.base, record))
+
+    async def withdraw(self, holder: str, key: BlockKey) -> None:
+        await self._c._call(_calls.withdraw(self.base, holder, key))
 
     async def lookup(
         self, scope: ScopeID, compat: CompatID, keys: Sequence[BlockKey], targets: Sequence[str] = ()
     ) -> LookupResponse:
-        body = lookup_body(scope, compat, keys, targets)
-        return LookupResponse.decode(await self._c._json("POST", _join(self.base, "lookup"), body))
+        return await self._c._call(_calls.lookup(self.base, scope, compat, keys, targets))
 
 
 class AsyncController:
+    """:class:`kvsp.client.Controller` for asyncio."""
+
     def __init__(self, client: AsyncClient, base: str) -> None:
         self._c, self.base = client, base
 
@@ -362,12 +415,38 @@ class AsyncController:
     ) -> PlaceResponse:
         """See :meth:`kvsp.client.Controller.place`."""
         body = place_body(scope, compat, tokens, max_tokens, method, p, seed, session)
-        return PlaceResponse.decode(await self._c._json("POST", _join(self.base, "place"), body))
+        return await self._c._call(_calls.place(self.base, body))
+
+    async def put_status(self, record: dict[str, Any]) -> str:
+        return await self._c._call(_calls.put_status(self.base, record))
+
+    async def put_checkpoint(self, record: dict[str, Any]) -> int:
+        return await self._c._call(_calls.put_checkpoint(self.base, record))
+
+    async def update_map(self, update: dict[str, Any]) -> tuple[ShardMap, dict[str, int]]:
+        return await self._c._call(_calls.update_map(self.base, update))
 
 
 class AsyncInstance:
+    """:class:`kvsp.client.Instance` for asyncio."""
+
     def __init__(self, client: AsyncClient, base: str) -> None:
         self._c, self.base = client, base
+
+    async def prefetch(self, directive: dict[str, Any]) -> str:
+        return await self._c._call(_calls.prefetch(self.base, directive))
+
+    async def prefetch_status(self, directive: bytes) -> PrefetchStatus:
+        return await self._c._call(_calls.prefetch_status(self.base, directive))
+
+    async def set_state(self, state: str) -> str:
+        return await self._c._call(_calls.set_state(self.base, state))
+
+    async def resume(self, epoch: int, checkpoint: dict[str, Any]) -> None:
+        await self._c._call(_calls.resume(self.base, epoch, checkpoint))
+
+    async def reshard(self, message: dict[str, Any]) -> tuple[str, int, int]:
+        return await self._c._call(_calls.reshard(self.base, message))
 
     async def generate(
         self,
@@ -385,7 +464,7 @@ class AsyncInstance:
         body = generate_body(placed, scope, compat, tokens, max_tokens, method, p, seed, from_)
         resp = await self._c._request(
             "POST",
-            _join(self.base, "generate"),
+            join(self.base, "generate"),
             {"Content-Type": MEDIA_JSON, "Accept": "application/x-ndjson, " + MEDIA_PROBLEM},
             json.dumps(body).encode("utf-8"),
         )

@@ -30,6 +30,8 @@ from types import TracebackType
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+from . import _calls
+from ._calls import generate_body, join, place_body
 from .container import Digests, Geometry, Layer, Reader
 from .digests import parse_repr_digest, repr_digest
 from .errors import (
@@ -43,17 +45,11 @@ from .errors import (
 )
 from .ids import BlockKey, CompatID, ScopeID
 from .records import (
-    Checkpoint,
     GeneratedToken,
-    InstanceStatus,
     LeaseResponse,
     LookupResponse,
-    MapUpdate,
     PlaceResponse,
-    PrefetchDirective,
     PrefetchStatus,
-    ReplicaRecord,
-    Reshard,
     ShardMap,
 )
 
@@ -100,59 +96,6 @@ def check_identity(cert: dict[str, Any] | None, identity: str | None) -> None:
     sans = [str(pair[1]) for pair in (cert or {}).get("subjectAltName", ()) if pair[0] == "URI"]
     if identity not in sans:
         raise IdentityError("client: the server's certificate does not name the expected identity")
-
-
-def lookup_body(scope: ScopeID, compat: CompatID, keys: Sequence[BlockKey], targets: Sequence[str]) -> dict[str, Any]:
-    body: dict[str, Any] = {"scope_id": scope.hex(), "compat_id": compat.hex(), "block_keys": [k.hex() for k in keys]}
-    if targets:
-        body["targets"] = list(targets)
-    return body
-
-
-def place_body(
-    scope: ScopeID,
-    compat: CompatID,
-    tokens: Sequence[int],
-    max_tokens: int,
-    method: str,
-    p: float | None,
-    seed: int,
-    session: bytes | None = None,
-) -> dict[str, Any]:
-    """The body of POST place (the prompt as tokens_le32, as Go's client
-    sends it: a quarter of the JSON); with ``session``, that session's."""
-    body: dict[str, Any] = {
-        "scope_id": scope.hex(),
-        "compat_id": compat.hex(),
-        "tokens_le32": _le32(tokens),
-        "max_tokens": max_tokens,
-        "sampler": _sampler(method, p, seed),
-    }
-    if session is not None:
-        body["session"] = uuid_text(session)
-    return body
-
-
-def generate_body(
-    placed: PlaceResponse,
-    scope: ScopeID,
-    compat: CompatID,
-    tokens: Sequence[int],
-    max_tokens: int,
-    method: str,
-    p: float | None,
-    seed: int,
-    from_: int | None,
-) -> dict[str, Any]:
-    """The body of POST generate for a placed request."""
-    assert placed.session is not None
-    body = place_body(scope, compat, tokens, max_tokens, method, p, seed, placed.session)
-    body["epoch"] = placed.epoch
-    if placed.grant:
-        body["grant"] = placed.grant
-    if from_ is not None:
-        body["from"] = from_
-    return body
 
 
 class SessionCursor:
@@ -308,9 +251,10 @@ class Client:
             raise
         return conn, path
 
-    def _json(self, method: str, url: str, body: Any = None) -> tuple[int, Any]:
-        status, out, _ = self._exchange(method, url, body)
-        return status, out
+    def _call(self, c: _calls.Call[_T]) -> _T:
+        """Carry one JSON request of :mod:`kvsp._calls`."""
+        status, out, hdr = self._exchange(c.method, c.url, c.body)
+        return c.parse(status, out, {k.lower(): v for k, v in hdr.items()})
 
     def _exchange(self, method: str, url: str, body: Any = None) -> tuple[int, Any, http.client.HTTPMessage]:
         """One JSON request: the status, the decoded body (None when empty)
@@ -347,10 +291,6 @@ def _problem(status: int, body: bytes) -> KVSPError:
         from .errors import Problem
 
         return problem_error(Problem("about:blank", status))
-
-
-def _join(base: str, rel: str) -> str:
-    return base + rel if base.endswith("/") else base + "/" + rel
 
 
 class BlockStream:
@@ -403,7 +343,7 @@ class Holder:
         one pass: the container digest against Repr-Digest (required,
         R-BLK-6) and each layer against ``layer_digests`` (indexed by model
         layer, as a replica record's), when given."""
-        url = _join(self.base, ref.path())
+        url = join(self.base, ref.path())
         if layers is not None:
             url += f"?layers={layers[0]}-{layers[1]}"
         conn, path = self._c._connect(url)
@@ -432,14 +372,18 @@ class Holder:
         """PUT a container with If-None-Match: * and its Repr-Digest
         (R-BLK-12, A-4). False when the holder already had the block and
         kept it (412, R-BLK-14)."""
-        conn, path = self._c._connect(_join(self.base, ref.path()))
+        conn, path = self._c._connect(join(self.base, ref.path()))
         try:
-            conn.request(
-                "PUT",
-                path,
-                body=bytes(data),
-                headers={"Content-Type": MEDIA_BLOCK, "If-None-Match": "*", "Repr-Digest": repr_digest(digest)},
-            )
+            # A holder that refuses the PUT (403) answers before it reads the
+            # body and may reset the connection as the body arrives: the
+            # answer waiting in the socket is read below all the same.
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                conn.request(
+                    "PUT",
+                    path,
+                    body=bytes(data),
+                    headers={"Content-Type": MEDIA_BLOCK, "If-None-Match": "*", "Repr-Digest": repr_digest(digest)},
+                )
             resp = conn.getresponse()
             body = resp.read(MAX_ERROR_BODY)
         except BaseException:
@@ -453,18 +397,12 @@ class Holder:
         return True
 
     def lease(self, scope: ScopeID, compat: CompatID, keys: Sequence[BlockKey], ttl_ms: int) -> LeaseResponse:
-        """POST leases (A-2)."""
-        body = {
-            "scope_id": scope.hex(),
-            "compat_id": compat.hex(),
-            "block_keys": [k.hex() for k in keys],
-            "ttl_ms": ttl_ms,
-        }
-        _, out = self._c._json("POST", _join(self.base, "leases"), body)
-        return LeaseResponse.decode(out)
+        """POST leases (A-2): the blocks held for ttl_ms."""
+        return self._c._call(_calls.lease(self.base, scope, compat, keys, ttl_ms))
 
     def release_lease(self, lease_id: str) -> None:
-        self._c._json("DELETE", _join(self.base, "leases/" + lease_id))
+        """DELETE leases/{lease}."""
+        self._c._call(_calls.release_lease(self.base, lease_id))
 
 
 class IndexService:
@@ -476,47 +414,17 @@ class IndexService:
     def publish(self, record: dict[str, Any]) -> None:
         """PUT replicas/{holder-id}/{block_key}: the record is validated
         first, as the IS will validate it."""
-        from .baseuri import resource_id
-
-        rec = ReplicaRecord.decode(record)
-        assert rec.block_key is not None
-        self._c._json("PUT", _join(self.base, f"replicas/{resource_id(rec.holder)}/{rec.block_key.hex()}"), record)
+        self._c._call(_calls.publish(self.base, record))
 
     def withdraw(self, holder: str, key: BlockKey) -> None:
-        from .baseuri import resource_id
-
-        self._c._json("DELETE", _join(self.base, f"replicas/{resource_id(holder)}/{key.hex()}"))
+        """DELETE replicas/{holder-id}/{block_key}."""
+        self._c._call(_calls.withdraw(self.base, holder, key))
 
     def lookup(
         self, scope: ScopeID, compat: CompatID, keys: Sequence[BlockKey], targets: Sequence[str] = ()
     ) -> LookupResponse:
         """POST lookup: the longest prefix of keys with replicas (R-IS-11)."""
-        _, out = self._c._json("POST", _join(self.base, "lookup"), lookup_body(scope, compat, keys, targets))
-        return LookupResponse.decode(out)
-
-
-def uuid_text(u: bytes) -> str:
-    """A UUID's 16 octets in the canonical 8-4-4-4-12 form."""
-    h = u.hex()
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
-
-
-def _le32(tokens: Sequence[int]) -> str:
-    """A prompt as tokens_le32: base64 of little-endian uint32s."""
-    import base64
-    import struct
-
-    try:
-        return base64.b64encode(struct.pack(f"<{len(tokens)}I", *tokens)).decode("ascii")
-    except struct.error:
-        raise InvalidError("invalid: a token must be in 0..2^32-1") from None
-
-
-def _sampler(method: str, p: float | None, seed: int) -> dict[str, Any]:
-    s: dict[str, Any] = {"method": method, "seed": seed}
-    if p is not None:
-        s["params"] = {"p": p}
-    return s
+        return self._c._call(_calls.lookup(self.base, scope, compat, keys, targets))
 
 
 def _retrying(f: Callable[[], _T], retry: float, end: float) -> _T:
@@ -555,55 +463,26 @@ class Controller:
         """Where a request runs: its session, the instance and its epoch, the
         blocks matched, the prefetch directive sent, the placement grant.
         With ``session``: where that session continues."""
-        body = place_body(scope, compat, tokens, max_tokens, method, p, seed, session)
-        _, out = self._c._json("POST", _join(self.base, "place"), body)
-        return PlaceResponse.decode(out)
+        return self._c._call(
+            _calls.place(self.base, place_body(scope, compat, tokens, max_tokens, method, p, seed, session))
+        )
 
     def put_status(self, record: dict[str, Any]) -> str:
         """PUT instances/{instance-id}/status: an Instance Status Record
         (validated first, as the PC validates it); returns the state the PC
         assigns (R-ST-9, A-19)."""
-        from .baseuri import resource_id
-
-        rec = InstanceStatus.decode(record)
-        _, out, _ = self._c._exchange("PUT", _join(self.base, f"instances/{resource_id(rec.instance)}/status"), record)
-        return _state(out)
+        return self._c._call(_calls.put_status(self.base, record))
 
     def put_checkpoint(self, record: dict[str, Any]) -> int:
         """PUT sessions/{session}/checkpoint: a Session Checkpoint (validated
         first); returns the output offset the PC acknowledged (A-24)."""
-        cp = Checkpoint.decode(record)
-        assert cp.session is not None  # required by decode
-        _, out, _ = self._c._exchange("PUT", _join(self.base, f"sessions/{uuid_text(cp.session)}/checkpoint"), record)
-        if not isinstance(out, dict) or not _is_uint(out.get("output_offset")):
-            raise InvalidError("invalid: checkpoint ack: output_offset: required, an unsigned integer")
-        return int(out["output_offset"])
+        return self._c._call(_calls.put_checkpoint(self.base, record))
 
     def update_map(self, update: dict[str, Any]) -> tuple[ShardMap, dict[str, int]]:
         """PUT maps/{map}: move a sequence-sharded context to its next map
         (validated first); returns once the members committed: the new map
         and the octets each member fetched."""
-        from urllib.parse import quote
-
-        u = MapUpdate.decode(update)
-        _, out, _ = self._c._exchange("PUT", _join(self.base, "maps/" + quote(u.map.map, safe="")), update)
-        if not isinstance(out, dict):
-            raise InvalidError("invalid: map update result: must be an object")
-        fetched = out.get("fetched_bytes") or {}
-        if not isinstance(fetched, dict) or not all(_is_uint(v) for v in fetched.values()):
-            raise InvalidError("invalid: map update result: fetched_bytes: an object of unsigned integers")
-        return ShardMap.decode(out.get("map") or {}), {str(k): int(v) for k, v in fetched.items()}
-
-
-def _is_uint(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 64
-
-
-def _state(out: Any) -> str:
-    """The state of a state body ({"state": ...})."""
-    if not isinstance(out, dict) or not isinstance(out.get("state"), str) or not out["state"]:
-        raise InvalidError("invalid: state: required, a registered state")
-    return str(out["state"])
+        return self._c._call(_calls.update_map(self.base, update))
 
 
 class Instance:
@@ -617,47 +496,26 @@ class Instance:
         """POST prefetch: a Prefetch Directive (validated first); returns the
         Location of its status resource (R-PF-2). Not retried: the directive
         id makes a manual retry idempotent (A-17)."""
-        PrefetchDirective.decode(directive)
-        st, _, hdr = self._c._exchange("POST", _join(self.base, "prefetch"), directive)
-        loc = hdr.get("Location")
-        if st != 202 or not loc:
-            raise InvalidError(f"invalid: prefetch answered {st} without Location")
-        return str(loc)
+        return self._c._call(_calls.prefetch(self.base, directive))
 
     def prefetch_status(self, directive: bytes) -> PrefetchStatus:
         """GET prefetch/{id}: a directive's state (A-17)."""
-        _, out = self._c._json("GET", _join(self.base, "prefetch/" + uuid_text(directive)))
-        return PrefetchStatus.decode(out)
+        return self._c._call(_calls.prefetch_status(self.base, directive))
 
     def set_state(self, state: str) -> str:
         """PUT state: the instance's lifecycle state (A-19); returns it."""
-        _, out = self._c._json("PUT", _join(self.base, "state"), {"state": state})
-        return _state(out)
+        return self._c._call(_calls.set_state(self.base, state))
 
     def resume(self, epoch: int, checkpoint: dict[str, Any]) -> None:
         """POST sessions/{session}/resume: resume a session from its
         checkpoint at a new epoch (A-23)."""
-        cp = Checkpoint.decode(checkpoint)
-        assert cp.session is not None  # required by decode
-        if not _is_uint(epoch) or epoch == 0:
-            raise InvalidError("invalid: resume: epoch: required, at least 1")
-        url = _join(self.base, f"sessions/{uuid_text(cp.session)}/resume")
-        self._c._json("POST", url, {"epoch": epoch, "checkpoint": checkpoint})
+        self._c._call(_calls.resume(self.base, epoch, checkpoint))
 
     def reshard(self, message: dict[str, Any]) -> tuple[str, int, int]:
         """POST reshard: a plan, commit or abort (A-26), validated first; a
         plan returns once the instance loaded its fetch ranges. Returns the
         acknowledgement: map, version, octets fetched."""
-        Reshard.decode(message)
-        _, out = self._c._json("POST", _join(self.base, "reshard"), message)
-        if (
-            not isinstance(out, dict)
-            or not isinstance(out.get("map"), str)
-            or not _is_uint(out.get("version"))
-            or not _is_uint(out.get("fetched_bytes", 0))
-        ):
-            raise InvalidError("invalid: reshard ack: map, version and fetched_bytes")
-        return out["map"], int(out["version"]), int(out.get("fetched_bytes", 0))
+        return self._c._call(_calls.reshard(self.base, message))
 
     def generate(
         self,
@@ -677,7 +535,7 @@ class Instance:
         prefill reused and computed. A stream that ends before its done line
         raises UnavailableError."""
         body = generate_body(placed, scope, compat, tokens, max_tokens, method, p, seed, from_)
-        conn, path = self._c._connect(_join(self.base, "generate"))
+        conn, path = self._c._connect(join(self.base, "generate"))
         try:
             conn.request(
                 "POST",
