@@ -1,10 +1,17 @@
 """kvsp: the KV Cache Storage Protocol for Python, byte for byte as kvsp's Go
 implementation (compatibility IDs, scope keys, Block Keys, layer and replica
 digests, Repr-Digest, the KVB1 header, and containers read as streams and written).
+Clients of every role: :mod:`kvsp.client` (sync) and :mod:`kvsp.aio`
+(asyncio); an engine's attach client: :mod:`kvsp.attach`.
 
 Dependencies: ``rfc8785`` (the JSON Canonicalization Scheme the descriptor's
 ID is computed over: small, typed, no dependencies of its own); everything
-else is the standard library.
+else is the standard library. The clients speak HTTP/1.1 through
+``http.client`` and asyncio streams rather than httpx: a block body is read
+into the caller's buffer (``readinto``) and hashed through views, which
+httpx's response API does not offer (it hands out new bytes per chunk). The
+CUDA pool of the attach client goes through the driver by ctypes, so
+``import kvsp`` needs neither torch nor a GPU.
 """
 
 from .baseuri import normalize_base_uri, resource_id, validate_base_uri
