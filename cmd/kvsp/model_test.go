@@ -9,7 +9,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/internal/gguf"
+	"github.com/kvsp/kvsp/internal/kvsptest"
 )
 
 // TestModelTiny: the command writes exactly gguf.WriteTinyLlama's octets
@@ -117,5 +119,34 @@ func TestModelDescriptor(t *testing.T) {
 	os.WriteFile(bad, []byte("GGUF but not really"), 0o644)
 	if code, _, stderr := runCLI(t, "model", "descriptor", bad); code != 1 || !strings.Contains(stderr, "gguf:") {
 		t.Fatalf("a broken file: code %d, %s", code, stderr)
+	}
+}
+
+// TestSmolLM2Descriptor (issue 49): the real model's descriptor,
+// committed as examples/openai/descriptor.json, is what `kvsp model
+// descriptor` derives from the GGUF make deps installs: llama
+// architecture, 30 layers, GQA (3 KV heads of 64), RoPE with its base
+// 100000, an f16 cache (23,040 octets of KV a token), Q4_1 weights.
+func TestSmolLM2Descriptor(t *testing.T) {
+	requireLlama(t)
+	model := kvsptest.SmolLM2(t)
+	code, stdout, stderr := runCLI(t, "model", "descriptor", model)
+	if code != 0 {
+		t.Fatalf("code %d: %s", code, stderr)
+	}
+	want, err := os.ReadFile("../../examples/openai/descriptor.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stdout != string(want) {
+		t.Fatalf("descriptor %s, examples/openai/descriptor.json has %s", stdout, want)
+	}
+	d, err := kvsp.ParseDescriptor(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Layers != 30 || d.KVHeads != 3 || d.HeadDim != 64 || d.KVDType != "fp16" || d.Positional != "rope;theta=100000" ||
+		2*d.Layers*d.KVHeads*d.HeadDim*2 != 23040 {
+		t.Fatalf("descriptor %+v", d)
 	}
 }

@@ -141,38 +141,49 @@ func moveBlock(t *testing.T, a, b *Engine, key kvsp.BlockKey) {
 // and decodes the next token alone has the same logits, bit for bit, as
 // the producer decoding it from its own state. Both V layouts.
 func TestExactRoundTrip(t *testing.T) {
-	for _, fa := range []bool{false, true} {
-		t.Run(fmt.Sprintf("flash_attention=%v", fa), func(t *testing.T) {
-			cfg := Config{FlashAttention: fa, BatchSize: 1}
-			a, b := newEngine(t, cfg), newEngine(t, cfg)
-			bt := int(a.Geometry().BlockTokens)
-			prompt := tokensOf(1, 4*bt, a.Vocab())
-			var want []float32
-			a.onLogits = func(step int, l []float32) {
-				if step == 1 { // decoded alone, after the prompt and y0
-					want = slices.Clone(l)
-				}
-			}
-			req := request(t, a, prompt, 2)
-			out := collect(t, a, req)
-			moveBlocks(t, a, b, holderOf(t, a), req.Keys)
-			var got []float32
-			b.onLogits = func(step int, l []float32) { got = slices.Clone(l) }
-			before := b.Evaluated()
-			next := request(t, b, append(slices.Clone(prompt), out[0]), 1)
-			collect(t, b, next)
-			if n := b.Evaluated() - before; n != 1 {
-				t.Fatalf("the consumer evaluated %d tokens, want 1 (the rest injected)", n)
-			}
-			if len(got) != len(want) || len(got) == 0 {
-				t.Fatalf("logits: %d and %d", len(got), len(want))
-			}
-			for i := range got {
-				if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
-					t.Fatalf("logit %d: %v after injection, %v at the producer", i, got[i], want[i])
-				}
-			}
-		})
+	for _, m := range testModels(t) {
+		for _, fa := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/flash_attention=%v", m.name, fa), func(t *testing.T) { exactRoundTrip(t, m.path, fa) })
+		}
+	}
+}
+
+// testModels are the models the exactness tests hold on: the generated
+// tiny one (path "": newEngine's default), and the real SmolLM2 (Q4_1
+// weights, 9 query heads on 3 KV heads, RoPE base 100000, an f16 cache).
+func testModels(t *testing.T) []struct{ name, path string } {
+	return []struct{ name, path string }{{"tiny", ""}, {"smollm2", kvsptest.SmolLM2(t)}}
+}
+
+func exactRoundTrip(t *testing.T, model string, fa bool) {
+	cfg := Config{Model: model, FlashAttention: fa, BatchSize: 1}
+	a, b := newEngine(t, cfg), newEngine(t, cfg)
+	bt := int(a.Geometry().BlockTokens)
+	prompt := tokensOf(1, 4*bt, a.Vocab())
+	var want []float32
+	a.onLogits = func(step int, l []float32) {
+		if step == 1 { // decoded alone, after the prompt and y0
+			want = slices.Clone(l)
+		}
+	}
+	req := request(t, a, prompt, 2)
+	out := collect(t, a, req)
+	moveBlocks(t, a, b, holderOf(t, a), req.Keys)
+	var got []float32
+	b.onLogits = func(step int, l []float32) { got = slices.Clone(l) }
+	before := b.Evaluated()
+	next := request(t, b, append(slices.Clone(prompt), out[0]), 1)
+	collect(t, b, next)
+	if n := b.Evaluated() - before; n != 1 {
+		t.Fatalf("the consumer evaluated %d tokens, want 1 (the rest injected)", n)
+	}
+	if len(got) != len(want) || len(got) == 0 {
+		t.Fatalf("logits: %d and %d", len(got), len(want))
+	}
+	for i := range got {
+		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+			t.Fatalf("logit %d: %v after injection, %v at the producer", i, got[i], want[i])
+		}
 	}
 }
 
@@ -180,44 +191,48 @@ func TestExactRoundTrip(t *testing.T) {
 // and written into it again give llama.cpp's state octet for octet (the
 // conversion loses nothing, in both V layouts).
 func TestStateConversionExact(t *testing.T) {
-	for _, fa := range []bool{false, true} {
-		t.Run(fmt.Sprintf("flash_attention=%v", fa), func(t *testing.T) {
-			e := newEngine(t, Config{FlashAttention: fa, BatchSize: 1})
-			bt := int(e.Geometry().BlockTokens)
-			req := request(t, e, tokensOf(2, 3*bt, e.Vocab()), 1)
-			collect(t, e, req)
-			// The engine's own state of the same blocks, injected and read again.
-			w := newStateWriter(&e.lay, 0, 3*bt, bt, nil)
-			sec := e.sec
-			for i, key := range req.Keys {
-				for l := 0; l < int(e.Geometry().Layers); l++ {
-					e.blocks.Read(key, uint32(l), func(p []byte) error {
-						w.put(i, l, p[2*sec*l:2*sec*l+sec], p[2*sec*l+sec:2*sec*(l+1)])
-						return nil
-					})
-				}
+	for _, m := range testModels(t) {
+		for _, fa := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/flash_attention=%v", m.name, fa), func(t *testing.T) { stateConversionExact(t, m.path, fa) })
+		}
+	}
+}
+
+func stateConversionExact(t *testing.T, model string, fa bool) {
+	e := newEngine(t, Config{Model: model, FlashAttention: fa, BatchSize: 1})
+	bt := int(e.Geometry().BlockTokens)
+	req := request(t, e, tokensOf(2, 3*bt, e.Vocab()), 1)
+	collect(t, e, req)
+	// The engine's own state of the same blocks, injected and read again.
+	w := newStateWriter(&e.lay, 0, 3*bt, bt, nil)
+	sec := e.sec
+	for i, key := range req.Keys {
+		for l := 0; l < int(e.Geometry().Layers); l++ {
+			e.blocks.Read(key, uint32(l), func(p []byte) error {
+				w.put(i, l, p[2*sec*l:2*sec*l+sec], p[2*sec*l+sec:2*sec*(l+1)])
+				return nil
+			})
+		}
+	}
+	st, _, err := parseState(w.b, &e.lay)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, key := range req.Keys {
+		idx, err := st.cellsByPos(i*bt, bt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		k, v := make([]byte, sec), make([]byte, sec)
+		k2, v2 := make([]byte, sec), make([]byte, sec)
+		for l := 0; l < int(e.Geometry().Layers); l++ {
+			e.lay.kSection(k, st, l, idx)
+			e.lay.vSection(v, st, l, idx)
+			e.KV().ReadLayer(key, uint32(l), k2, v2)
+			if !bytes.Equal(k, k2) || !bytes.Equal(v, v2) {
+				t.Fatalf("block %d layer %d: blocks → state → blocks differs", i, l)
 			}
-			st, _, err := parseState(w.b, &e.lay)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for i, key := range req.Keys {
-				idx, err := st.cellsByPos(i*bt, bt)
-				if err != nil {
-					t.Fatal(err)
-				}
-				k, v := make([]byte, sec), make([]byte, sec)
-				k2, v2 := make([]byte, sec), make([]byte, sec)
-				for l := 0; l < int(e.Geometry().Layers); l++ {
-					e.lay.kSection(k, st, l, idx)
-					e.lay.vSection(v, st, l, idx)
-					e.KV().ReadLayer(key, uint32(l), k2, v2)
-					if !bytes.Equal(k, k2) || !bytes.Equal(v, v2) {
-						t.Fatalf("block %d layer %d: blocks → state → blocks differs", i, l)
-					}
-				}
-			}
-		})
+		}
 	}
 }
 
