@@ -150,6 +150,9 @@ type GeneratedToken struct {
 	Epoch uint64 `json:"epoch"`
 	Token uint32 `json:"token"`
 	Done  bool   `json:"done,omitempty"`
+	// Finish, on the done line, says why the output ended there (A-39):
+	// Index is then the number of output tokens.
+	Finish FinishReason `json:"finish,omitempty"`
 	// Prefill, on the first line a stream sends, says how the prompt was
 	// served: prompt tokens reused from KV (resident or loaded) and
 	// tokens computed.
@@ -164,8 +167,13 @@ type PrefillInfo struct {
 
 // Validate implements Validator.
 func (t *GeneratedToken) Validate() error {
-	if t.Epoch == 0 {
+	switch {
+	case t.Epoch == 0:
 		return invalidf("token: epoch: required, at least 1")
+	case t.Finish != "" && !t.Finish.Valid():
+		return invalidf("token: finish: one of stop, length, cancelled")
+	case t.Finish != "" && !t.Done:
+		return invalidf("token: finish: only on the done line")
 	}
 	return nil
 }

@@ -49,6 +49,25 @@ type Checkpoint struct {
 	Generated    []uint32 `json:"generated"`
 	OutputOffset uint64   `json:"output_offset"`
 	Sampler      Sampler  `json:"sampler"`
+	// Finish, on a session's final checkpoint, says why its output ended
+	// there (A-39, an extension member): the PC never resumes or migrates
+	// a finished session.
+	Finish FinishReason `json:"finish,omitempty"`
+}
+
+// FinishReason says why a session's output ended (A-39).
+type FinishReason string
+
+// The reasons an output ends.
+const (
+	FinishStop      FinishReason = "stop"      // the model's end-of-generation token (not part of the output)
+	FinishLength    FinishReason = "length"    // max_tokens tokens
+	FinishCancelled FinishReason = "cancelled" // the front end went away
+)
+
+// Valid reports a registered reason.
+func (f FinishReason) Valid() bool {
+	return f == FinishStop || f == FinishLength || f == FinishCancelled
 }
 
 // UnmarshalJSONFrom checks that the members whose zero is meaningful are
@@ -78,6 +97,8 @@ func (c *Checkpoint) Validate() error {
 		return invalidf("checkpoint: generated: required (may be empty)")
 	case c.OutputOffset != uint64(len(c.Generated)):
 		return invalidf("checkpoint: output_offset: must equal the number of generated tokens")
+	case c.Finish != "" && !c.Finish.Valid():
+		return invalidf("checkpoint: finish: one of stop, length, cancelled")
 	}
 	for i, k := range c.PromptBlocks {
 		if k.IsZero() {

@@ -226,6 +226,20 @@ func (x *Instance) PrefetchStatus(ctx context.Context, id kvsp.UUID) (*kvsp.Pref
 // returns nil once the stream's done line arrived, an error if the stream
 // ends before it (the front end then resumes elsewhere).
 func (x *Instance) Generate(ctx context.Context, q *kvsp.GenerateRequest, fn func(kvsp.GeneratedToken) error) error {
+	_, err := x.Stream(ctx, q, fn)
+	return err
+}
+
+// Stream is Generate that also returns the stream's done line: its
+// Finish says why the output ended, its Index how many tokens the
+// output has.
+func (x *Instance) Stream(ctx context.Context, q *kvsp.GenerateRequest, fn func(kvsp.GeneratedToken) error) (kvsp.GeneratedToken, error) {
+	var done kvsp.GeneratedToken
+	err := x.stream(ctx, q, fn, &done)
+	return done, err
+}
+
+func (x *Instance) stream(ctx context.Context, q *kvsp.GenerateRequest, fn func(kvsp.GeneratedToken) error, done *kvsp.GeneratedToken) error {
 	wire := *q // the prompt as tokens_le32 (kvsp.TokensLE32)
 	if wire.Tokens != nil && wire.TokensLE32 == nil {
 		wire.Tokens, wire.TokensLE32 = nil, kvsp.TokensLE32(q.Tokens)
@@ -250,6 +264,7 @@ func (x *Instance) Generate(ctx context.Context, q *kvsp.GenerateRequest, fn fun
 			return fmt.Errorf("%w: token stream: %v", kvsp.ErrInvalid, err)
 		}
 		if t.Done {
+			*done = t
 			return nil
 		}
 		if err := fn(t); err != nil {

@@ -20,28 +20,33 @@ import (
 // detected) and resumes the stream from the first index it lacks.
 // retry bounds the wait between attempts, the first placement's too when
 // the PC cannot be reached or answers 502, 503 or 504. It returns the
-// session id.
-func (c *Client) RunSession(ctx context.Context, ctl *Controller, q *kvsp.PlaceRequest, retry time.Duration, deliver func(index uint64, token uint32) error) (kvsp.UUID, error) {
+// session id, why its output ended and how its prompt was served.
+func (c *Client) RunSession(ctx context.Context, ctl *Controller, q *kvsp.PlaceRequest, retry time.Duration, deliver func(index uint64, token uint32) error) (SessionResult, error) {
+	var res SessionResult
 	at, err := ctl.Place(ctx, q)
 	for err != nil && transient(err) { // the PC is restarting, or unreachable for a moment
 		select {
 		case <-ctx.Done():
-			return kvsp.UUID{}, errors.Join(err, ctx.Err())
+			return res, errors.Join(err, ctx.Err())
 		case <-time.After(retry):
 		}
 		at, err = ctl.Place(ctx, q)
 	}
 	if err != nil {
-		return kvsp.UUID{}, err
+		return res, err
 	}
 	session := at.Session
+	res.Session = session
 	cont := *q
 	cont.Session = &session
 	var next, maxEpoch uint64
 	for {
 		from := next
-		err := c.Instance(at.Instance).Generate(ctx, &kvsp.GenerateRequest{Session: session, Epoch: at.Epoch, ScopeID: q.ScopeID, CompatID: q.CompatID,
+		done, err := c.Instance(at.Instance).Stream(ctx, &kvsp.GenerateRequest{Session: session, Epoch: at.Epoch, ScopeID: q.ScopeID, CompatID: q.CompatID,
 			Tokens: q.Tokens, MaxTokens: q.MaxTokens, Sampler: q.Sampler, From: &from, Grant: at.Grant}, func(t kvsp.GeneratedToken) error {
+			if t.Prefill != nil && res.Prefill == nil {
+				res.Prefill = t.Prefill // the first instance's: how the prompt was served
+			}
 			switch {
 			case t.Epoch < maxEpoch: // R-SES-9
 				return nil
@@ -59,13 +64,14 @@ func (c *Client) RunSession(ctx context.Context, ctl *Controller, q *kvsp.PlaceR
 			return nil
 		})
 		if err == nil {
-			return session, nil
+			res.Finish = done.Finish
+			return res, nil
 		}
 		if ctx.Err() != nil {
-			return session, ctx.Err()
+			return res, ctx.Err()
 		}
 		if errors.Is(err, kvsp.ErrInvalid) {
-			return session, err
+			return res, err
 		}
 		c.log.Debug("session stream ended early; asking the PC where it continues", "session", session.String(), "instance", at.Instance, "epoch", at.Epoch, "next", next, "err", err)
 		// Where does the session continue? The PC answers the same
@@ -73,10 +79,13 @@ func (c *Client) RunSession(ctx context.Context, ctl *Controller, q *kvsp.PlaceR
 		for {
 			select {
 			case <-ctx.Done():
-				return session, ctx.Err()
+				return res, ctx.Err()
 			case <-time.After(retry):
 			}
 			moved, err := ctl.Place(ctx, &cont)
+			if errors.Is(err, kvsp.ErrInvalidState) {
+				return res, err // finished: nothing continues it
+			}
 			if err == nil && (moved.Epoch > at.Epoch || moved.Instance != at.Instance) {
 				c.log.Debug("session continues", "session", session.String(), "instance", moved.Instance, "epoch", moved.Epoch)
 				at = moved
@@ -91,6 +100,17 @@ func (c *Client) RunSession(ctx context.Context, ctl *Controller, q *kvsp.PlaceR
 			}
 		}
 	}
+}
+
+// SessionResult is how a session ran.
+type SessionResult struct {
+	Session kvsp.UUID
+	// Finish is why its output ended: stop (the model's
+	// end-of-generation token), length (max_tokens).
+	Finish kvsp.FinishReason
+	// Prefill is how its first instance served the prompt: tokens whose
+	// KV came from a cache, and tokens computed (nil if no line said).
+	Prefill *kvsp.PrefillInfo
 }
 
 // transient reports an error worth another try of the same request: no

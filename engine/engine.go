@@ -26,9 +26,13 @@ type Engine interface {
 	KV() KV
 	// Generate runs a request: the prompt's blocks already resident in KV
 	// are used as they are, the rest is prefilled (and its blocks become
-	// resident), then up to MaxTokens tokens are decoded and passed to
-	// emit in order. An emit error stops generation and is returned.
-	Generate(ctx context.Context, req Request, emit func(Token) error) error
+	// resident), then tokens are decoded and passed to emit in order,
+	// until the model's end-of-generation token (not emitted: the finish
+	// is kvsp.FinishStop) or MaxTokens output tokens (kvsp.FinishLength).
+	// An emit error stops generation and is returned; so is the context's
+	// when it ends, and the request's sequence and pins are freed before
+	// Generate returns.
+	Generate(ctx context.Context, req Request, emit func(Token) error) (kvsp.FinishReason, error)
 	// Check refuses, before anything is streamed, a request the engine
 	// cannot run (a token outside its vocabulary, a prompt or output
 	// beyond its context), with an error naming the member; Generate

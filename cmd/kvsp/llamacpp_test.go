@@ -246,7 +246,7 @@ func reference(t *testing.T, prompts [][]uint32, maxTokens int) [][]uint32 {
 		for _, k := range keys { // recomputed, not reused
 			e.KV().Drop(k)
 		}
-		if err := e.Generate(context.Background(), engine.Request{Tokens: p, Keys: keys, MaxTokens: maxTokens},
+		if _, err := e.Generate(context.Background(), engine.Request{Tokens: p, Keys: keys, MaxTokens: maxTokens},
 			func(tk engine.Token) error { toks = append(toks, tk.ID); return nil }); err != nil {
 			t.Fatal(err)
 		}

@@ -228,8 +228,12 @@ func newInstance(x *config.Instance, c *client.Client, keys []kvsp.ScopeKey, log
 		log.Info("the engine attaches here", "socket", sock, "instance", x.Base)
 		eng = ce
 	default:
-		if eng, err = sim.New(sim.Config{Descriptor: d, PrefillTokensPerS: x.Engine.PrefillTokensPerS, DecodeTokensPerS: x.Engine.DecodeTokensPerS,
-			NoPrefixCache: x.Engine.PrefixCache != nil && !*x.Engine.PrefixCache}); err != nil {
+		sc := sim.Config{Descriptor: d, PrefillTokensPerS: x.Engine.PrefillTokensPerS, DecodeTokensPerS: x.Engine.DecodeTokensPerS,
+			NoPrefixCache: x.Engine.PrefixCache != nil && !*x.Engine.PrefixCache}
+		if a := x.Engine.AnswerTokens; len(a) == 2 {
+			sc.AnswerTokens = [2]int{a[0], a[1]}
+		}
+		if eng, err = sim.New(sc); err != nil {
 			return nil, nil, err
 		}
 	}

@@ -85,9 +85,33 @@ func TestPCRestartMidSession(t *testing.T) {
 		t.Fatalf("delivered %d tokens; not one consistent output (%d)", len(got), len(want))
 	}
 	q := *c.q
-	if out, err := c.front.Controller(c.pc).Place(ctx, &q); err != nil || out.Epoch < 1 || out.Session != c.session {
-		t.Fatalf("the session after the restart: %+v %v", out, err)
+	if epoch, finish := finishedSession(t, c.front.Controller(c.pc), &q); epoch < 1 || finish != kvsp.FinishLength {
+		t.Fatalf("the session after the restart: epoch %d, finish %q", epoch, finish)
 	}
+}
+
+// finishedSession asks the PC to continue a session that finished: it
+// must say so (409 kvsp-invalid-state, A-39), with why and at which epoch,
+// which shows it knows the session (after a restart, or at a new leader).
+func finishedSession(t *testing.T, ctl *client.Controller, q *kvsp.PlaceRequest) (uint64, kvsp.FinishReason) {
+	t.Helper()
+	// The instance says the session finished once its front end has the
+	// done line: shortly after RunSession returns.
+	deadline := time.Now().Add(5 * time.Second)
+	var p *kvsp.Problem
+	for {
+		out, err := ctl.Place(context.Background(), q)
+		if errors.Is(err, kvsp.ErrInvalidState) && errors.As(err, &p) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a finished session placed again: %+v %v (want 409 kvsp-invalid-state)", out, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	finish, _ := p.Extensions["finish"].(string)
+	epoch, _ := p.Extensions["epoch"].(float64)
+	return uint64(epoch), kvsp.FinishReason(finish)
 }
 
 // TestF9_EpochFencingPartitionedInstance (RELIABILITY F9; issue 8): the instance
@@ -128,7 +152,7 @@ func TestF9_EpochFencingPartitionedInstance(t *testing.T) {
 	}()
 	defer func() { close(quit); <-resumed }()
 	paused := false
-	session, err := c.front.RunSession(ctx, c.front.Controller(c.pc), c.q, 100*time.Millisecond, func(i uint64, tok uint32) error {
+	res, err := c.front.RunSession(ctx, c.front.Controller(c.pc), c.q, 100*time.Millisecond, func(i uint64, tok uint32) error {
 		got = append(got, tok)
 		if i == 200 && !paused {
 			paused = true
@@ -140,7 +164,7 @@ func TestF9_EpochFencingPartitionedInstance(t *testing.T) {
 	if err != nil || !paused {
 		t.Fatalf("session: %d tokens, %v", len(got), err)
 	}
-	if session != c.session {
+	if res.Session != c.session {
 		t.Fatal("another session")
 	}
 	if want := c.uninterrupted(); !slices.Equal(got, want) {
@@ -511,9 +535,8 @@ func TestLeaderPCKilledStandbyTakesOver(t *testing.T) {
 	}
 	t.Logf("longest pause in delivery after the leader's kill: %v (its etcd lease: 1s)", maxGap.Round(time.Millisecond))
 	q := *c.q
-	out, err := c.front.Controller(c.pcs[1]).Place(ctx, &q)
-	if err != nil || out.Session != c.session || out.Epoch < 1 {
-		t.Fatalf("the session at the new leader: %+v %v", out, err)
+	if epoch, finish := finishedSession(t, c.front.Controller(c.pcs[1]), &q); epoch < 1 || finish != kvsp.FinishLength {
+		t.Fatalf("the session at the new leader: epoch %d, finish %q", epoch, finish)
 	}
 }
 

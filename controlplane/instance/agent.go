@@ -365,6 +365,7 @@ type metrics struct {
 	reshards          *prometheus.CounterVec
 	grants            *prometheus.CounterVec
 	notReading        prometheus.Counter
+	finished          *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -394,6 +395,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Prompt blocks resident (local or loaded) when a request's wait for its directives ended, evicted before its prefill began (recomputed)."}),
 		grants: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_instance_grants_total",
 			Help: "Generate requests by their placement grant: taken (the PC placed it here; it runs), refused (403: none, not the PC's, for another instance, session, prompt or epoch, expired or taken before), before any engine work."}, []string{"outcome"}),
+		finished: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_instance_generations_finished_total",
+			Help: "Generations ended, by why (A-39): stop (the model's end-of-generation token), length (max_tokens), cancelled (the front end went away)."}, []string{"finish"}),
 		notReading: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvsp_instance_generations_unread_total",
 			Help: "Generations cut because their token stream failed: the front end stopped reading (its write deadline passed, or its unread tokens passed the bound) or went away; their sequences and pins freed."}),
 		reshards: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_instance_reshard_messages_total",
@@ -404,7 +407,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.directiveFailures.WithLabelValues(r) // every reason's series exists from the start, at 0
 	}
 	if reg != nil {
-		reg.MustRegister(m.checkpoints, m.directives, m.directiveFailures, m.blocks, m.digestFailures, m.fetched, m.rdmaBlocks, m.prompt, m.offloads, m.offloadDelay, m.lost, m.reshards, m.grants, m.notReading)
+		reg.MustRegister(m.checkpoints, m.directives, m.directiveFailures, m.blocks, m.digestFailures, m.fetched, m.rdmaBlocks, m.prompt, m.offloads, m.offloadDelay, m.lost, m.reshards, m.grants, m.notReading, m.finished)
 	}
 	return m
 }

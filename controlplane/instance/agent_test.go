@@ -104,6 +104,9 @@ type rigOptions struct {
 	// nondeterministic: ii1's engine declares itself not batch invariant
 	// (engine.Engine.Deterministic false), as llama.cpp does.
 	nondeterministic bool
+	// answerTokens: the simulated engines end each answer at their
+	// end-of-generation token after that many tokens (sim.Config).
+	answerTokens [2]int
 	// linksOf, when set, gives ii1's links (default: h1's only).
 	linksOf func(w *rig) []kvsp.Link
 	// wrap wraps the handler of the server of every role but the IS.
@@ -215,7 +218,7 @@ func newRig(t testing.TB, o rigOptions) *rig {
 	hc := mk(kvsptest.Holder1)
 	var err error
 	w.compat, _ = d.CompatID()
-	w.eng, err = sim.New(sim.Config{Descriptor: d, PrefillTokensPerS: 42000, DecodeTokensPerS: 5000, BatchSize: 4, KVBlocks: 256})
+	w.eng, err = sim.New(sim.Config{Descriptor: d, PrefillTokensPerS: 42000, DecodeTokensPerS: 5000, BatchSize: 4, KVBlocks: 256, AnswerTokens: o.answerTokens})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -295,7 +298,7 @@ func newRig(t testing.TB, o rigOptions) *rig {
 	}
 	w.agent.Mount(w.srv.Server.Mount("/ii1/"))
 	if o.second {
-		eng2, _ := sim.New(sim.Config{Descriptor: d, PrefillTokensPerS: 42000, DecodeTokensPerS: 5000, BatchSize: 4, KVBlocks: 256})
+		eng2, _ := sim.New(sim.Config{Descriptor: d, PrefillTokensPerS: 42000, DecodeTokensPerS: 5000, BatchSize: 4, KVBlocks: 256, AnswerTokens: o.answerTokens})
 		w.agent2, err = instance.New(instance.Config{Base: w.url("/ii2/"), Engine: eng2, Client: mk(agentID), Index: isURL,
 			Controller: w.url("/pc/"), StatusTTL: 300 * time.Millisecond, Scopes: []kvsp.ScopeKey{w.scopeKey},
 			Links: []kvsp.Link{{Holder: w.url("/h1/"), MbitPerS: 100000, RTTUs: 20}, {Holder: w.url("/hi/"), MbitPerS: 100000, RTTUs: 20}}})
@@ -766,7 +769,7 @@ func (w *rig) wait(t testing.TB, id kvsp.UUID) *kvsp.PrefetchStatus {
 
 func tokensOf(t *testing.T, e engine.Engine, req engine.Request) []uint32 {
 	var out []uint32
-	if err := e.Generate(context.Background(), req, func(tok engine.Token) error { out = append(out, tok.ID); return nil }); err != nil {
+	if _, err := e.Generate(context.Background(), req, func(tok engine.Token) error { out = append(out, tok.ID); return nil }); err != nil {
 		t.Fatal(err)
 	}
 	return out
@@ -1233,7 +1236,7 @@ func sessionSurvives(t *testing.T, sampler *kvsp.PlaceSampler) {
 	const n = 1500
 	var got []uint32
 	killed := false
-	session, err := w.front.RunSession(context.Background(), w.front.Controller(w.url("/pc/")), &kvsp.PlaceRequest{ScopeID: w.scopeKey.ID(), CompatID: w.compat,
+	res, err := w.front.RunSession(context.Background(), w.front.Controller(w.url("/pc/")), &kvsp.PlaceRequest{ScopeID: w.scopeKey.ID(), CompatID: w.compat,
 		Tokens: tokens, MaxTokens: n, Sampler: sampler}, 50*time.Millisecond, func(i uint64, tok uint32) error {
 		if i != uint64(len(got)) {
 			t.Fatalf("index %d delivered after %d tokens", i, len(got))
@@ -1258,7 +1261,10 @@ func sessionSurvives(t *testing.T, sampler *kvsp.PlaceSampler) {
 	if !equal(got, want) {
 		t.Fatalf("delivered %d tokens; differs from the uninterrupted run", len(got))
 	}
-	s, _ := w.ctl.Session(w.scopeKey.ID(), session)
+	if res.Finish != kvsp.FinishLength {
+		t.Fatalf("finish: %q at the front end", res.Finish)
+	}
+	s := waitFinished(t, w, res.Session, kvsp.FinishLength)
 	if s.Epoch != 2 || s.Instance != w.url("/ii2/") || s.Checkpoint == nil || s.Checkpoint.OutputOffset != n || s.Checkpoint.Epoch != 2 ||
 		s.Checkpoint.Sampler.Deterministic != (sampler == nil) {
 		t.Fatalf("session at the PC: epoch %d on %s, checkpoint %+v", s.Epoch, s.Instance, s.Checkpoint)

@@ -29,6 +29,9 @@ type checkpointer struct {
 	generated []uint32
 	sent      int // offset of the last checkpoint sent
 	released  int // tokens released to the front end
+	// ended is why the output ended, once it has: the final
+	// checkpoint carries it.
+	ended kvsp.FinishReason
 }
 
 // maxCheckpointGap is R-SES-1's bound on output tokens between checkpoints.
@@ -86,6 +89,27 @@ func (c *checkpointer) finish() error {
 	return c.release(len(c.generated))
 }
 
+// end tells the PC why the session's output ended: the PC treats
+// it as finished, never resumed or migrated. It is sent once the front
+// end has the whole output and the done line (or has gone away:
+// cancelled), so that an instance lost before the front end got them
+// leaves a session the PC still continues elsewhere. Best effort: nothing
+// waits for the answer.
+func (c *checkpointer) end(why kvsp.FinishReason) {
+	if c.a.cfg.Controller == "" {
+		return
+	}
+	c.ended = why
+	ctx, cancel := context.WithTimeout(c.a.stopCtx, 5*time.Second)
+	defer cancel()
+	if _, err := c.a.ctl.PutCheckpoint(ctx, c.record(len(c.generated))); err != nil {
+		c.a.m.checkpoints.WithLabelValues("failed").Inc()
+		c.a.log.Debug("the session's final checkpoint was not recorded", "session", c.q.Session.String(), "finish", why, "err", err)
+		return
+	}
+	c.a.m.checkpoints.WithLabelValues("acknowledged").Inc()
+}
+
 // checkpoint sends the state at the current offset; without a PC, tokens
 // are released at once (there is no migration to protect).
 func (c *checkpointer) checkpoint() error {
@@ -94,17 +118,7 @@ func (c *checkpointer) checkpoint() error {
 	if c.a.cfg.Controller == "" {
 		return c.release(off)
 	}
-	cp := &kvsp.Checkpoint{Session: c.q.Session, Epoch: c.q.Epoch, CompatID: c.q.CompatID, ScopeID: c.q.ScopeID,
-		PromptBlocks: append([]kvsp.BlockKey{}, c.keys...), PromptTail: append([]uint32{}, c.tail...),
-		Generated: append([]uint32{}, c.generated...), OutputOffset: uint64(off),
-		Sampler: kvsp.Sampler{Method: engine.Greedy, Params: map[string]any{}, Step: uint64(off), Deterministic: c.det}}
-	if s := c.q.Sampler; s != nil {
-		cp.Sampler.Method, cp.Sampler.Seed = s.Method, s.Seed
-		if s.Params != nil {
-			cp.Sampler.Params = s.Params
-		}
-	}
-	ack, err := c.put(cp)
+	ack, err := c.put(c.record(off))
 	switch {
 	case errors.Is(err, kvsp.ErrStaleEpoch) || errors.Is(err, kvsp.ErrForbidden):
 		c.a.m.checkpoints.WithLabelValues("superseded").Inc()
@@ -118,6 +132,22 @@ func (c *checkpointer) checkpoint() error {
 	}
 	c.a.m.checkpoints.WithLabelValues("acknowledged").Inc()
 	return c.release(int(min(ack.OutputOffset, uint64(off))))
+}
+
+// record is the session's checkpoint at offset off.
+func (c *checkpointer) record(off int) *kvsp.Checkpoint {
+	cp := &kvsp.Checkpoint{Session: c.q.Session, Epoch: c.q.Epoch, CompatID: c.q.CompatID, ScopeID: c.q.ScopeID,
+		PromptBlocks: append([]kvsp.BlockKey{}, c.keys...), PromptTail: append([]uint32{}, c.tail...),
+		Generated: append([]uint32{}, c.generated[:off]...), OutputOffset: uint64(off),
+		Sampler: kvsp.Sampler{Method: engine.Greedy, Params: map[string]any{}, Step: uint64(off), Deterministic: c.det},
+		Finish:  c.ended}
+	if s := c.q.Sampler; s != nil {
+		cp.Sampler.Method, cp.Sampler.Seed = s.Method, s.Seed
+		if s.Params != nil {
+			cp.Sampler.Params = s.Params
+		}
+	}
+	return cp
 }
 
 // checkpointRetry bounds how long a checkpoint of a non-deterministic

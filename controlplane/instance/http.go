@@ -227,14 +227,22 @@ func (a *Agent) generate(w http.ResponseWriter, r *http.Request) error {
 			return nil
 		}
 	}
-	err = a.cfg.Engine.Generate(ctx, req, cp.token)
+	finish, err := a.cfg.Engine.Generate(ctx, req, cp.token)
 	if err == nil {
 		err = cp.finish()
 	}
 	engineDone()
 	if err != nil {
-		if out.failed() != nil {
+		gone := out.failed() != nil
+		if gone {
 			a.m.notReading.Inc()
+		}
+		if (gone || r.Context().Err() != nil) && a.stopCtx.Err() == nil {
+			// The front end went away: its sequence and pins are
+			// free already (Generate returned), and the PC hears that the
+			// session is over, so that it never migrates it.
+			cp.end(kvsp.FinishCancelled)
+			a.m.finished.WithLabelValues(string(kvsp.FinishCancelled)).Inc()
 		}
 		// The status is sent: the stream ends without its done line. A
 		// client that went away (a reset stream) is routine: debug, not
@@ -246,13 +254,20 @@ func (a *Agent) generate(w http.ResponseWriter, r *http.Request) error {
 		a.log.Log(r.Context(), lvl, "generation stopped", "session", q.Session.String(), "err", err)
 		return nil
 	}
-	if err := line(kvsp.GeneratedToken{Index: q.MaxTokens, Epoch: q.Epoch, Done: true}); err != nil {
+	err = line(kvsp.GeneratedToken{Index: uint64(len(cp.generated)), Epoch: q.Epoch, Done: true, Finish: finish})
+	if err == nil {
+		err = out.close()
+	}
+	if err != nil { // cut before its done line: the front end went away
+		a.m.notReading.Inc()
+		if (r.Context().Err() != nil || out.failed() != nil) && a.stopCtx.Err() == nil {
+			cp.end(kvsp.FinishCancelled)
+			a.m.finished.WithLabelValues(string(kvsp.FinishCancelled)).Inc()
+		}
 		return nil // the status is sent
 	}
-	if out.close() != nil {
-		a.m.notReading.Inc()
-		return nil // cut before its done line
-	}
+	cp.end(finish) // the front end has the whole output: the PC may close the session
+	a.m.finished.WithLabelValues(string(finish)).Inc()
 	if x != nil { // delivered whole: kept a while for a front end that missed the done line, then dropped
 		a.mu.Lock()
 		x.finished = time.Now()

@@ -61,6 +61,9 @@ func (a *Agent) Resume(r *kvsp.ResumeRequest) error {
 	if err := cp.ValidateFor(int(a.g.BlockTokens)); err != nil {
 		return err
 	}
+	if cp.Finish != "" {
+		return fmt.Errorf("%w: the session finished (%s): nothing resumes it", kvsp.ErrInvalidState, cp.Finish)
+	}
 	if err := kvsp.ValidateSampler("resume: checkpoint.sampler", cp.Sampler.Method, cp.Sampler.Params, cp.Sampler.Seed); err != nil {
 		return err // B10: what generation would run with
 	}

@@ -42,7 +42,14 @@ func (c *Controller) PutCheckpoint(cp *kvsp.Checkpoint, speaksFor func(string) b
 		}
 	}
 	s.Active = time.Now()
-	if s.Checkpoint == nil || cp.OutputOffset > s.Checkpoint.OutputOffset {
+	if s.Finished() { // its last word stands
+		c.m.checkpoints.WithLabelValues("ignored").Inc()
+		return s.Checkpoint.OutputOffset, nil
+	}
+	// The newest checkpoint is the one further on, or the one at the same
+	// offset that says the output ended there.
+	if s.Checkpoint == nil || cp.OutputOffset > s.Checkpoint.OutputOffset ||
+		(cp.Finish != "" && cp.OutputOffset == s.Checkpoint.OutputOffset) {
 		keep := *cp
 		prev := s.Checkpoint
 		s.Checkpoint = &keep

@@ -167,12 +167,16 @@ func TestF14_CheckpointRegisterLinearizable(t *testing.T) {
 		instEpoch.Store(w.base[n], e)
 	}
 	tokens := prompt(3*bt+5, 14)
-	placed, err := w.place(t, tokens)
+	front := w.front.Controller(w.srv.URL("/pc/"))
+	// max_tokens above every offset sent: the session never finishes
+	// so every place continues it.
+	const maxTokens = 256
+	placed, err := front.Place(context.Background(), &kvsp.PlaceRequest{ScopeID: w.scopeKey.ID(), CompatID: compat, Tokens: tokens, MaxTokens: maxTokens})
 	if err != nil {
 		t.Fatal(err)
 	}
+	w.track(t, placed, w.scopeKey)
 	id := placed.Session
-	front := w.front.Controller(w.srv.URL("/pc/"))
 	start := time.Now()
 	var (
 		mu      sync.Mutex
@@ -228,7 +232,7 @@ func TestF14_CheckpointRegisterLinearizable(t *testing.T) {
 						t.Errorf("status: %v", err)
 						return
 					}
-					q := &kvsp.PlaceRequest{ScopeID: w.scopeKey.ID(), CompatID: compat, Tokens: tokens, MaxTokens: 16, Session: &id}
+					q := &kvsp.PlaceRequest{ScopeID: w.scopeKey.ID(), CompatID: compat, Tokens: tokens, MaxTokens: maxTokens, Session: &id}
 					call := time.Now()
 					out, err := front.Place(context.Background(), q)
 					if err != nil {

@@ -201,6 +201,22 @@ type Session struct {
 	resumePending bool
 }
 
+// Finished reports a session whose instance said its output ended
+// stop, length or cancelled, sent once the front end had the whole
+// output, or had gone): it is never resumed or migrated, and a front end
+// that places it again is told so.
+func (s *Session) Finished() bool {
+	return s.Checkpoint != nil && s.Checkpoint.Finish != ""
+}
+
+// complete reports a session with nothing left to generate: finished, or
+// checkpointed up to max_tokens. The sweep does not migrate it (a front
+// end that lacks the last tokens places it again, and is resumed from the
+// checkpoint), and it is forgotten after the retention.
+func (s *Session) complete() bool {
+	return s.Finished() || (s.Checkpoint != nil && s.Checkpoint.OutputOffset >= s.MaxTokens)
+}
+
 // New returns a Controller.
 func New(cfg Config) (*Controller, error) {
 	if cfg.Index == nil || cfg.Instances == nil {
@@ -520,6 +536,16 @@ func (c *Controller) continueSession(ctx context.Context, s *Session, q *kvsp.Pl
 	if s.CompatID != q.CompatID {
 		return nil, fmt.Errorf("%w: the session runs another model", kvsp.ErrIncompatible)
 	}
+	c.mu.Lock()
+	finished, epoch := s.Finished(), s.Epoch
+	var why kvsp.FinishReason
+	if finished {
+		why = s.Checkpoint.Finish
+	}
+	c.mu.Unlock()
+	if finished { // nothing continues a finished session
+		return nil, kvsp.NewProblem(kvsp.ErrInvalidState, "the session finished ("+string(why)+")").With("finish", string(why)).With("epoch", epoch)
+	}
 	if _, _, digest, err := c.prompt(q.ScopeID, q.CompatID, q.Tokens); err != nil {
 		return nil, err
 	} else if s.Prompt != [32]byte{} && digest != s.Prompt {
@@ -735,8 +761,8 @@ func (c *Controller) Run(ctx context.Context, every time.Duration) {
 		c.mu.Lock()
 		var todo []*Session
 		for _, s := range c.sessions {
-			if s.Checkpoint == nil || s.Checkpoint.OutputOffset >= s.MaxTokens {
-				continue // nothing to resume from, or finished
+			if s.Checkpoint == nil || s.complete() {
+				continue // nothing to resume from, or nothing left to generate
 			}
 			todo = append(todo, s)
 		}
@@ -759,7 +785,7 @@ func (c *Controller) forget(now time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for id, s := range c.sessions {
-		finished := s.Checkpoint != nil && s.Checkpoint.OutputOffset >= s.MaxTokens
+		finished := s.complete()
 		if idle := now.Sub(s.Active); !(finished && idle >= c.cfg.SessionRetention) && idle < c.cfg.SessionIdle {
 			continue
 		}

@@ -94,8 +94,8 @@ func (e *Engine) KV() engine.KV { return (*kv)(e) }
 
 // Generate implements engine.Engine: an attached engine serves its own
 // requests, through its own API.
-func (e *Engine) Generate(context.Context, engine.Request, func(engine.Token) error) error {
-	return fmt.Errorf("%w: the attached engine runs its requests itself", kvsp.ErrInvalidState)
+func (e *Engine) Generate(context.Context, engine.Request, func(engine.Token) error) (kvsp.FinishReason, error) {
+	return "", fmt.Errorf("%w: the attached engine runs its requests itself", kvsp.ErrInvalidState)
 }
 
 // External implements engine.External: the agent refuses generate

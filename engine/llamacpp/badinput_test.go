@@ -205,7 +205,7 @@ func TestBadRequests(t *testing.T) {
 		{"an empty prompt", engine.Request{Tokens: []uint32{}, MaxTokens: 4}, "tokens: the prompt is empty"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := e.Generate(context.Background(), tc.req, func(engine.Token) error { return nil })
+			_, err := e.Generate(context.Background(), tc.req, func(engine.Token) error { return nil })
 			var p *kvsp.Problem
 			if !errors.As(err, &p) || !errors.Is(err, kvsp.ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("Generate: %v; want a kvsp-invalid problem naming %q", err, tc.want)

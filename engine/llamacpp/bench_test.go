@@ -108,7 +108,7 @@ func benchTTFT(b *testing.B, p gguf.TinyParams, n int) {
 				b.Fatalf("%d tokens cached, want %d", st.CachedTokens, n)
 			}
 		}
-		if err := e.Generate(context.Background(), r, func(engine.Token) error { first = time.Since(t0); return nil }); err != nil {
+		if _, err := e.Generate(context.Background(), r, func(engine.Token) error { first = time.Since(t0); return nil }); err != nil {
 			b.Fatal(err)
 		}
 		return first
@@ -299,7 +299,10 @@ func benchDecode(b *testing.B, p gguf.TinyParams, sessions int) {
 			for _, k := range req.Keys {
 				e.KV().Drop(k)
 			}
-			go func() { errs <- e.Generate(context.Background(), req, func(engine.Token) error { return nil }) }()
+			go func() {
+				_, err := e.Generate(context.Background(), req, func(engine.Token) error { return nil })
+				errs <- err
+			}()
 		}
 		for range prompts {
 			if err := <-errs; err != nil {

@@ -121,6 +121,7 @@ type Engine struct {
 	g      container.Geometry
 	sec    int // octets of one K or V section
 	vocab  int
+	eog    []bool // eog[t]: token t ends a generation (llama_vocab_is_eog)
 	nCtx   int
 	model  llama.Model
 	lctx   llama.Context
@@ -192,6 +193,10 @@ func New(cfg Config) (*Engine, error) {
 	if n := int(llama.VocabNTokens(llama.ModelGetVocab(e.model))); n != info.Vocab {
 		llama.ModelFree(e.model)
 		return nil, fmt.Errorf("llamacpp: llama.cpp reads a vocabulary of %d tokens, the metadata says %d", n, info.Vocab)
+	}
+	e.eog = make([]bool, info.Vocab) // a model without a tokenizer ("no_vocab") has none
+	for t, v := 0, llama.ModelGetVocab(e.model); t < info.Vocab; t++ {
+		e.eog[t] = llama.VocabIsEOG(v, llama.Token(t))
 	}
 	cp := cfg.contextParams()
 	e.lctx, err = llama.InitFromModel(e.model, cp)
@@ -400,6 +405,7 @@ type event struct {
 	block   *kvsp.BlockKey
 	err     error
 	done    bool
+	finish  kvsp.FinishReason // with done
 }
 
 // seq is one session in the loop.
@@ -419,6 +425,7 @@ type seq struct {
 	start   int   // tokens not evaluated: the injected ones
 	step    int   // the next output index
 	prompt  bool
+	eog     bool // the model ended its answer: no more output
 	pending []pendingBlock
 	out     chan event
 	cancel  atomic.Bool
@@ -433,13 +440,13 @@ type pendingBlock struct {
 }
 
 // Generate implements engine.Engine.
-func (e *Engine) Generate(ctx context.Context, req engine.Request, emit func(engine.Token) error) error {
+func (e *Engine) Generate(ctx context.Context, req engine.Request, emit func(engine.Token) error) (kvsp.FinishReason, error) {
 	if err := e.Check(&req); err != nil {
-		return err
+		return "", err
 	}
 	bt := int(e.g.BlockTokens)
 	if req.Tokens != nil && len(req.Keys) != len(req.Tokens)/bt {
-		return fmt.Errorf("llamacpp: %d block keys for %d complete blocks", len(req.Keys), len(req.Tokens)/bt)
+		return "", fmt.Errorf("llamacpp: %d block keys for %d complete blocks", len(req.Keys), len(req.Tokens)/bt)
 	}
 	s := &seq{req: req, keys: append(append([]kvsp.BlockKey{}, req.Keys...), req.GeneratedKeys...), step: len(req.Generated)}
 	if req.Tokens != nil {
@@ -454,7 +461,7 @@ func (e *Engine) Generate(ctx context.Context, req engine.Request, emit func(eng
 	e.mu.Lock()
 	if e.closed {
 		e.mu.Unlock()
-		return fmt.Errorf("%w: the engine is closed", kvsp.ErrUnavailable)
+		return "", fmt.Errorf("%w: the engine is closed", kvsp.ErrUnavailable)
 	}
 	e.queued++
 	e.mu.Unlock()
@@ -464,9 +471,9 @@ func (e *Engine) Generate(ctx context.Context, req engine.Request, emit func(eng
 		e.mu.Lock()
 		e.queued--
 		e.mu.Unlock()
-		return ctx.Err()
+		return "", ctx.Err()
 	case <-e.done:
-		return fmt.Errorf("%w: the engine is closed", kvsp.ErrUnavailable)
+		return "", fmt.Errorf("%w: the engine is closed", kvsp.ErrUnavailable)
 	}
 	defer s.cancel.Store(true)
 	for {
@@ -474,9 +481,9 @@ func (e *Engine) Generate(ctx context.Context, req engine.Request, emit func(eng
 		case ev := <-s.out:
 			switch {
 			case ev.err != nil:
-				return ev.err
+				return "", ev.err
 			case ev.done:
-				return nil
+				return ev.finish, nil
 			case ev.prefill != nil:
 				if req.OnPrefill != nil {
 					req.OnPrefill(*ev.prefill)
@@ -487,11 +494,11 @@ func (e *Engine) Generate(ctx context.Context, req engine.Request, emit func(eng
 				}
 			case ev.tok != nil:
 				if err := emit(*ev.tok); err != nil {
-					return err
+					return "", err
 				}
 			}
 		case <-ctx.Done():
-			return ctx.Err()
+			return "", ctx.Err()
 		}
 	}
 }

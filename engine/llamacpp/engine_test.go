@@ -7,9 +7,12 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/hybridgroup/yzma/pkg/llama"
 
 	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/client"
@@ -254,7 +257,7 @@ func TestContinuousBatching(t *testing.T) {
 			defer wg.Done()
 			req := request(t, e, tokensOf(50+i, 70, e.Vocab()), out)
 			n := 0
-			errs <- e.Generate(context.Background(), req, func(engine.Token) error {
+			_, err := e.Generate(context.Background(), req, func(engine.Token) error {
 				st := e.Stats()
 				mu.Lock()
 				maxRunning, maxQueued = max(maxRunning, st.Running), max(maxQueued, st.Queued)
@@ -262,6 +265,7 @@ func TestContinuousBatching(t *testing.T) {
 				n++
 				return nil
 			})
+			errs <- err
 		}()
 	}
 	wg.Wait()
@@ -292,7 +296,7 @@ func TestCancelFreesSequence(t *testing.T) {
 	e := newEngine(t, Config{BatchSize: 1})
 	ctx, cancel := context.WithCancel(context.Background())
 	n := 0
-	err := e.Generate(ctx, request(t, e, tokensOf(60, 30, e.Vocab()), 500), func(engine.Token) error {
+	_, err := e.Generate(ctx, request(t, e, tokensOf(60, 30, e.Vocab()), 500), func(engine.Token) error {
 		if n++; n == 3 {
 			cancel()
 		}
@@ -383,5 +387,52 @@ func TestGeneratedBlocksKept(t *testing.T) {
 	collect(t, e, res)
 	if st.CachedTokens != 4*bt {
 		t.Fatalf("resumed: %+v, want the prompt's and the output's blocks (%d tokens) injected", st, 4*bt)
+	}
+}
+
+// TestAnswerEndsAtEndOfGeneration (A-39, on the real model): SmolLM2
+// asked a short question in its chat format answers and ends with its
+// end-of-generation token, well before max_tokens: Generate says "stop"
+// and never outputs that token; the answer is the model's (it names
+// Paris). With max_tokens below the answer's length it says "length" after
+// exactly that many tokens, the answer's first ones.
+func TestAnswerEndsAtEndOfGeneration(t *testing.T) {
+	e := newEngine(t, Config{Model: kvsptest.SmolLM2(t), BatchSize: 1})
+	vocab := llama.ModelGetVocab(e.model)
+	prompt := "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+	var toks []uint32
+	for _, tok := range llama.Tokenize(vocab, prompt, false, true) {
+		toks = append(toks, uint32(tok))
+	}
+	gen := func(max int) ([]uint32, kvsp.FinishReason) {
+		var out []uint32
+		finish, err := e.Generate(context.Background(), request(t, e, toks, max), func(tok engine.Token) error {
+			out = append(out, tok.ID)
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out, finish
+	}
+	out, finish := gen(64)
+	ids := make([]llama.Token, len(out))
+	for i, id := range out {
+		ids[i] = llama.Token(id)
+		if e.eog[id] {
+			t.Fatalf("output %d is an end-of-generation token", i)
+		}
+	}
+	text := llama.Detokenize(vocab, ids, false, false)
+	t.Logf("%d prompt tokens; answer of %d tokens, %q: %q", len(toks), len(out), finish, text)
+	if finish != kvsp.FinishStop || len(out) == 0 || len(out) >= 64 || !strings.Contains(text, "Paris") {
+		t.Fatalf("answer %q: %d tokens, finish %q", text, len(out), finish)
+	}
+	short, finish := gen(3)
+	if finish != kvsp.FinishLength || !slices.Equal(short, out[:3]) {
+		t.Fatalf("max_tokens 3: %v, finish %q (the answer starts %v)", short, finish, out[:3])
+	}
+	if st := e.Stats(); st.Running != 0 || st.Queued != 0 {
+		t.Fatalf("requests still running: %+v", st)
 	}
 }

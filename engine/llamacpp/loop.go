@@ -265,7 +265,7 @@ func (l *loopState) step() {
 			continue
 		}
 		ids[0] = s.id
-		wantLogits := s.step < s.req.MaxTokens
+		wantLogits := s.step < s.req.MaxTokens && !s.eog
 		b.Add(llama.Token(s.toks[s.pos]), llama.Pos(s.pos), ids, wantLogits)
 		p := part{s: s, n: 1, logits: -1}
 		if wantLogits {
@@ -354,6 +354,11 @@ func (l *loopState) step() {
 				e.onLogits(s.step, logits)
 			}
 			id := sample(logits, s.req.Sampler, s.step, &l.top)
+			if e.eog[id] { // the answer ends here: the token is not output, nor evaluated
+				s.eog = true
+				l.finish(s)
+				continue
+			}
 			tok := engine.Token{Index: s.step, ID: id}
 			s.step++
 			s.toks = append(s.toks, id)
@@ -415,10 +420,14 @@ func (l *loopState) flushBlocks(s *seq) {
 // finish ends a session that has all its output and whose last block is
 // read back.
 func (l *loopState) finish(s *seq) {
-	if s.ended || s.prompt || s.step < s.req.MaxTokens || len(s.pending) > 0 {
+	if s.ended || s.prompt || (s.step < s.req.MaxTokens && !s.eog) || len(s.pending) > 0 {
 		return
 	}
-	l.end(s, event{done: true})
+	finish := kvsp.FinishLength
+	if s.eog {
+		finish = kvsp.FinishStop
+	}
+	l.end(s, event{done: true, finish: finish})
 }
 
 // end releases a session's sequence, then tells its Generate: the status

@@ -83,7 +83,7 @@ func newEngine(t testing.TB, cfg Config) *Engine {
 func collect(t testing.TB, e *Engine, req engine.Request) []uint32 {
 	t.Helper()
 	var out []uint32
-	err := e.Generate(context.Background(), req, func(tok engine.Token) error {
+	_, err := e.Generate(context.Background(), req, func(tok engine.Token) error {
 		if tok.Index != len(req.Generated)+len(out) {
 			t.Fatalf("token index %d, want %d", tok.Index, len(req.Generated)+len(out))
 		}

@@ -38,6 +38,12 @@ type Config struct {
 	// NoPrefixCache: no resident block is reused at prefill (an engine
 	// run without prefix caching); every prompt token is computed.
 	NoPrefixCache bool
+	// AnswerTokens, when set ([min, max]), makes the simulated model end
+	// each answer with its end-of-generation token: after a number of
+	// output tokens in [min, max] drawn from the prompt (the same prompt
+	// always gets the same length, across resumption too), unless
+	// max_tokens comes first. Zero: answers run to max_tokens.
+	AnswerTokens [2]int
 }
 
 // Engine is a simulated engine.
@@ -188,7 +194,33 @@ func BlockContent(g container.Geometry, key kvsp.BlockKey, layer uint32, k, v []
 }
 
 // Generate implements engine.Engine.
-func (e *Engine) Generate(ctx context.Context, req engine.Request, emit func(engine.Token) error) error {
+func (e *Engine) Generate(ctx context.Context, req engine.Request, emit func(engine.Token) error) (kvsp.FinishReason, error) {
+	if err := e.generate(ctx, req, emit); err != nil {
+		return "", err
+	}
+	if n := e.answerLen(req); n < req.MaxTokens {
+		return kvsp.FinishStop, nil
+	}
+	return kvsp.FinishLength, nil
+}
+
+// answerLen is the number of output tokens before the simulated model's
+// end-of-generation token (AnswerTokens): a function of the prompt alone.
+func (e *Engine) answerLen(req engine.Request) int {
+	lo, hi := e.cfg.AnswerTokens[0], e.cfg.AnswerTokens[1]
+	if hi <= 0 || hi < lo {
+		return req.MaxTokens
+	}
+	h := sha256.New()
+	for _, key := range req.Keys {
+		h.Write(key[:])
+	}
+	h.Write(u32s(req.PromptTail(int(e.g.BlockTokens))))
+	sum := h.Sum(nil)
+	return lo + int(binary.BigEndian.Uint64(sum)%uint64(hi-lo+1))
+}
+
+func (e *Engine) generate(ctx context.Context, req engine.Request, emit func(engine.Token) error) error {
 	bt := int(e.g.BlockTokens)
 	if req.Tokens != nil && len(req.Keys) != len(req.Tokens)/bt {
 		return fmt.Errorf("sim: %d block keys for %d complete blocks", len(req.Keys), len(req.Tokens)/bt)
@@ -285,7 +317,7 @@ func (e *Engine) Generate(ctx context.Context, req engine.Request, emit func(eng
 	for _, id := range req.Generated {
 		state = sha256.Sum256(append(state[:], u32s([]uint32{id})...))
 	}
-	for i := len(req.Generated); i < req.MaxTokens; i++ {
+	for i, end := len(req.Generated), min(req.MaxTokens, e.answerLen(req)); i < end; i++ {
 		id := e.sample(state, i, req.Sampler)
 		if req.Chain != nil && req.Chain.Push(id) { // a block of generated tokens
 			key, _ := req.Chain.Last()

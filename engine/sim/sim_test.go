@@ -39,7 +39,7 @@ func request(n int, sampler engine.Sampler) engine.Request {
 func run(t *testing.T, e *Engine, req engine.Request) []uint32 {
 	t.Helper()
 	var out []uint32
-	err := e.Generate(context.Background(), req, func(tok engine.Token) error {
+	_, err := e.Generate(context.Background(), req, func(tok engine.Token) error {
 		if tok.Index != len(out) {
 			t.Fatalf("token %d out of order", tok.Index)
 		}
@@ -117,7 +117,7 @@ func TestResume(t *testing.T) {
 			}
 			res := engine.Request{Tail: req.Tokens[3*16:], Keys: req.Keys, Generated: full[:8], MaxTokens: 20, Sampler: s}
 			var got []uint32
-			err := b.Generate(context.Background(), res, func(tok engine.Token) error {
+			_, err := b.Generate(context.Background(), res, func(tok engine.Token) error {
 				if tok.Index != 8+len(got) {
 					t.Fatalf("resumed index %d", tok.Index)
 				}
@@ -128,7 +128,7 @@ func TestResume(t *testing.T) {
 				t.Fatalf("%s: resumed %v, uninterrupted %v (%v)", s.Method, got, full[8:], err)
 			}
 			c := newEngine(t, 4, 64)
-			if err := c.Generate(context.Background(), res, func(engine.Token) error { return nil }); !errors.Is(err, engine.ErrNotResident) {
+			if _, err := c.Generate(context.Background(), res, func(engine.Token) error { return nil }); !errors.Is(err, engine.ErrNotResident) {
 				t.Fatalf("resume without the prompt's blocks: %v", err)
 			}
 		}
@@ -261,7 +261,7 @@ func TestRunningRequestKeepsItsBlocks(t *testing.T) {
 	prefilled := make(chan struct{})
 	req.OnPrefill = func(engine.PrefillStats) { close(prefilled) }
 	done := make(chan error, 1)
-	go func() { done <- e.Generate(ctx, req, func(engine.Token) error { return nil }) }()
+	go func() { _, err := e.Generate(ctx, req, func(engine.Token) error { return nil }); done <- err }()
 	<-prefilled
 	kv := e.KV()
 	k := make([]byte, e.Geometry().RawSectionLen())
@@ -378,6 +378,51 @@ func TestLateBlocksJoinThePrefill(t *testing.T) {
 		}
 		if !equal(outA, outB) {
 			t.Fatalf("outputs differ: %v vs %v", outA, outB)
+		}
+	})
+}
+
+// TestAnswerTokensEndAtEndOfGeneration (A-39 on the simulated model): with
+// AnswerTokens the answer ends after a length drawn from the prompt, in
+// the range; Generate says "stop". A session resumed part-way (its
+// generated tokens given) ends at the same length with the same tokens;
+// max_tokens below that length ends it first, "length".
+func TestAnswerTokensEndAtEndOfGeneration(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e, err := New(Config{Descriptor: desc, PrefillTokensPerS: 42000, DecodeTokensPerS: 1000, AnswerTokens: [2]int{5, 9}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		lengths := map[int]bool{}
+		for k := range 12 {
+			req := request(40+k, engine.Sampler{Method: engine.Greedy})
+			req.MaxTokens = 100
+			var out []uint32
+			finish, err := e.Generate(context.Background(), req, func(tok engine.Token) error { out = append(out, tok.ID); return nil })
+			if err != nil || finish != kvsp.FinishStop || len(out) < 5 || len(out) > 9 {
+				t.Fatalf("prompt %d: %d tokens, finish %q, %v", k, len(out), finish, err)
+			}
+			lengths[len(out)] = true
+			res := req
+			res.Generated = out[:3]
+			var rest []uint32
+			if finish, err := e.Generate(context.Background(), res, func(tok engine.Token) error { rest = append(rest, tok.ID); return nil }); err != nil ||
+				finish != kvsp.FinishStop || !equal(append(out[:3:3], rest...), out) {
+				t.Fatalf("prompt %d resumed at 3: %v then %v, want %v (%q, %v)", k, out[:3], rest, out, finish, err)
+			}
+			short := req
+			short.MaxTokens = 4
+			if finish, err := e.Generate(context.Background(), short, func(engine.Token) error { return nil }); err != nil || finish != kvsp.FinishLength {
+				t.Fatalf("max_tokens 4: finish %q, %v", finish, err)
+			}
+		}
+		if len(lengths) < 2 {
+			t.Fatalf("every prompt's answer has the same length: %v", lengths)
+		}
+		plain := newEngine(t, 8, 64)
+		req := request(40, engine.Sampler{Method: engine.Greedy})
+		if finish, err := plain.Generate(context.Background(), req, func(engine.Token) error { return nil }); err != nil || finish != kvsp.FinishLength {
+			t.Fatalf("without AnswerTokens: finish %q, %v", finish, err)
 		}
 	})
 }

@@ -296,6 +296,11 @@ type Engine struct {
 	// engine run without prefix caching): kvsp demo's no-cache mode.
 	// Default true.
 	PrefixCache *bool `yaml:"prefix_cache"`
+	// AnswerTokens ([min, max], sim only) makes the simulated model end
+	// each answer with its end-of-generation token after a number of
+	// tokens in that range drawn from the prompt (A-39's stop); default:
+	// answers run to max_tokens.
+	AnswerTokens []int `yaml:"answer_tokens"`
 
 	// llamacpp: the GGUF file, its name when its metadata has none, the
 	// library's directory (default .cache/llama.cpp, where make deps puts
@@ -783,6 +788,9 @@ func (x *Instance) validate(f string, bases basePaths, sockets map[string]string
 		if err := checkBase(fmt.Sprintf("%s.controllers[%d]", f, j), pc, true); err != nil {
 			return err
 		}
+	}
+	if a := x.Engine.AnswerTokens; a != nil && (x.Engine.Kind != "sim" || len(a) != 2 || a[0] < 1 || a[1] < a[0]) {
+		return fieldErr(f+".engine.answer_tokens", "[min, max] with 1 <= min <= max, for kind: sim (a real model ends its answers itself)")
 	}
 	if x.Engine.PrefixCache != nil && x.Engine.Kind == "connected" {
 		return fieldErr(f+".engine.prefix_cache", "a connected engine's prefix cache is the engine's own (kind: sim and llamacpp can run without theirs)")

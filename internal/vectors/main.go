@@ -1166,6 +1166,13 @@ func recordVectors(v *Vectors) {
 		{"sampler params an array", map[string]string{"sampler": `{"method":"top-p","params":[],"seed":1,"step":3,"deterministic":false}`}},
 		{"sampler method empty", map[string]string{"sampler": `{"method":"","params":{},"seed":1,"step":3,"deterministic":false}`}},
 		{"sampler seed 2^53", map[string]string{"sampler": `{"method":"top-p","params":{},"seed":9007199254740992,"step":3,"deterministic":false}`}},
+		{"finished at the end-of-generation token (A-39)", map[string]string{"finish": `"stop"`}},
+		{"finished at max_tokens", map[string]string{"finish": `"length"`}},
+		{"cancelled by the front end", map[string]string{"finish": `"cancelled"`}},
+		{"finish null", map[string]string{"finish": "null"}},
+		{"finish unknown", map[string]string{"finish": `"eos"`}},
+		{"finish uppercase", map[string]string{"finish": `"STOP"`}},
+		{"finish a boolean", map[string]string{"finish": "true"}},
 	} {
 		j := object(checkpoint, k.over)
 		rv := RecordVector{Type: "checkpoint", Name: k.name, JSON: j}
@@ -1270,6 +1277,11 @@ func recordVectors(v *Vectors) {
 		{"token 2^32", map[string]string{"token": "4294967296"}},
 		{"done a string", map[string]string{"done": `"true"`}},
 		{"prefill an array", map[string]string{"prefill": "[512,52]"}},
+		{"the last line, stopped (A-39)", map[string]string{"prefill": "", "done": "true", "finish": `"stop"`}},
+		{"the last line, at max_tokens", map[string]string{"prefill": "", "done": "true", "finish": `"length"`}},
+		{"finish without done", map[string]string{"prefill": "", "finish": `"stop"`}},
+		{"finish unknown", map[string]string{"prefill": "", "done": "true", "finish": `"end"`}},
+		{"finish a number", map[string]string{"prefill": "", "done": "true", "finish": "1"}},
 	} {
 		j := object(tok, k.over)
 		rv := RecordVector{Type: "generated_token", Name: k.name, JSON: j}

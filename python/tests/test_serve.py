@@ -261,10 +261,11 @@ def test_run_session_delivers_each_index_once(served: Served) -> None:
     prompt = list(range(3000, 3000 + 2 * desc.block_tokens + 1))
     tool = served.client()
     got: list[tuple[int, int]] = []
-    session = tool.run_session(
+    res = tool.run_session(
         served.base + "pc/", key.scope_id(), desc.compat_id(), prompt, 7, lambda i, t: got.append((i, t))
     )
-    assert len(session) == 16 and any(session)
+    assert len(res.session) == 16 and any(res.session) and res.finish == "length"
+    assert res.prefill is not None and sum(res.prefill) == len(prompt)
     assert [i for i, _ in got] == list(range(7))
     placed = tool.controller(served.base + "pc/").place(key.scope_id(), desc.compat_id(), prompt, 7)
     plain = [

@@ -37,7 +37,7 @@ tls: {cert: server.pem, key: server.key, client_ca: ca.pem, client_cert: self.pe
 policy: policy.yaml
 scopes: [{key_file: scope-a.key}]
 """
-MAX_TOKENS, KILL_AT = 1200, 400
+MAX_TOKENS, KILL_AT = 1200, 200
 PROMPT = [13 * i + 1 for i in range(3 * 16 + 5)]  # 3 blocks and 5 tokens
 
 
@@ -83,7 +83,7 @@ controller: {{base: {base(a, "/pc/")}, index: {base(a, "/is/")}, state: memory, 
     controller: {base(a, "/pc/")}
     index: {base(a, "/is/")}
     holder: {base(a, "/h1/")}
-    engine: {{kind: sim, descriptor: descriptor.json, prefill_tokens_per_s: 42000, decode_tokens_per_s: 3100}}
+    engine: {{kind: sim, descriptor: descriptor.json, prefill_tokens_per_s: 42000, decode_tokens_per_s: 1500}}
 """
 
     (d / "descriptor.json").write_text(TINY)
@@ -141,12 +141,24 @@ def test_run_session_survives_sigkill(cluster: Cluster) -> None:
             killed.append(at.instance)
             c.kill_serving(at)
 
-    assert tool.run_session(c.pc, c.scope, c.compat, PROMPT, MAX_TOKENS, deliver, session=session) == session
+    res = tool.run_session(c.pc, c.scope, c.compat, PROMPT, MAX_TOKENS, deliver, session=session)
+    assert res.session == session and res.finish == "length"
     assert killed, "the session ended before the kill"
     assert [i for i, _ in got] == list(range(MAX_TOKENS))
     assert [t for _, t in got] == c.reference["greedy"]
-    now = tool.controller(c.pc).place(c.scope, c.compat, PROMPT, MAX_TOKENS, session=session)
-    assert now.instance != killed[0] and now.epoch >= 1
+    # The session finished (A-39): once the instance tells it (after the
+    # done line went), the PC says so, at the epoch of the migration, rather
+    # than continue it.
+    for _ in range(250):
+        try:
+            tool.controller(c.pc).place(c.scope, c.compat, PROMPT, MAX_TOKENS, session=session)
+        except kvsp.InvalidStateError as e:
+            p = e.problem
+            break
+        time.sleep(0.02)
+    else:
+        pytest.fail("the PC does not say the session finished")
+    assert p is not None and p.extensions.get("finish") == "length" and p.extensions.get("epoch", 0) >= 2
 
 
 def test_asyncio_run_session_survives_sigkill(cluster: Cluster) -> None:
@@ -158,7 +170,7 @@ def test_asyncio_run_session_survives_sigkill(cluster: Cluster) -> None:
     got: list[tuple[int, int]] = []
     killed: list[str] = []
 
-    async def run() -> bytes:
+    async def run() -> kvsp.client.SessionResult:
         ac = AsyncClient(
             cert=str(d / "client.pem"), key=str(d / "client.key"), ca=str(d / "ca.pem"), server_identity=SERVER_ID
         )
@@ -176,7 +188,8 @@ def test_asyncio_run_session_survives_sigkill(cluster: Cluster) -> None:
             c.pc, c.scope, c.compat, PROMPT, MAX_TOKENS, deliver, method="top-p", p=0.9, seed=7, session=session
         )
 
-    assert asyncio.run(run()) == session
+    res = asyncio.run(run())
+    assert res.session == session and res.finish == "length" and res.prefill is not None
     assert killed, "the session ended before the kill"
     assert [i for i, _ in got] == list(range(MAX_TOKENS))
     assert [t for _, t in got] == c.reference["top_p"]

@@ -25,6 +25,7 @@ from .client import (
     MEDIA_PROBLEM,
     BlockRef,
     SessionCursor,
+    SessionResult,
     _problem,
     check_identity,
     tls_context,
@@ -42,7 +43,14 @@ from .container import (
     _parse_lengths,
 )
 from .digests import parse_repr_digest, repr_digest
-from .errors import DigestMismatchError, InvalidError, KVSPError, TooManyRequestsError, UnavailableError
+from .errors import (
+    DigestMismatchError,
+    InvalidError,
+    InvalidStateError,
+    KVSPError,
+    TooManyRequestsError,
+    UnavailableError,
+)
 from .ids import BlockKey, CompatID, ScopeID
 from .records import GeneratedToken, LeaseResponse, LookupResponse, PlaceResponse, PrefetchStatus, ShardMap
 
@@ -156,7 +164,7 @@ class AsyncClient:
         session: bytes | None = None,
         retry: float = 0.2,
         deadline: float = 120.0,
-    ) -> bytes:
+    ) -> SessionResult:
         """:meth:`kvsp.client.Client.run_session` for asyncio: each output
         index delivered exactly once, in order, across the instance's
         failure; ``deliver`` may be a coroutine function."""
@@ -178,13 +186,15 @@ class AsyncClient:
         assert at.session is not None
         cur = SessionCursor()
         while True:
-            stream = self.instance(at.instance).generate(at, scope, compat, tokens, max_tokens, from_=cur.next, **kw)
+            stream = self.instance(at.instance).generate(
+                at, scope, compat, tokens, max_tokens, from_=cur.next, on_done=cur.done, **kw
+            )
             try:
                 while True:
                     try:
                         t = await anext(stream)
                     except StopAsyncIteration:
-                        return at.session
+                        return SessionResult(at.session, cur.finish, cur.prefill)
                     except InvalidError:
                         raise
                     except (KVSPError, OSError, asyncio.IncompleteReadError):
@@ -201,6 +211,8 @@ class AsyncClient:
                 await asyncio.sleep(retry)
                 try:
                     now = await ctl.place(scope, compat, tokens, max_tokens, session=at.session, **kw)
+                except InvalidStateError:
+                    raise  # finished (A-39): nothing continues it
                 except (KVSPError, OSError):
                     continue
                 if cur.moved(at, now):
@@ -460,6 +472,7 @@ class AsyncInstance:
         p: float | None = None,
         seed: int = 0,
         from_: int | None = None,
+        on_done: Callable[[GeneratedToken], None] | None = None,
     ) -> AsyncGenerator[GeneratedToken, None]:
         body = generate_body(placed, scope, compat, tokens, max_tokens, method, p, seed, from_)
         resp = await self._c._request(
@@ -477,6 +490,8 @@ class AsyncInstance:
                     raise UnavailableError("client: the token stream ended before its end")
                 t = GeneratedToken.decode(line)
                 if t.done:
+                    if on_done is not None:
+                        on_done(t)  # why the output ended (A-39)
                     return
                 yield t
         finally:

@@ -37,6 +37,7 @@ from .digests import parse_repr_digest, repr_digest
 from .errors import (
     DigestMismatchError,
     InvalidError,
+    InvalidStateError,
     KVSPError,
     TooManyRequestsError,
     UnavailableError,
@@ -98,6 +99,17 @@ def check_identity(cert: dict[str, Any] | None, identity: str | None) -> None:
         raise IdentityError("client: the server's certificate does not name the expected identity")
 
 
+@dataclass(frozen=True)
+class SessionResult:
+    """How a session ran: its id, why its output ended (A-39: "stop" at the
+    model's end-of-generation token, "length" at max_tokens), and how its
+    first instance served the prompt (cached tokens, computed tokens)."""
+
+    session: bytes
+    finish: str
+    prefill: tuple[int, int] | None
+
+
 class SessionCursor:
     """What a front end has delivered of a session (R-SES-5, R-SES-9): the
     next index, the highest epoch seen. :meth:`take` says whether a token
@@ -107,11 +119,19 @@ class SessionCursor:
     def __init__(self) -> None:
         self.next = 0
         self.epoch = 0
+        self.finish = ""  # from the done line (A-39)
+        self.prefill: tuple[int, int] | None = None  # the first line's: cached, computed
+
+    def done(self, t: GeneratedToken) -> None:
+        """The stream's done line: why the output ended."""
+        self.finish = t.finish
 
     def take(self, t: GeneratedToken) -> bool:
         """True when t is the next index: deliver it. Tokens of an epoch
         lower than one seen (a fenced instance) and indices already
         delivered are dropped; a gap is the server's error."""
+        if t.prefill is not None and self.prefill is None:
+            self.prefill = t.prefill  # how the first instance served the prompt
         if t.epoch < self.epoch:  # R-SES-9
             return False
         self.epoch = t.epoch
@@ -188,7 +208,7 @@ class Client:
         session: bytes | None = None,
         retry: float = 0.2,
         deadline: float = 120.0,
-    ) -> bytes:
+    ) -> SessionResult:
         """Place a request with the PC at ``pc`` and run it, delivering each
         output index exactly once, in order (R-SES-5, R-SES-8, R-SES-9,
         R-SES-14, R-SES-16), as Go's client.RunSession does: tokens of an
@@ -197,8 +217,9 @@ class Client:
         instance failed), it asks the PC where the session continues (place
         with the session: the PC migrates it once it detects the failure) and
         resumes the stream from the first index it lacks. ``session`` names
-        the session (16 octets; a new one by default). Returns the session
-        id; raises when ``deadline`` seconds pass."""
+        the session (16 octets; a new one by default). Returns the
+        :class:`SessionResult`; raises when ``deadline`` seconds pass, and
+        InvalidStateError when the PC says the session finished (A-39)."""
         end = time.monotonic() + deadline
         ctl = self.controller(pc)
         kw: dict[str, Any] = {"method": method, "p": p, "seed": seed}
@@ -206,13 +227,15 @@ class Client:
         assert at.session is not None
         cur = SessionCursor()
         while True:
-            stream = self.instance(at.instance).generate(at, scope, compat, tokens, max_tokens, from_=cur.next, **kw)
+            stream = self.instance(at.instance).generate(
+                at, scope, compat, tokens, max_tokens, from_=cur.next, on_done=cur.done, **kw
+            )
             with contextlib.closing(stream):
                 while True:
                     try:
                         t = next(stream)
                     except StopIteration:
-                        return at.session
+                        return SessionResult(at.session, cur.finish, cur.prefill)
                     except InvalidError:
                         raise
                     except (KVSPError, OSError, http.client.HTTPException):
@@ -225,6 +248,8 @@ class Client:
                 time.sleep(retry)
                 try:
                     now = ctl.place(scope, compat, tokens, max_tokens, session=at.session, **kw)
+                except InvalidStateError:
+                    raise  # finished (A-39): nothing continues it
                 except (KVSPError, OSError, http.client.HTTPException):
                     continue
                 if cur.moved(at, now):
@@ -529,6 +554,7 @@ class Instance:
         p: float | None = None,
         seed: int = 0,
         from_: int | None = None,
+        on_done: Callable[[GeneratedToken], None] | None = None,
     ) -> Generator[GeneratedToken, None, None]:
         """Run a placed request: its token lines as they come, each labelled
         with its index and the instance's epoch, the first with what the
@@ -552,6 +578,8 @@ class Instance:
                     raise UnavailableError("client: the token stream ended before its end")
                 t = GeneratedToken.decode(line)
                 if t.done:
+                    if on_done is not None:
+                        on_done(t)  # why the output ended (A-39)
                     break
                 yield t
             resp.read()

@@ -750,6 +750,9 @@ class Sampler:
         _check_int("sampler: step", self.step)
 
 
+FINISH_REASONS = ("stop", "length", "cancelled")  # A-39
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     """A Session Checkpoint (R-SES-5..14): what an instance needs to resume a
@@ -764,6 +767,7 @@ class Checkpoint:
     generated: tuple[int, ...] | None
     output_offset: int
     sampler: Sampler
+    finish: str = ""  # A-39: why the output ended, on a final checkpoint
 
     @classmethod
     def decode(cls, data: bytes | dict[str, Any]) -> Checkpoint:
@@ -781,6 +785,7 @@ class Checkpoint:
             generated=_tokens(o, "generated", w),
             output_offset=_uint(o, "output_offset", w),
             sampler=Sampler.decode(_get(o, "sampler")),
+            finish=_str(o, "finish", w),
         )
         r.validate()
         return r
@@ -803,6 +808,8 @@ class Checkpoint:
             raise invalid(f"{w}: generated: required (may be empty)")
         if self.output_offset != len(self.generated):
             raise invalid(f"{w}: output_offset: must equal the number of generated tokens")
+        if self.finish and self.finish not in FINISH_REASONS:
+            raise invalid(f"{w}: finish: one of stop, length, cancelled")
         for i, k in enumerate(self.prompt_blocks):
             if not any(k):
                 raise invalid(f"{w}: prompt_blocks[{i}]: zero key")
@@ -1017,13 +1024,16 @@ class GenerateRequest:
 
 @dataclass(frozen=True)
 class GeneratedToken:
-    """One line of a generate stream."""
+    """One line of a generate stream; the last has ``done``, and ``finish``
+    says why the output ended there (A-39: stop, length, cancelled; its
+    index is then the number of output tokens)."""
 
     index: int
     epoch: int
     token: int
     done: bool = False
     prefill: tuple[int, int] | None = None  # cached, computed
+    finish: str = ""
 
     @classmethod
     def decode(cls, data: bytes | dict[str, Any]) -> GeneratedToken:
@@ -1040,9 +1050,14 @@ class GeneratedToken:
             if not isinstance(pf, dict):
                 raise invalid(f"{w}: /prefill: must be an object")
             prefill = (_uint(pf, "cached_tokens", w), _uint(pf, "computed_tokens", w))
-        r = cls(_uint(o, "index", w), _uint(o, "epoch", w), _uint(o, "token", w, _U32), done, prefill)
+        finish = _str(o, "finish", w)
+        r = cls(_uint(o, "index", w), _uint(o, "epoch", w), _uint(o, "token", w, _U32), done, prefill, finish)
         if r.epoch == 0:
             raise invalid("token: epoch: required, at least 1")
+        if finish and finish not in FINISH_REASONS:
+            raise invalid("token: finish: one of stop, length, cancelled")
+        if finish and not done:
+            raise invalid("token: finish: only on the done line")
         return r
 
 

@@ -1,0 +1,130 @@
+package instance_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/kvsp/kvsp"
+	"github.com/kvsp/kvsp/controlplane/placement"
+	"github.com/kvsp/kvsp/internal/kvsptest"
+)
+
+// TestAnswerEndsAtItsEndOfGeneration (A-39, the stop path): the simulated
+// model ends its answer after 20 to 40 tokens, far below max_tokens; the
+// instance's last line says "stop" and counts the tokens, its final
+// checkpoint says so too, and the PC records the session finished: a
+// front end placing it again is told so (409 kvsp-invalid-state), and
+// when its instance then dies the sweep does not migrate it.
+func TestAnswerEndsAtItsEndOfGeneration(t *testing.T) {
+	w := newRig(t, rigOptions{second: true, answerTokens: [2]int{20, 40}})
+	w.runAgents(t, "/ii1/", "/ii2/")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { w.ctl.Run(ctx, 20*time.Millisecond); close(done) }()
+	defer func() { cancel(); <-done }()
+	q := &kvsp.PlaceRequest{ScopeID: w.scopeKey.ID(), CompatID: w.compat, Tokens: prompt(2), MaxTokens: 500}
+	var got []uint32
+	res, err := w.front.RunSession(context.Background(), w.front.Controller(w.url("/pc/")), q, 50*time.Millisecond, func(i uint64, tok uint32) error {
+		got = append(got, tok)
+		return nil
+	})
+	if err != nil || res.Finish != kvsp.FinishStop || len(got) < 20 || len(got) > 40 {
+		t.Fatalf("session: %d tokens, finish %q, %v", len(got), res.Finish, err)
+	}
+	s := waitFinished(t, w, res.Session, kvsp.FinishStop) // once the front end has the done line
+	if s.Checkpoint.OutputOffset != uint64(len(got)) {
+		t.Fatalf("the PC's session: %+v", s.Checkpoint)
+	}
+	again := *q
+	again.Session = &res.Session
+	if _, err := w.front.Controller(w.url("/pc/")).Place(context.Background(), &again); !errors.Is(err, kvsp.ErrInvalidState) {
+		t.Fatalf("a finished session placed again: %v (want 409 kvsp-invalid-state)", err)
+	}
+	w.agent.Close() // its instance dies: nothing to migrate
+	waitStatusGone(t, w, "/ii1/")
+	if _, err := w.front.Controller(w.url("/pc/")).Place(context.Background(), &again); !errors.Is(err, kvsp.ErrInvalidState) {
+		t.Fatalf("a finished session whose instance died, placed again: %v (want 409, not a migration)", err)
+	}
+	time.Sleep(100 * time.Millisecond) // five sweeps
+	if s, _ := w.ctl.Session(w.scopeKey.ID(), res.Session); s.Epoch != 1 || s.Instance != w.url("/ii1/") {
+		t.Fatalf("a finished session was migrated: epoch %d on %s", s.Epoch, s.Instance)
+	}
+}
+
+// TestFrontEndGoneCancelsTheSession (A-39, the cancelled path): a front
+// end that goes away mid-answer ends the session: the engine stops and
+// frees the request at once, the instance tells the PC ("cancelled"), and
+// the PC never migrates it, though its instance dies afterwards.
+func TestFrontEndGoneCancelsTheSession(t *testing.T) {
+	w := newRig(t, rigOptions{second: true})
+	w.runAgents(t, "/ii1/", "/ii2/")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { w.ctl.Run(ctx, 20*time.Millisecond); close(done) }()
+	defer func() { cancel(); <-done }()
+	q := &kvsp.PlaceRequest{ScopeID: w.scopeKey.ID(), CompatID: w.compat, Tokens: prompt(2), MaxTokens: 5000}
+	gctx, leave := context.WithCancel(context.Background())
+	var session kvsp.UUID
+	res, err := w.front.RunSession(gctx, w.front.Controller(w.url("/pc/")), q, 50*time.Millisecond, func(i uint64, tok uint32) error {
+		if i == 50 {
+			leave() // the front end goes away
+		}
+		return nil
+	})
+	session = res.Session
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("session: %v (want the front end's cancellation)", err)
+	}
+	waitFinished(t, w, session, kvsp.FinishCancelled)
+	if st := w.eng.Stats(); st.Running != 0 || st.Queued != 0 {
+		t.Fatalf("the engine still runs the request: %+v", st)
+	}
+	if n := kvsptest.MetricSum(t, w.reg, "kvsp_instance_generations_finished_total", map[string]string{"finish": "cancelled"}); n != 1 {
+		t.Fatalf("kvsp_instance_generations_finished_total{finish=cancelled} = %v", n)
+	}
+	w.agent.Close()
+	waitStatusGone(t, w, "/ii1/")
+	again := *q
+	again.Session = &session
+	if _, err := w.front.Controller(w.url("/pc/")).Place(context.Background(), &again); !errors.Is(err, kvsp.ErrInvalidState) {
+		t.Fatalf("a cancelled session whose instance died, placed again: %v (want 409, not a migration)", err)
+	}
+	time.Sleep(100 * time.Millisecond) // five sweeps
+	if s, _ := w.ctl.Session(w.scopeKey.ID(), session); s.Epoch != 1 {
+		t.Fatalf("a cancelled session was migrated: epoch %d on %s", s.Epoch, s.Instance)
+	}
+}
+
+// waitFinished waits until the PC records the session finished, why.
+func waitFinished(t *testing.T, w *rig, session kvsp.UUID, why kvsp.FinishReason) placement.Session {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		s, ok := w.ctl.Session(w.scopeKey.ID(), session)
+		if ok && s.Finished() && s.Checkpoint.Finish == why {
+			return s
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the PC does not record the session finished (%s): %+v", why, s.Checkpoint)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// waitStatusGone waits until the PC no longer counts the instance at p
+// (its status expired or it said it stopped).
+func waitStatusGone(t *testing.T, w *rig, p string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if s, ok := w.ctl.Registry().Get(w.url(p)); !ok || s.State != kvsp.StateActive {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the PC still counts %s active", p)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
