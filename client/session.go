@@ -17,7 +17,8 @@ import (
 // indices already delivered. When the token stream ends before its end
 // (the instance failed), it asks the PC where the session continues
 // (POST place with the session: the PC migrates it once the failure is
-// detected) and resumes the stream from the first index it lacks.
+// detected) and resumes the stream from the first index it lacks. An
+// error deliver returns ends the session: RunSession returns it.
 // retry bounds the wait between attempts, the first placement's too when
 // the PC cannot be reached or answers 502, 503 or 504. It returns the
 // session id, why its output ended and how its prompt was served.
@@ -58,7 +59,7 @@ func (c *Client) RunSession(ctx context.Context, ctl *Controller, q *kvsp.PlaceR
 			}
 			maxEpoch = max(maxEpoch, t.Epoch)
 			if err := deliver(t.Index, t.Token); err != nil {
-				return err
+				return deliverError{err}
 			}
 			next++
 			return nil
@@ -69,6 +70,10 @@ func (c *Client) RunSession(ctx context.Context, ctl *Controller, q *kvsp.PlaceR
 		}
 		if ctx.Err() != nil {
 			return res, ctx.Err()
+		}
+		var de deliverError
+		if errors.As(err, &de) {
+			return res, de.err // the caller's: it stops the session (the instance sees its front end leave)
 		}
 		if errors.Is(err, kvsp.ErrInvalid) {
 			return res, err
@@ -101,6 +106,13 @@ func (c *Client) RunSession(ctx context.Context, ctl *Controller, q *kvsp.PlaceR
 		}
 	}
 }
+
+// deliverError carries an error of the caller's deliver through the
+// stream, so that RunSession returns it rather than resume elsewhere.
+type deliverError struct{ err error }
+
+func (e deliverError) Error() string { return e.err.Error() }
+func (e deliverError) Unwrap() error { return e.err }
 
 // SessionResult is how a session ran.
 type SessionResult struct {

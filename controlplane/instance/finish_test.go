@@ -128,3 +128,25 @@ func waitStatusGone(t *testing.T, w *rig, p string) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestDeliverErrorEndsTheSession: an error from RunSession's deliver (a
+// gateway that met a stop sequence) is returned as it is, at once, not
+// taken for a failed instance to resume elsewhere; the instance sees its
+// front end leave and the PC records the session cancelled.
+func TestDeliverErrorEndsTheSession(t *testing.T) {
+	w := newRig(t, rigOptions{})
+	w.runAgents(t, "/ii1/")
+	stop := errors.New("a stop sequence")
+	q := &kvsp.PlaceRequest{ScopeID: w.scopeKey.ID(), CompatID: w.compat, Tokens: prompt(2), MaxTokens: 2000}
+	start := time.Now()
+	res, err := w.front.RunSession(context.Background(), w.front.Controller(w.url("/pc/")), q, 50*time.Millisecond, func(i uint64, tok uint32) error {
+		if i == 5 {
+			return stop
+		}
+		return nil
+	})
+	if !errors.Is(err, stop) || time.Since(start) > time.Second {
+		t.Fatalf("RunSession: %v after %v, want the deliver's error at once", err, time.Since(start))
+	}
+	waitFinished(t, w, res.Session, kvsp.FinishCancelled)
+}
