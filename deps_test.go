@@ -80,6 +80,7 @@ var mayImport = map[string][]string{
 	"controlplane/index":     {"", "server"},
 	"controlplane/instance":  {"", "client", "container", "engine", "server"},
 	"controlplane/placement": {"", "client", "controlplane/index", "internal/failpoint", "server"},
+	"gateway":                {"", "client", "engine/llamacpp", "server"}, // the OpenAI API: a front end, tokenizing with the model's vocabulary
 	"cmd/kvsp":               {"*"},
 	// Internal helpers.
 	"internal/benchratio": {},

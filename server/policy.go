@@ -3,6 +3,9 @@ package server
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -78,9 +81,48 @@ func (p *Principal) SpeaksFor(base string) bool {
 	return p != nil && slices.Contains(p.Bases, base)
 }
 
-// Policy maps identities to principals. It is immutable once loaded.
+// Policy maps identities to principals, and API keys (a gateway's bearer
+// keys, stored hashed) to principals and scopes. It is immutable once
+// loaded.
 type Policy struct {
 	byID map[string]*Principal
+	keys []*APIKey
+}
+
+// APIKey is a gateway's bearer key, by its SHA-256 (the key itself is
+// never stored): the principal it authenticates, the one scope its
+// requests run in, and its limits (0: none).
+type APIKey struct {
+	SHA256        string `yaml:"sha256"`
+	Principal     string `yaml:"principal"`
+	Scope         string `yaml:"scope"`
+	MaxConcurrent int    `yaml:"max_concurrent"`
+	// MaxTokensPerMinute bounds the prompt and output tokens of its
+	// requests in any minute.
+	MaxTokensPerMinute int `yaml:"max_tokens_per_minute"`
+
+	hash  [sha256.Size]byte
+	scope kvsp.ScopeID
+}
+
+// ScopeID is the key's scope.
+func (k *APIKey) ScopeID() kvsp.ScopeID { return k.scope }
+
+// APIKey returns the entry of a presented bearer key, or nil. Every
+// entry's hash is compared in constant time, so the time taken says
+// nothing of which entry, if any, is near the key presented.
+func (p *Policy) APIKey(key string) *APIKey {
+	if p == nil || key == "" {
+		return nil
+	}
+	h := sha256.Sum256([]byte(key))
+	var found *APIKey
+	for _, k := range p.keys {
+		if subtle.ConstantTimeCompare(h[:], k.hash[:]) == 1 {
+			found = k
+		}
+	}
+	return found
 }
 
 // Lookup returns the principal of an identity, or nil: unknown identities
@@ -94,6 +136,7 @@ func (p *Policy) Lookup(id string) *Principal {
 
 type policyFile struct {
 	Principals []*Principal `yaml:"principals"`
+	APIKeys    []*APIKey    `yaml:"api_keys"`
 }
 
 // ParsePolicy parses and validates a policy file. Every error names the
@@ -141,6 +184,32 @@ func ParsePolicy(data []byte) (*Policy, error) {
 			pr.scopes = append(pr.scopes, id)
 		}
 		p.byID[pr.ID] = pr
+	}
+	seen := map[[sha256.Size]byte]bool{}
+	for i, k := range f.APIKeys {
+		where := fmt.Sprintf("policy: api_keys[%d]", i)
+		if k == nil {
+			return nil, fmt.Errorf("%s: empty", where)
+		}
+		b, err := hex.DecodeString(k.SHA256)
+		if err != nil || len(b) != sha256.Size || k.SHA256 != hex.EncodeToString(b) {
+			return nil, fmt.Errorf("%s.sha256: want the key's SHA-256, 64 lowercase hex digits", where)
+		}
+		copy(k.hash[:], b)
+		if seen[k.hash] {
+			return nil, fmt.Errorf("%s.sha256: listed twice", where)
+		}
+		seen[k.hash] = true
+		if k.Principal == "" || len(k.Principal) > 128 {
+			return nil, fmt.Errorf("%s.principal: required, at most 128 characters", where)
+		}
+		if k.scope, err = kvsp.ParseScopeID(k.Scope); err != nil {
+			return nil, fmt.Errorf("%s.scope: %w", where, err)
+		}
+		if k.MaxConcurrent < 0 || k.MaxTokensPerMinute < 0 {
+			return nil, fmt.Errorf("%s: limits are at least 0 (0: none)", where)
+		}
+		p.keys = append(p.keys, k)
 	}
 	return p, nil
 }

@@ -19,6 +19,17 @@ import (
 	"github.com/kvsp/kvsp/internal/pki"
 )
 
+type policyOut struct {
+	Principals []policyPrincipal `yaml:"principals"`
+	APIKeys    []policyAPIKey    `yaml:"api_keys,omitempty"`
+}
+
+type policyAPIKey struct {
+	SHA256    string `yaml:"sha256"`
+	Principal string `yaml:"principal"`
+	Scope     string `yaml:"scope"`
+}
+
 type policyPrincipal struct {
 	ID        string   `yaml:"id"`
 	Roles     []string `yaml:"roles,flow"`
@@ -85,10 +96,18 @@ func cmdCerts(args []string, stdout io.Writer) error {
 	}
 	node := "spiffe://" + *trust + "/node/" + sanitize(host)
 	opts := pki.LeafOptions{URIs: []string{node}, DNSNames: []string{"localhost"}, NotAfter: time.Now().Add(*validity)}
-	if ip := net.ParseIP(host); ip != nil {
-		opts.IPs = []net.IP{ip}
-	} else if host != "" && host != "localhost" {
-		opts.DNSNames = append(opts.DNSNames, host)
+	hosts := []string{host}
+	if c.Gateway != nil { // the API's clients check the gateway's host name
+		if gh, _, err := net.SplitHostPort(c.Gateway.Listen); err == nil && gh != host {
+			hosts = append(hosts, gh)
+		}
+	}
+	for _, h := range hosts {
+		if ip := net.ParseIP(h); ip != nil {
+			opts.IPs = append(opts.IPs, ip)
+		} else if h != "" && h != "localhost" {
+			opts.DNSNames = append(opts.DNSNames, h)
+		}
 	}
 	leaf, err := ca.Issue(opts)
 	if err != nil {
@@ -139,13 +158,28 @@ func cmdCerts(args []string, stdout io.Writer) error {
 		}
 		scopes = append(scopes, k.ID().String())
 	}
+	pf := policyOut{Principals: []policyPrincipal{
+		{ID: node, Roles: roles, SpeaksFor: speaks, Scopes: nonNil(scopes)},
+		{ID: toolID, Roles: []string{"client"}, Scopes: nonNil(scopes)},
+	}}
+	if c.Gateway != nil && len(scopes) > 0 {
+		// A development API key for the first scope, beside the
+		// configuration; the policy holds its hash only.
+		key, hash, err := newAPIKey()
+		if err != nil {
+			return err
+		}
+		kf := filepath.Join(dir, "api-key.txt")
+		if err := os.WriteFile(kf, []byte(key+"\n"), 0o600); err != nil {
+			return err
+		}
+		pf.APIKeys = []policyAPIKey{{SHA256: hash, Principal: "dev", Scope: scopes[0]}}
+		fmt.Fprintf(stdout, "wrote API key %s (principal dev, scope %s)\n", kf, scopes[0])
+	}
 	var pol bytes.Buffer
 	enc := yaml.NewEncoder(&pol)
 	enc.SetIndent(2)
-	if err := enc.Encode(map[string][]policyPrincipal{"principals": {
-		{ID: node, Roles: roles, SpeaksFor: speaks, Scopes: nonNil(scopes)},
-		{ID: toolID, Roles: []string{"client"}, Scopes: nonNil(scopes)},
-	}}); err != nil {
+	if err := enc.Encode(pf); err != nil {
 		return err
 	}
 	if err := os.WriteFile(c.Policy, pol.Bytes(), 0o644); err != nil {

@@ -26,6 +26,8 @@ Usage:
   kvsp keys compat [-jcs] FILE        print the Compatibility ID of a descriptor (or its JCS form)
   kvsp keys blocks --scope-key FILE --descriptor FILE TOKENS
                                       print the Block Keys of a token file (JSON array or whitespace-separated)
+  kvsp keys api --principal NAME --scope SCOPE_ID --out FILE
+                                      mint a gateway API key into FILE (0600); print its policy entry (SHA-256)
   kvsp digest model DIR               print model_digest of a model directory
   kvsp digest file FILE               print the digest of one file (tokenizer, adapter)
   kvsp model tiny --out FILE [flags]  write a deterministic random-weight llama GGUF (1.3 MB by default;
@@ -158,13 +160,15 @@ func cmdDigest(args []string, stdout io.Writer) error {
 
 func cmdKeys(args []string, stdout io.Writer) error {
 	if len(args) == 0 {
-		return usageError("keys takes new, scope, compat or blocks")
+		return usageError("keys takes new, scope, compat, blocks or api")
 	}
 	switch args[0] {
 	case "compat":
 		return cmdCompat(args[1:], stdout)
 	case "blocks":
 		return cmdBlockKeys(args[1:], stdout)
+	case "api":
+		return cmdAPIKey(args[1:], stdout)
 	}
 	if len(args) != 2 {
 		return usageError("keys %s takes one file", args[0])

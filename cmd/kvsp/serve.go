@@ -106,6 +106,13 @@ func serve(ctx context.Context, args []string, stderr io.Writer, hup <-chan os.S
 		return err
 	}
 	defer closeRoles()
+	if cfg.Gateway != nil {
+		stopGateway, err := startGateway(cfg, creds, policy, log, reg)
+		if err != nil {
+			return err
+		}
+		defer stopGateway()
+	}
 
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {

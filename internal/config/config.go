@@ -48,6 +48,7 @@ type Config struct {
 	Controller     *Controller  `yaml:"controller"`
 	Holders        []Holder     `yaml:"holders"`
 	Instances      []Instance   `yaml:"instances"`
+	Gateway        *Gateway     `yaml:"gateway"`
 	Dir            string       `yaml:"-"` // the file's directory
 	ScopeKeys      []ScopeEntry `yaml:"-"` // loaded from Scopes
 
@@ -317,6 +318,87 @@ type Engine struct {
 	BlockTokens    int    `yaml:"block_tokens"`
 }
 
+// Gateway serves the OpenAI-compatible API (package gateway) at
+// https://LISTEN/v1, with the process's certificate (client certificates
+// optional; requests authenticate with the policy's API keys). It places
+// requests at Controller (and the others of its group) and calls the
+// instances with the process's identity.
+type Gateway struct {
+	Listen      string         `yaml:"listen"`
+	Controller  string         `yaml:"controller"`
+	Controllers []string       `yaml:"controllers"`
+	Models      []GatewayModel `yaml:"models"`
+	// Library is llama.cpp's directory (default: KVSP_LLAMACPP_LIB, or
+	// .cache/llama.cpp at the repository), for the models' tokenizers.
+	Library string `yaml:"library"`
+	// KeepAliveMs: a stream quiet this long gets an SSE comment; default 2000.
+	KeepAliveMs uint64 `yaml:"keep_alive_ms"`
+	// MaxBody bounds a request body; default 4MiB.
+	MaxBody Size `yaml:"max_body"`
+}
+
+// GatewayModel is a model the gateway serves: the GGUF its instances run
+// (its tokenizer and chat template are read from it, without the weights).
+type GatewayModel struct {
+	ID          string `yaml:"id"`
+	Model       string `yaml:"model"`
+	BlockTokens int    `yaml:"block_tokens"`
+	// ContextTokens bounds a request's prompt and output (the instances'
+	// context_tokens); DefaultMaxTokens is the output limit of a request
+	// that sets none, MaxTokens the largest it may set.
+	ContextTokens    int `yaml:"context_tokens"`
+	DefaultMaxTokens int `yaml:"default_max_tokens"`
+	MaxTokens        int `yaml:"max_tokens"`
+}
+
+func (g *Gateway) validate() error {
+	if _, _, err := net.SplitHostPort(g.Listen); err != nil || g.Listen == "" {
+		return fieldErr("gateway.listen", "want host:port")
+	}
+	if err := checkBase("gateway.controller", g.Controller, true); err != nil {
+		return err
+	}
+	for i, b := range g.Controllers {
+		if err := checkBase(fmt.Sprintf("gateway.controllers[%d]", i), b, true); err != nil {
+			return err
+		}
+	}
+	if len(g.Models) == 0 {
+		return fieldErr("gateway.models", "at least one")
+	}
+	ids := map[string]bool{}
+	for i := range g.Models {
+		m := &g.Models[i]
+		f := fmt.Sprintf("gateway.models[%d]", i)
+		if m.ID == "" || ids[m.ID] {
+			return fieldErr(f+".id", "required, and unique")
+		}
+		ids[m.ID] = true
+		if _, err := os.Stat(m.Model); err != nil {
+			return fieldErr(f+".model", "%v (make deps installs SmolLM2-135M-Instruct into .cache/models)", err)
+		}
+		if m.BlockTokens == 0 {
+			m.BlockTokens = 16
+		}
+		if m.ContextTokens == 0 {
+			m.ContextTokens = 2048
+		}
+		if m.MaxTokens == 0 {
+			m.MaxTokens = min(1024, m.ContextTokens-1)
+		}
+		if m.DefaultMaxTokens == 0 {
+			m.DefaultMaxTokens = min(256, m.MaxTokens)
+		}
+		if m.DefaultMaxTokens < 1 || m.DefaultMaxTokens > m.MaxTokens || m.MaxTokens >= m.ContextTokens {
+			return fieldErr(f, "want 1 <= default_max_tokens <= max_tokens < context_tokens")
+		}
+	}
+	if g.KeepAliveMs == 0 {
+		g.KeepAliveMs = 2000
+	}
+	return nil
+}
+
 // Size is a byte count written as an integer or with a KiB, MiB, GiB or
 // TiB suffix.
 type Size uint64
@@ -435,6 +517,12 @@ func (c *Config) resolve() {
 		c.Instances[i].Engine.Library = c.Path(c.Instances[i].Engine.Library)
 		c.Instances[i].EpochFile = c.Path(c.Instances[i].EpochFile)
 	}
+	if c.Gateway != nil {
+		c.Gateway.Library = c.Path(c.Gateway.Library)
+		for i := range c.Gateway.Models {
+			c.Gateway.Models[i].Model = c.Path(c.Gateway.Models[i].Model)
+		}
+	}
 	if c.Controller != nil {
 		if c.Controller.StatePath != "" {
 			c.Controller.StatePath = c.Path(c.Controller.StatePath)
@@ -484,8 +572,13 @@ func (c *Config) validate() error {
 			return err
 		}
 	}
-	if c.Index == nil && c.Controller == nil && len(c.Holders) == 0 && len(c.Instances) == 0 {
-		return errors.New("no role: configure at least one of index, controller, holders, instances")
+	if c.Index == nil && c.Controller == nil && len(c.Holders) == 0 && len(c.Instances) == 0 && c.Gateway == nil {
+		return errors.New("no role: configure at least one of index, controller, holders, instances, gateway")
+	}
+	if c.Gateway != nil {
+		if err := c.Gateway.validate(); err != nil {
+			return err
+		}
 	}
 	if err := c.loadScopes(); err != nil {
 		return err
@@ -865,6 +958,9 @@ func (c *Config) Roles() []string {
 	}
 	if len(c.Instances) > 0 {
 		r = append(r, "instance")
+	}
+	if c.Gateway != nil {
+		r = append(r, "client") // the gateway places and generates for its API keys' scopes
 	}
 	return r
 }
