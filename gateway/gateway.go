@@ -241,10 +241,15 @@ func (g *Gateway) admit(key *server.APIKey, n, max int) (release func(used int),
 
 // complete runs one completion and returns its HTTP status.
 func (g *Gateway) complete(w http.ResponseWriter, r *http.Request, key *server.APIKey, chat bool) int {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, g.cfg.MaxBody))
+	raw := r.Body
+	body, err := io.ReadAll(http.MaxBytesReader(w, raw, g.cfg.MaxBody))
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
+			// The rest of the body is read (up to a bound) and dropped, so
+			// that the client, still sending, reads the answer rather than
+			// a reset connection.
+			io.Copy(io.Discard, io.LimitReader(raw, maxDrain))
 			return writeError(w, &apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error", Code: str("request_too_large"),
 				Message: fmt.Sprintf("the request body is larger than %d octets", g.cfg.MaxBody)})
 		}
@@ -363,6 +368,9 @@ func (g *Gateway) complete(w http.ResponseWriter, r *http.Request, key *server.A
 	}
 	return http.StatusOK
 }
+
+// maxDrain bounds what is read and dropped of a body past MaxBody.
+const maxDrain = 64 << 20
 
 var (
 	errStopped = errors.New("gateway: a stop sequence ended the answer")

@@ -66,6 +66,7 @@ func TestParseRequestRefusals(t *testing.T) {
 		chat        bool
 	}{
 		{`[]`, "", true},
+		{"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"\xff\"}]}", "", true},
 		{`{"model":"m","messages":[{"role":"user","content":"x"}]} {}`, "", true},
 		{`{"messages":[{"role":"user","content":"x"}]}`, "model", true},
 		{`{"model":"m","messages":[]}`, "messages", true},

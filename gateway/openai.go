@@ -83,6 +83,9 @@ func isNumber(v json.RawMessage, want float64) bool {
 // parseRequest decodes and checks a request body: unknown members and
 // those of the API that kvsp does not run are refused, naming them.
 func parseRequest(body []byte, chat bool) (*request, *apiError) {
+	if !utf8.Valid(body) { // JSON is UTF-8 (RFC 8259); decoding would replace the octets silently
+		return nil, invalid("", "", "the body is not valid UTF-8")
+	}
 	var fields map[string]json.RawMessage
 	dec := json.NewDecoder(bytes.NewReader(body))
 	if err := dec.Decode(&fields); err != nil || fields == nil || dec.More() {

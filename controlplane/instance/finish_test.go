@@ -56,7 +56,8 @@ func TestAnswerEndsAtItsEndOfGeneration(t *testing.T) {
 // TestFrontEndGoneCancelsTheSession (A-39, the cancelled path): a front
 // end that goes away mid-answer ends the session: the engine stops and
 // frees the request at once, the instance tells the PC ("cancelled"), and
-// the PC never migrates it, though its instance dies afterwards.
+// the PC never migrates it, though its instance dies afterwards (a front
+// end that comes back for it: TestCutStreamIsNotADeparture).
 func TestFrontEndGoneCancelsTheSession(t *testing.T) {
 	w := newRig(t, rigOptions{second: true})
 	w.runAgents(t, "/ii1/", "/ii2/")
@@ -86,11 +87,6 @@ func TestFrontEndGoneCancelsTheSession(t *testing.T) {
 	}
 	w.agent.Close()
 	waitStatusGone(t, w, "/ii1/")
-	again := *q
-	again.Session = &session
-	if _, err := w.front.Controller(w.url("/pc/")).Place(context.Background(), &again); !errors.Is(err, kvsp.ErrInvalidState) {
-		t.Fatalf("a cancelled session whose instance died, placed again: %v (want 409, not a migration)", err)
-	}
 	time.Sleep(100 * time.Millisecond) // five sweeps
 	if s, _ := w.ctl.Session(w.scopeKey.ID(), session); s.Epoch != 1 {
 		t.Fatalf("a cancelled session was migrated: epoch %d on %s", s.Epoch, s.Instance)
@@ -149,4 +145,39 @@ func TestDeliverErrorEndsTheSession(t *testing.T) {
 		t.Fatalf("RunSession: %v after %v, want the deliver's error at once", err, time.Since(start))
 	}
 	waitFinished(t, w, res.Session, kvsp.FinishCancelled)
+}
+
+// TestCutStreamIsNotADeparture: the instance takes a cut stream for its
+// front end leaving and says "cancelled", but a front end that
+// comes back asking where the session continues was cut off, not gone:
+// once the instance has died, the PC migrates the session for it and the
+// output continues. The sweep alone never resumes it.
+func TestCutStreamIsNotADeparture(t *testing.T) {
+	w := newRig(t, rigOptions{second: true})
+	w.runAgents(t, "/ii1/", "/ii2/")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { w.ctl.Run(ctx, 20*time.Millisecond); close(done) }()
+	defer func() { cancel(); <-done }()
+	q := &kvsp.PlaceRequest{ScopeID: w.scopeKey.ID(), CompatID: w.compat, Tokens: prompt(2), MaxTokens: 400}
+	gctx, cut := context.WithCancel(context.Background())
+	res, _ := w.front.RunSession(gctx, w.front.Controller(w.url("/pc/")), q, 50*time.Millisecond, func(i uint64, tok uint32) error {
+		if i == 40 {
+			cut()
+		}
+		return nil
+	})
+	waitFinished(t, w, res.Session, kvsp.FinishCancelled)
+	w.agent.Close()
+	waitStatusGone(t, w, "/ii1/")
+	time.Sleep(100 * time.Millisecond) // five sweeps: none resumes it
+	if s, _ := w.ctl.Session(w.scopeKey.ID(), res.Session); s.Epoch != 1 {
+		t.Fatalf("the sweep resumed a cancelled session: epoch %d", s.Epoch)
+	}
+	again := *q
+	again.Session = &res.Session
+	moved, err := w.front.Controller(w.url("/pc/")).Place(context.Background(), &again)
+	if err != nil || moved.Epoch != 2 || moved.Instance != w.url("/ii2/") {
+		t.Fatalf("the front end's place: %+v %v (want the session moved to ii2 at epoch 2)", moved, err)
+	}
 }

@@ -542,6 +542,17 @@ func (c *Controller) continueSession(ctx context.Context, s *Session, q *kvsp.Pl
 	if finished {
 		why = s.Checkpoint.Finish
 	}
+	if why == kvsp.FinishCancelled {
+		// The instance took a cut stream for its front end leaving, but
+		// the front end is here, asking where the session continues (a
+		// network fault, not a departure): it continues. The PC itself
+		// never resumes a cancelled session (the sweep skips it).
+		cp := *s.Checkpoint
+		cp.Finish = ""
+		s.Checkpoint = &cp
+		finished = false
+		c.m.checkpoints.WithLabelValues("uncancelled").Inc()
+	}
 	c.mu.Unlock()
 	if finished { // nothing continues a finished session
 		return nil, kvsp.NewProblem(kvsp.ErrInvalidState, "the session finished ("+string(why)+")").With("finish", string(why)).With("epoch", epoch)
@@ -1143,7 +1154,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		forgotten:  prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_pc_sessions_forgotten_total", Help: "Sessions dropped: finished (after the retention) or idle."}, []string{"why"}),
 		stalls:     prometheus.NewCounter(prometheus.CounterOpts{Name: "kvsp_pc_stalls_total", Help: "Times the controller's sweep ran late (a stall): instances then get a status TTL before being judged failed."}),
 		checkpoints: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_pc_checkpoints_total",
-			Help: "Session checkpoints accepted: recorded (a higher offset) or ignored (not newer)."}, []string{"outcome"}),
+			Help: "Session checkpoints accepted: recorded (a higher offset, or the final one, A-39), ignored (not newer, or after the final one); uncancelled: a session its instance said cancelled whose front end came back for it."}, []string{"outcome"}),
 		placements: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_pc_placements_total",
 			Help: "Placement requests by outcome (placed, migrated, incompatible, beyond_limits: refused with 400, past every instance's vocabulary, context or output limit; share: refused with 429, the principal or scope holding its share of the room; no_capacity: refused with 503 once CapacityWait ran out; waited: a status record came while the request waited for room, and it looked again)."}, []string{"outcome"}),
 		directives: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvsp_pc_directives_total",
