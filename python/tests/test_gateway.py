@@ -10,7 +10,9 @@ import os
 import pathlib
 import re
 import shutil
+import signal
 import ssl
+import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 
 import openai
 import pytest
-from serving import ROOT, Proc, certs, free_ports
+from serving import ROOT, Proc, binary, certs, free_ports
 
 MODEL = "smollm2-135m-instruct"
 QUESTION = "What is the capital of France?"
@@ -30,6 +32,8 @@ class Gateway:
     url: str
     metrics: str
     key: str
+    keys: dict[str, str]  # more principals' keys: tenant-b (scope B), limited, revocable
+    proc: Proc
 
     def client(self, key: str | None = None) -> openai.OpenAI:
         ctx = ssl.create_default_context(cafile=str(self.dir / "ca.pem"))
@@ -64,17 +68,33 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     conf = conf.replace("../../.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf", model).replace(
         "../../.cache/llama.cpp", lib
     )
+    conf = conf.replace(
+        "scopes: [{key_file: scope-a.key}]", "scopes: [{key_file: scope-a.key}, {key_file: scope-b.key}]"
+    )
     (d / "kvsp.yaml").write_text(conf)
     shutil.copy(ROOT / "examples" / "openai" / "descriptor.json", d / "descriptor.json")
     certs(d / "kvsp.yaml")
+    # More keys, minted as an operator would (kvsp keys api), their entries
+    # added to the policy.
+    kvsp_bin = str(binary())
+    scope = {
+        n: subprocess.run(
+            [kvsp_bin, "keys", "scope", str(d / f"scope-{n}.key")], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        for n in ("a", "b")
+    }
+    keys: dict[str, str] = {}
+    entries = ""
+    for name, sc, extra in (("tenant-b", "b", ""), ("limited", "a", ", max_concurrent: 1"), ("revocable", "a", "")):
+        args = [kvsp_bin, "keys", "api", "--principal", name, "--scope", scope[sc], "--out", str(d / f"{name}.key.txt")]
+        out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+        entries += out.splitlines()[1].rstrip().rstrip("}") + extra + "}\n"
+        keys[name] = (d / f"{name}.key.txt").read_text().strip()
+    (d / "policy.yaml").write_text((d / "policy.yaml").read_text() + entries)
     proc = Proc(d / "kvsp.yaml", roles).start()
     try:
-        g = Gateway(
-            d,
-            f"https://127.0.0.1:{api}/v1",
-            f"http://127.0.0.1:{metrics}/metrics",
-            (d / "api-key.txt").read_text().strip(),
-        )
+        key = (d / "api-key.txt").read_text().strip()
+        g = Gateway(d, f"https://127.0.0.1:{api}/v1", f"http://127.0.0.1:{metrics}/metrics", key, keys, proc)
         deadline = time.monotonic() + 60
         while True:  # the instances report to the PC
             try:
@@ -232,3 +252,126 @@ def test_stop_sequences(gateway: Gateway) -> None:
             parts.append(ch.delta.content or "")
             finish = ch.finish_reason or finish
     assert "".join(parts) == full[: full.index("of Fr")] and finish == "stop"
+
+
+def test_scopes_do_not_share(gateway: Gateway) -> None:
+    """A key of scope B sending scope A's cached prompt finds nothing:
+    cached_tokens 0 (its Block Keys are another scope's); A's own repeat
+    finds it."""
+    system = "You are a careful assistant for a travel agency. " * 30
+    msgs = [{"role": "system", "content": system}, {"role": "user", "content": QUESTION}]
+    a = gateway.client()
+    a.chat.completions.create(model=MODEL, messages=msgs, temperature=0, max_tokens=4)  # type: ignore[arg-type]
+    b = gateway.client(gateway.keys["tenant-b"]).chat.completions.create(
+        model=MODEL,
+        messages=msgs,  # type: ignore[arg-type]
+        temperature=0,
+        max_tokens=4,
+    )
+    again = a.chat.completions.create(model=MODEL, messages=msgs, temperature=0, max_tokens=4)  # type: ignore[arg-type]
+    assert b.usage is not None and b.usage.prompt_tokens_details is not None
+    assert b.usage.prompt_tokens_details.cached_tokens == 0
+    assert again.usage is not None and again.usage.prompt_tokens_details is not None
+    assert (again.usage.prompt_tokens_details.cached_tokens or 0) >= 256
+
+
+def test_key_limits_and_revocation(gateway: Gateway) -> None:
+    """A key limited to one request at a time gets 429 with Retry-After for
+    a second; a key removed from the policy (SIGHUP) is refused, and its
+    stream in flight ends with an error event, not a cut connection."""
+    lim = gateway.client(gateway.keys["limited"])
+    long = [{"role": "user", "content": "Write a very long story about a dragon and a knight."}]
+    first = lim.chat.completions.create(model=MODEL, messages=long, max_tokens=400, stream=True)  # type: ignore[arg-type]
+    assert isinstance(first, openai.Stream)
+    next(iter(first))
+    with pytest.raises(openai.RateLimitError) as e:
+        lim.chat.completions.create(model=MODEL, messages=long, max_tokens=4)  # type: ignore[arg-type]
+    assert e.value.response.headers.get("retry-after")
+    first.close()
+
+    rev = gateway.client(gateway.keys["revocable"])
+    stream = rev.chat.completions.create(model=MODEL, messages=long, max_tokens=800, stream=True)  # type: ignore[arg-type]
+    it = iter(stream)
+    next(it)
+    pol = gateway.dir / "policy.yaml"
+    text = pol.read_text()
+    kept = [line for line in text.splitlines() if 'principal: "revocable"' not in line]
+    assert len(kept) == len(text.splitlines()) - 1
+    pol.write_text("\n".join(kept) + "\n")
+    assert gateway.proc.popen is not None
+    gateway.proc.popen.send_signal(signal.SIGHUP)
+    with pytest.raises(openai.APIError) as ended:
+        for _ in it:
+            pass
+    assert "revoked" in str(ended.value)
+    with pytest.raises(openai.AuthenticationError):
+        rev.models.list()
+
+
+def test_raw_http_refusals(gateway: Gateway) -> None:
+    """Over raw HTTP: a 10 MB body is 413 and invalid UTF-8 400, both in the
+    API's error shape; the server goes on serving."""
+    import http.client
+    import json
+
+    ctx = ssl.create_default_context(cafile=str(gateway.dir / "ca.pem"))
+    host, port = gateway.url.split("//")[1].split("/")[0].split(":")
+
+    def post(body: bytes) -> tuple[int, dict[str, object]]:
+        conn = http.client.HTTPSConnection(host, int(port), context=ctx, timeout=60)
+        headers = {"Authorization": f"Bearer {gateway.key}", "Content-Type": "application/json"}
+        conn.request("POST", "/v1/chat/completions", body=body, headers=headers)
+        r = conn.getresponse()
+        out = json.loads(r.read() or b"{}")
+        conn.close()
+        return r.status, out
+
+    head = b'{"model": "' + MODEL.encode() + b'", "messages": [{"role": "user", "content": "'
+    st, out = post(head + b"a" * (10 << 20) + b'"}]}')
+    assert st == 413 and "error" in out
+    st, out = post(head + b'\xff\xfe"}]}')
+    assert st == 400 and "error" in out
+    assert "Paris" in ask(gateway.client(), QUESTION, max_tokens=50)
+
+
+def test_sharing_across_instances(gateway: Gateway) -> None:
+    """A long system prompt answered by instance 1, which is then drained;
+    the same prompt with another question runs on instance 2, whose
+    cached_tokens cover the shared blocks (loaded from instance 1's holder)
+    while llama.cpp at instance 2 evaluated the rest only."""
+    from kvsp.client import Client
+
+    d = gateway.dir
+    base = "https://" + (d / "kvsp.yaml").read_text().split("listen: ", 1)[1].split("\n", 1)[0] + "/"
+    node = Client(cert=str(d / "self.pem"), key=str(d / "self.key"), ca=str(d / "ca.pem"),
+                  server_identity="spiffe://kvsp.local/node/127.0.0.1")  # fmt: skip
+    c = gateway.client()
+    system = "You are the help desk of a large public library. Answer briefly and kindly. " * 70
+    first = c.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "system", "content": system}, {"role": "user", "content": "When do you open?"}],
+        temperature=0,
+        max_tokens=8,
+    )
+    assert first.usage is not None and first.usage.prompt_tokens >= 1000
+    assert node.instance(base + "ii1/").set_state("draining") in ("draining", "sleeping")
+    try:
+        time.sleep(1.5)  # ii1's next status record: the PC places on ii2 only
+        before = gateway.metric("kvsp_llamacpp_evaluated_tokens_total", 'ii="' + base + 'ii2/"')
+        second = c.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "system", "content": system}, {"role": "user", "content": "Can I borrow a book?"}],
+            temperature=0,
+            max_tokens=8,
+        )
+        after = gateway.metric("kvsp_llamacpp_evaluated_tokens_total", 'ii="' + base + 'ii2/"')
+    finally:
+        node.instance(base + "ii1/").set_state("active")
+    assert second.usage is not None and second.usage.prompt_tokens_details is not None
+    cached = second.usage.prompt_tokens_details.cached_tokens or 0
+    shared = len(system) // 8  # a lower bound on the system prompt's tokens: most are shared blocks
+    assert cached >= shared, (cached, second.usage.prompt_tokens)
+    assert after - before <= second.usage.prompt_tokens - cached + second.usage.completion_tokens, (
+        after - before,
+        cached,
+    )
