@@ -34,6 +34,9 @@ Usage:
                                       flags --layers --embd --heads --kv-heads --ff --vocab --context --seed --name)
   kvsp model descriptor FILE.gguf [--block-tokens N] [--name S] [--kv-type f16|bf16|f32]
                                       print the Compatibility Descriptor the llamacpp engine derives from a GGUF
+  kvsp model tokenize FILE.gguf [--chat]
+                                      print the token ids of standard input (a text, or --chat a JSON array of
+                                      messages laid out by the model's template), as the gateway makes them
   kvsp inspect --descriptor FILE [--repr-digest V] BLOCK
                                       decode and verify a KVB1 file: header, digests, layer table
   kvsp fetch --cert F --key F --ca F --descriptor F [--server-identity URI] [--layers a-b] [-o FILE] URL

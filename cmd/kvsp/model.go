@@ -17,15 +17,17 @@ import (
 // cmdModel dispatches the model subcommands, which work on GGUF model files.
 func cmdModel(args []string, stdout io.Writer) error {
 	if len(args) == 0 {
-		return usageError("model takes tiny or descriptor")
+		return usageError("model takes tiny, descriptor or tokenize")
 	}
 	switch args[0] {
 	case "tiny":
 		return cmdModelTiny(args[1:], stdout)
 	case "descriptor":
 		return cmdModelDescriptor(args[1:], stdout)
+	case "tokenize":
+		return cmdModelTokenize(args[1:], os.Stdin, stdout)
 	default:
-		return usageError("model takes tiny or descriptor, not %q", args[0])
+		return usageError("model takes tiny, descriptor or tokenize, not %q", args[0])
 	}
 }
 

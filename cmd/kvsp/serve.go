@@ -249,7 +249,8 @@ func newInstance(x *config.Instance, c *client.Client, keys []kvsp.ScopeKey, log
 		links = append(links, kvsp.Link{Holder: l.Holder, MbitPerS: l.MbitPerS, RTTUs: l.RTTUs})
 	}
 	icfg := instance.Config{Base: x.Base, Engine: eng, Client: c, Controller: x.Controller, Controllers: x.Controllers, Index: x.Index, Holder: x.Holder,
-		Links: links, Scopes: keys, EpochFile: x.EpochFile, ProducerDigests: x.ProducerDigests, Logger: log, Registerer: reg}
+		OffloadBuffer: int64(x.OffloadBuffer),
+		Links:         links, Scopes: keys, EpochFile: x.EpochFile, ProducerDigests: x.ProducerDigests, Logger: log, Registerer: reg}
 	// The agent's Fetcher: a GET through the process's block transport
 	// (HTTPS, or quicbulk where transport is quicbulk: processClient),
 	// or an RDMA READ that falls back to that GET.

@@ -268,6 +268,11 @@ type Instance struct {
 	// index runs with producer_digests, which accepts holders' records
 	// only with their producer's digest.
 	ProducerDigests bool `yaml:"producer_digests"`
+	// OffloadBuffer bounds the octets of computed blocks waiting for their
+	// PUT to the instance's holder (instance.Config.OffloadBuffer; default
+	// 16MiB, tuned on kvsp demo): a prompt of more blocks than fit shares
+	// only its first ones until a later request computes the rest.
+	OffloadBuffer Size `yaml:"offload_buffer"`
 }
 
 // Link is an instance's link to a holder.
