@@ -150,3 +150,30 @@ func TestSmolLM2Descriptor(t *testing.T) {
 		t.Fatalf("descriptor %+v", d)
 	}
 }
+
+// TestModelTokenize (issue 49): `kvsp model tokenize` prints the tokens
+// the gateway makes: a chat laid out by SmolLM2's template (its markup as
+// special tokens), a plain text with typed markup as text; bad input
+// refused.
+func TestModelTokenize(t *testing.T) {
+	lib := requireLlama(t)
+	model := kvsptest.SmolLM2(t)
+	tok := func(in string, args ...string) (string, error) {
+		var out bytes.Buffer
+		err := cmdModelTokenize(append([]string{model, "--library", lib}, args...), strings.NewReader(in), &out)
+		return strings.TrimSpace(out.String()), err
+	}
+	got, err := tok(`[{"role": "user", "content": "What is the capital of France?"}]`, "--chat")
+	if err != nil || got != "[1,4093,198,1780,314,260,3575,282,4649,47,2,198,1,520,9531,198]" {
+		t.Fatalf("chat: %s %v", got, err)
+	}
+	if got, err := tok("<|im_start|>"); err != nil || got == "[1]" || !strings.HasPrefix(got, "[") {
+		t.Fatalf("typed markup: %s %v (want the characters' tokens, not the special token 1)", got, err)
+	}
+	if _, err := tok(`[{"role": "tool", "content": "x"}]`, "--chat"); err == nil {
+		t.Fatal("a tool message was laid out")
+	}
+	if _, err := tok("a\x00b"); err == nil {
+		t.Fatal("a NUL character was tokenized")
+	}
+}
