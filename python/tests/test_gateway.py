@@ -225,6 +225,9 @@ def test_a_client_that_leaves_cancels_its_session(gateway: Gateway) -> None:
     while gateway.metric("kvsp_instance_generations_finished_total", 'finish="cancelled"') <= before:
         assert time.monotonic() < deadline, "the instance did not count the session cancelled"
         time.sleep(0.1)
+    # Its sequence is freed: the engines run nothing (the answer would
+    # have taken about 1,000 tokens more).
+    assert gateway.metric("kvsp_instance_engine_requests") == 0
     assert re.match(r"^\d", str(n))
 
 
