@@ -29,6 +29,7 @@ type usage struct {
 // or one JSON response at the end.
 type answer struct {
 	w         http.ResponseWriter
+	rc        *http.ResponseController
 	q         *request
 	model     string
 	created   int64
@@ -59,6 +60,7 @@ func (a *answer) init() {
 	}
 	a.id = prefix + hex.EncodeToString(b[:])
 	a.last = time.Now()
+	a.rc = http.NewResponseController(a.w)
 	a.quit = make(chan struct{})
 	if a.stream {
 		go a.keepAlives()
@@ -108,7 +110,7 @@ func (a *answer) write(s string) error {
 		a.failed = err
 		return err
 	}
-	if err := http.NewResponseController(a.w).Flush(); err != nil {
+	if err := a.rc.Flush(); err != nil {
 		a.failed = err
 		return err
 	}

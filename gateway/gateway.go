@@ -138,7 +138,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Message: "unknown URL: " + r.URL.Path})
 		return
 	}
-	key, e := g.authenticate(r)
+	key, bearer, e := g.authenticate(r)
 	if e != nil {
 		writeError(w, e)
 		return
@@ -153,13 +153,13 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		g.listModels(w)
 		return
 	}
-	status = g.complete(w, r, key, endpoint == "chat")
+	status = g.complete(w, r, key, bearer, endpoint == "chat")
 }
 
 // authenticate finds the request's API key (Authorization: Bearer KEY).
 // Failed attempts are counted per peer; past 20 in a minute the peer is
 // answered 429 until the minute ends, without its key being looked at.
-func (g *Gateway) authenticate(r *http.Request) (*server.APIKey, *apiError) {
+func (g *Gateway) authenticate(r *http.Request) (*server.APIKey, string, *apiError) {
 	peer, _, _ := net.SplitHostPort(r.RemoteAddr)
 	g.mu.Lock()
 	g.roll()
@@ -167,10 +167,11 @@ func (g *Gateway) authenticate(r *http.Request) (*server.APIKey, *apiError) {
 	g.mu.Unlock()
 	if blocked {
 		g.m.authFailures.Inc()
-		return nil, &apiError{Status: http.StatusTooManyRequests, Type: "requests", Code: str("rate_limit_exceeded"), Message: "too many failed authentications from this address; try again in a minute"}
+		return nil, "", &apiError{Status: http.StatusTooManyRequests, Type: "requests", Code: str("rate_limit_exceeded"), Message: "too many failed authentications from this address; try again in a minute"}
 	}
 	bearer, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	key := g.cfg.Policy.Policy().APIKey(strings.TrimSpace(bearer))
+	bearer = strings.TrimSpace(bearer)
+	key := g.cfg.Policy.Policy().APIKey(bearer)
 	if !ok || key == nil {
 		g.m.authFailures.Inc()
 		g.mu.Lock()
@@ -178,9 +179,9 @@ func (g *Gateway) authenticate(r *http.Request) (*server.APIKey, *apiError) {
 			g.failures[peer]++
 		}
 		g.mu.Unlock()
-		return nil, &apiError{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: str("invalid_api_key"), Message: "Incorrect API key provided."}
+		return nil, "", &apiError{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: str("invalid_api_key"), Message: "Incorrect API key provided."}
 	}
-	return key, nil
+	return key, bearer, nil
 }
 
 // roll starts a new minute of the per-minute counts (g.mu held).
@@ -240,7 +241,9 @@ func (g *Gateway) admit(key *server.APIKey, n, max int) (release func(used int),
 }
 
 // complete runs one completion and returns its HTTP status.
-func (g *Gateway) complete(w http.ResponseWriter, r *http.Request, key *server.APIKey, chat bool) int {
+// bearer is the key presented: a policy reloaded mid-answer is asked
+// whether it still admits it.
+func (g *Gateway) complete(w http.ResponseWriter, r *http.Request, key *server.APIKey, bearer string, chat bool) int {
 	raw := r.Body
 	body, err := io.ReadAll(http.MaxBytesReader(w, raw, g.cfg.MaxBody))
 	if err != nil {
@@ -322,8 +325,6 @@ func (g *Gateway) complete(w http.ResponseWriter, r *http.Request, key *server.A
 	ctx, cancel := context.WithCancelCause(r.Context())
 	defer cancel(nil)
 	pol := g.cfg.Policy.Policy()
-	bearer, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	bearer = strings.TrimSpace(bearer)
 	res, err := g.cfg.Client.RunSession(ctx, g.ctl, pq, g.cfg.Retry, func(i uint64, tok uint32) error {
 		if p := g.cfg.Policy.Policy(); p != pol { // reloaded: is the key still in force?
 			if p.APIKey(bearer) == nil {

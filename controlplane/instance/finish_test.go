@@ -20,10 +20,7 @@ import (
 func TestAnswerEndsAtItsEndOfGeneration(t *testing.T) {
 	w := newRig(t, rigOptions{second: true, answerTokens: [2]int{20, 40}})
 	w.runAgents(t, "/ii1/", "/ii2/")
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { w.ctl.Run(ctx, 20*time.Millisecond); close(done) }()
-	defer func() { cancel(); <-done }()
+	w.sweep(t)
 	q := &kvsp.PlaceRequest{ScopeID: w.scopeKey.ID(), CompatID: w.compat, Tokens: prompt(2), MaxTokens: 500}
 	var got []uint32
 	res, err := w.front.RunSession(context.Background(), w.front.Controller(w.url("/pc/")), q, 50*time.Millisecond, func(i uint64, tok uint32) error {
@@ -61,10 +58,7 @@ func TestAnswerEndsAtItsEndOfGeneration(t *testing.T) {
 func TestFrontEndGoneCancelsTheSession(t *testing.T) {
 	w := newRig(t, rigOptions{second: true})
 	w.runAgents(t, "/ii1/", "/ii2/")
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { w.ctl.Run(ctx, 20*time.Millisecond); close(done) }()
-	defer func() { cancel(); <-done }()
+	w.sweep(t)
 	q := &kvsp.PlaceRequest{ScopeID: w.scopeKey.ID(), CompatID: w.compat, Tokens: prompt(2), MaxTokens: 5000}
 	gctx, leave := context.WithCancel(context.Background())
 	var session kvsp.UUID
@@ -155,10 +149,7 @@ func TestDeliverErrorEndsTheSession(t *testing.T) {
 func TestCutStreamIsNotADeparture(t *testing.T) {
 	w := newRig(t, rigOptions{second: true})
 	w.runAgents(t, "/ii1/", "/ii2/")
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { w.ctl.Run(ctx, 20*time.Millisecond); close(done) }()
-	defer func() { cancel(); <-done }()
+	w.sweep(t)
 	q := &kvsp.PlaceRequest{ScopeID: w.scopeKey.ID(), CompatID: w.compat, Tokens: prompt(2), MaxTokens: 400}
 	gctx, cut := context.WithCancel(context.Background())
 	res, _ := w.front.RunSession(gctx, w.front.Controller(w.url("/pc/")), q, 50*time.Millisecond, func(i uint64, tok uint32) error {
@@ -180,4 +171,12 @@ func TestCutStreamIsNotADeparture(t *testing.T) {
 	if err != nil || moved.Epoch != 2 || moved.Instance != w.url("/ii2/") {
 		t.Fatalf("the front end's place: %+v %v (want the session moved to ii2 at epoch 2)", moved, err)
 	}
+}
+
+// sweep runs the PC's failure detection (every 20 ms) until the test ends.
+func (w *rig) sweep(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { w.ctl.Run(ctx, 20*time.Millisecond); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
 }

@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
@@ -108,3 +109,26 @@ class Served:
         return Client(
             cert=str(d / f"{who}.pem"), key=str(d / f"{who}.key"), ca=str(d / "ca.pem"), server_identity=identity
         )
+
+
+def start_split(
+    d: pathlib.Path, port: int, common: str, roles: str, inst: Callable[[str], str], insts: list[str], head: str = ""
+) -> tuple[list[Proc], dict[str, Proc]]:
+    """A deployment of one process for the shared roles (listening on
+    port, with head's extra lines) and one per instance (by base URI):
+    the union configuration makes the one identity they share (they are
+    all on 127.0.0.1) and its policy. Returns every process, the shared
+    one first, and the instances' by base URI."""
+    (d / "all.yaml").write_text(
+        f"listen: 127.0.0.1:{port}\n" + common + roles + "instances:\n" + "".join(map(inst, insts))
+    )
+    certs(d / "all.yaml")
+    (d / "a.yaml").write_text(f"listen: 127.0.0.1:{port}\n" + head + common + roles)
+    procs = [Proc(d / "a.yaml", port).start()]
+    by_uri: dict[str, Proc] = {}
+    for i, b in enumerate(insts):
+        p = int(b.split(":")[2].split("/")[0])
+        (d / f"b{i + 1}.yaml").write_text(f"listen: 127.0.0.1:{p}\n" + common + "instances:\n" + inst(b))
+        by_uri[b] = Proc(d / f"b{i + 1}.yaml", p).start()
+        procs.append(by_uri[b])
+    return procs, by_uri

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import openai
 import pytest
-from serving import ROOT, SERVER_ID, Proc, certs, free_ports
+from serving import ROOT, SERVER_ID, Proc, free_ports, start_split
 
 from kvsp.client import Client
 
@@ -96,18 +96,7 @@ holders:
 """
 
     shutil.copy(ROOT / "examples" / "openai" / "descriptor.json", d / "descriptor.json")
-    (d / "all.yaml").write_text(
-        f"listen: 127.0.0.1:{a}\n" + COMMON + roles + "instances:\n" + "".join(map(inst, insts))
-    )
-    certs(d / "all.yaml")
-    (d / "a.yaml").write_text(f"listen: 127.0.0.1:{a}\nmetrics_listen: 127.0.0.1:{metrics}\n" + COMMON + roles)
-    procs = [Proc(d / "a.yaml", a).start()]
-    by_uri: dict[str, Proc] = {}
-    for i, b in enumerate(insts):
-        port = int(b.split(":")[2].split("/")[0])
-        (d / f"b{i + 1}.yaml").write_text(f"listen: 127.0.0.1:{port}\n" + COMMON + "instances:\n" + inst(b))
-        by_uri[b] = Proc(d / f"b{i + 1}.yaml", port).start()
-        procs.append(by_uri[b])
+    procs, by_uri = start_split(d, a, COMMON, roles, inst, insts, head=f"metrics_listen: 127.0.0.1:{metrics}\n")
     try:
         key = (d / "api-key.txt").read_text().strip()
         s = Split(d, f"https://127.0.0.1:{api}/v1", key, by_uri, f"http://127.0.0.1:{metrics}/metrics")

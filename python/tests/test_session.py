@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
-from serving import SERVER_ID, Proc, Served, certs, free_ports
+from serving import SERVER_ID, Proc, Served, free_ports, start_split
 
 import kvsp
 from kvsp.aio import AsyncClient
@@ -87,20 +87,7 @@ controller: {{base: {base(a, "/pc/")}, index: {base(a, "/is/")}, state: memory, 
 """
 
     (d / "descriptor.json").write_text(TINY)
-    # One identity for all the processes (they share 127.0.0.1): the union
-    # configuration makes its certificate and policy.
-    (d / "all.yaml").write_text(
-        f"listen: 127.0.0.1:{a}\n" + COMMON + roles + "instances:\n" + "".join(map(inst, insts))
-    )
-    certs(d / "all.yaml")
-    (d / "a.yaml").write_text(f"listen: 127.0.0.1:{a}\n" + COMMON + roles)
-    procs = [Proc(d / "a.yaml", a).start()]
-    by_uri: dict[str, Proc] = {}
-    for i, b in enumerate(insts):
-        port = int(b.split(":")[2].split("/")[0])
-        (d / f"b{i + 1}.yaml").write_text(f"listen: 127.0.0.1:{port}\n" + COMMON + "instances:\n" + inst(b))
-        by_uri[b] = Proc(d / f"b{i + 1}.yaml", port).start()
-        procs.append(by_uri[b])
+    procs, by_uri = start_split(d, a, COMMON, roles, inst, insts)
     try:
         desc = kvsp.parse_descriptor(TINY.encode())
         key = kvsp.ScopeKey.from_hex((d / "scope-a.key").read_text())

@@ -29,6 +29,7 @@ from .client import (
     _problem,
     check_identity,
     tls_context,
+    transient,
 )
 from .container import (
     FIXED_HEADER_LEN,
@@ -48,7 +49,6 @@ from .errors import (
     InvalidError,
     InvalidStateError,
     KVSPError,
-    TooManyRequestsError,
     UnavailableError,
 )
 from .ids import BlockKey, CompatID, ScopeID
@@ -176,11 +176,8 @@ class AsyncClient:
             try:
                 at = await ctl.place(scope, compat, tokens, max_tokens, session=session, **kw)
                 break
-            except (TooManyRequestsError, UnavailableError, OSError):
-                if loop.time() > end:
-                    raise
-            except KVSPError as e:
-                if e.status not in (502, 504) or loop.time() > end:
+            except Exception as e:
+                if not transient(e) or loop.time() > end:
                     raise
             await asyncio.sleep(retry)
         assert at.session is not None

@@ -452,17 +452,21 @@ class IndexService:
         return self._c._call(_calls.lookup(self.base, scope, compat, keys, targets))
 
 
+def transient(e: BaseException) -> bool:
+    """An error worth the same request again a moment later: no answer, or
+    429, 502, 503, 504 (Go's client.transient)."""
+    if isinstance(e, KVSPError):
+        return isinstance(e, (TooManyRequestsError, UnavailableError)) or e.status in (429, 502, 503, 504)
+    return isinstance(e, (OSError, http.client.HTTPException))
+
+
 def _retrying(f: Callable[[], _T], retry: float, end: float) -> _T:
-    """f(), again after retry seconds while it fails for a moment: no answer,
-    or 429, 502, 503, 504."""
+    """f(), again after retry seconds while it fails for a moment."""
     while True:
         try:
             return f()
-        except (TooManyRequestsError, UnavailableError, OSError, http.client.HTTPException):
-            if time.monotonic() > end:
-                raise
-        except KVSPError as e:
-            if e.status not in (502, 504) or time.monotonic() > end:
+        except Exception as e:
+            if not transient(e) or time.monotonic() > end:
                 raise
         time.sleep(retry)
 
