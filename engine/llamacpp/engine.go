@@ -137,8 +137,11 @@ type Engine struct {
 	mu      sync.Mutex
 	running uint64
 	queued  uint64
-	prefill rate
-	decode  rate
+	// reserved is the context's cells the running sequences hold (each
+	// its prompt and max_tokens): Stats' KVUtilization.
+	reserved int
+	prefill  rate
+	decode   rate
 	// prefilled and prefillTime are the prompt tokens evaluated and the
 	// time of the steps that evaluated them (Stats).
 	prefilled   uint64
@@ -336,12 +339,16 @@ func (e *Engine) Evaluated() int64 { return e.perf.Load() }
 func (e *Engine) Decodes() int64 { return e.decodes.Load() }
 
 // Stats implements engine.Engine: the rates are moving averages of the
-// engine's own steps.
+// engine's own steps. KVUtilization is the share of the context's KV
+// cells the running sequences hold (as vLLM counts its blocks in use): a
+// sequence's cells are freed when it ends, however it ends; the host
+// copies of complete blocks (the prefix cache, evicted as needed) are not
+// counted.
 func (e *Engine) Stats() engine.Stats {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return engine.Stats{Running: e.running, Queued: e.queued, BatchSize: uint64(e.cfg.BatchSize),
-		KVUtilization: float64(e.blocks.Resident()) / float64(e.blocks.Capacity()), KVBlocks: e.blocks.Capacity(),
+		KVUtilization: float64(e.reserved) / float64(e.nCtx), KVBlocks: e.blocks.Capacity(),
 		PrefillTokensPerS: e.prefill.perS, DecodeTokensPerS: e.decode.perS, Prefilled: e.prefilled, PrefillTime: e.prefillTime}
 }
 

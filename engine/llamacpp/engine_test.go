@@ -248,6 +248,7 @@ func TestContinuousBatching(t *testing.T) {
 	const sessions, out = 6, 40
 	var mu sync.Mutex
 	var maxRunning, maxQueued uint64
+	var maxKV float64
 	var wg sync.WaitGroup
 	before := e.Decodes()
 	errs := make(chan error, sessions)
@@ -261,6 +262,7 @@ func TestContinuousBatching(t *testing.T) {
 				st := e.Stats()
 				mu.Lock()
 				maxRunning, maxQueued = max(maxRunning, st.Running), max(maxQueued, st.Queued)
+				maxKV = max(maxKV, st.KVUtilization)
 				mu.Unlock()
 				n++
 				return nil
@@ -285,8 +287,10 @@ func TestContinuousBatching(t *testing.T) {
 	if steps > alone*2/3 {
 		t.Fatalf("%d llama_decode calls for %d one at a time: the sessions did not decode together", steps, alone)
 	}
-	if st := e.Stats(); st.Running != 0 || st.Queued != 0 || st.PrefillTokensPerS <= 0 || st.DecodeTokensPerS <= 0 || st.KVUtilization <= 0 {
-		t.Fatalf("after: %+v", st)
+	// The running sequences held KV cells; ended, they hold none (the
+	// prefix cache's host copies are not the context's cells).
+	if st := e.Stats(); st.Running != 0 || st.Queued != 0 || st.PrefillTokensPerS <= 0 || st.DecodeTokensPerS <= 0 || maxKV <= 0 || st.KVUtilization != 0 {
+		t.Fatalf("after: %+v (KV utilization up to %g while running)", st, maxKV)
 	}
 }
 

@@ -105,6 +105,7 @@ func (l *loopState) release(s *seq) {
 	l.cells -= s.cells
 	l.e.mu.Lock()
 	l.e.running--
+	l.e.reserved = l.cells
 	l.e.mu.Unlock()
 }
 
@@ -120,6 +121,7 @@ func (l *loopState) admit() {
 		l.e.mu.Lock()
 		l.e.queued--
 		l.e.running++
+		l.e.reserved = l.cells
 		l.e.mu.Unlock()
 		l.running = append(l.running, s)
 		if err := l.start(s); err != nil {

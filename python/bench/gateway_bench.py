@@ -2,7 +2,7 @@
 `kvsp serve --config examples/openai/kvsp.yaml` (SmolLM2 on two llama.cpp
 instances), all ratios taken in the same run:
 
-1. TTFT of a chat whose 2,048-token prefix is cached at the other
+1. TTFT of a chat whose 2,048-token prefix (--prefix-tokens) is cached at the other
    instance's holder (answered at instance 1, which is then drained; asked
    again at instance 2, which loads it) against a prefix of the same length
    that nothing has seen (computed).
@@ -47,6 +47,7 @@ def main() -> int:
     ap.add_argument("--gguf", default=".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf")
     ap.add_argument("--kvsp", default="bin/kvsp")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--prefix-tokens", type=int, default=2048, help="the tokens the cached and asked chats share")
     a = ap.parse_args()
     d = pathlib.Path(a.dir)
     ctx = ssl.create_default_context(cafile=str(d / "ca.pem"))
@@ -103,17 +104,41 @@ def main() -> int:
 
     nonce = os.urandom(4).hex()  # prefixes no earlier run cached
 
+    def shared(p: str) -> int:
+        """The tokens two chats with system prompt p share (the cached and
+        the asked one's questions)."""
+        x = tokens([{"role": "system", "content": p}, {"role": "user", "content": "Where are the maps?"}])
+        y = tokens([{"role": "system", "content": p}, {"role": "user", "content": "Where is poetry?"}])
+        return next(i for i, (u, v) in enumerate(zip(x, y, strict=False)) if u != v)
+
     def prefix(k: int) -> str:
-        """A system prompt of about 2,048 tokens, its own for each k (and run)."""
-        return f"Library notice {nonce}-{k}. " + " ".join(
-            f"Shelf {k}-{i} holds books on topic {i * 7919 % 1000}." for i in range(200)
-        )
+        """A system prompt whose chats share exactly --prefix-tokens tokens,
+        its own for each k (and run): shelves, then filler words."""
+
+        def text(shelves: int, filler: int) -> str:
+            return (
+                f"Library notice {nonce}-{k}. "
+                + " ".join(f"Shelf {k}-{i} holds books on topic {i * 7919 % 1000}." for i in range(shelves))
+                + " ok" * filler
+            )
+
+        lo, hi = 0, 4 * a.prefix_tokens // 16  # a shelf is about 16 tokens
+        while lo < hi:  # the most shelves within the target
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if shared(text(mid, 0)) <= a.prefix_tokens else (lo, mid - 1)
+        for filler in range(64):
+            n = shared(text(lo, filler))
+            if n == a.prefix_tokens:
+                return text(lo, filler)
+            if n > a.prefix_tokens:
+                break
+        raise SystemExit(f"no system prompt of exactly {a.prefix_tokens} shared tokens for {k}")
 
     res: dict[str, Any] = {"cached": [], "none": [], "gateway": [], "direct": []}
     try:
         for r in range(a.rounds):
             p = prefix(r)
-            n = len(tokens([{"role": "system", "content": p}]))
+            n = shared(p)
             only(ii1)
             ttft_sdk(
                 [{"role": "system", "content": p}, {"role": "user", "content": "Where are the maps?"}]
