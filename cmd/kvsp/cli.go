@@ -81,6 +81,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = cmdReplay(args[1:], stdout, stderr)
 	case "demo":
 		err = cmdDemo(args[1:], stdout, stderr)
+	case "workload":
+		err = cmdWorkload(args[1:], stdout, stderr)
 	default:
 		err = usageError("unknown command %q", args[0])
 	}
