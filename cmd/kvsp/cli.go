@@ -47,9 +47,13 @@ Usage:
                                       (kvsp bench -h lists the flags)
   kvsp replay --config FILE [flags]   replay a trace against a running deployment through its PC: hit ratio
                                       against the infinite-cache bound, TTFT; JSON and PNG
-  kvsp demo [flags]                   the whole system in one process on loopback (IS, PC, holders, simulated
-                                      instances, mutual TLS) replaying a prefix-sharing trace; summary table,
-                                      JSON and PNG (kvsp demo -h lists the flags)
+  kvsp demo [flags]                   the whole system in one process on loopback (gateway, IS, PC, holders,
+                                      llama.cpp instances on SmolLM2, mutual TLS) replaying chats about kvsp's
+                                      documentation through the OpenAI API in three modes (kvsp, local, none),
+                                      or --workload trace the Mooncake trace; table, JSON and PNG (-h: flags)
+  kvsp workload text [--seed N] [--out FILE] [--model FILE.gguf]
+                                      write the demo's text workload (the chats, their prompt lengths and the
+                                      infinite-cache bound, counted by SmolLM2's tokenizer)
 `
 
 // run executes one command line and returns the exit status: 0 success,

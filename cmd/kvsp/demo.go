@@ -23,6 +23,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -42,16 +43,18 @@ var embeddedTrace []byte
 const demoUsage = `kvsp demo: the whole system in one process, on real prefix-sharing traffic
 
 It creates a development CA and certificates, starts on loopback with
-mutual TLS an Index Service, a Placement Controller, holders (host and
-local-storage tiers) and instances, and replays a Mooncake-format trace
-through the PC: every cache hit is a real, verified transfer of real
-bytes. The instances run llama.cpp (--engine llamacpp, the default) on a
-model it generates, every trace block mapped to a few tokens so that real
-prefill fits these CPUs, or the simulated engine (--engine sim), whose
-prefill is a sleep, for large replays. The same requests then run on a
-system without holders (each instance's own cache) and on engines without
-a prefix cache: every mode measured, none modelled. It ends with a summary
-table, a JSON report and a PNG chart.
+mutual TLS an Index Service, a Placement Controller, holders and
+instances, and replays a workload: every cache hit is a real, verified
+transfer of real bytes. The default workload (--workload text) is chats
+about kvsp's own documentation sent through the gateway (the OpenAI API)
+to three llama.cpp instances running SmolLM2-135M-Instruct (--model, or
+KVSP_SMOLLM2: make deps installs it). --workload trace replays the
+Mooncake trace's token ids through the PC, on llama.cpp with a generated
+model or on the simulated engine (--engine sim) for large replays. The
+same requests run in three modes, each on a system started for it: kvsp
+(holders, sharing), local (each instance's own cache), none (no cache):
+every mode measured, none modelled. It ends with a summary table, a JSON
+report and a PNG chart.
 
 Usage: kvsp demo [flags]
 `
@@ -76,6 +79,11 @@ type demoConfig struct {
 	geometry                demoGeometry // sim
 	blockTokens             int          // tokens per trace block (hash id)
 	threads                 int          // llamacpp: llama.cpp threads per instance
+	text                    bool         // the text workload, through the gateway on SmolLM2
+	workloadFile            string       // text: the workload (default: the embedded one)
+	modelFlag               string       // text: SmolLM2's GGUF
+	engineBlocks            int          // text: each engine's own KV cache, in blocks
+	requireOfBound          float64      // text: fail unless sharing holds this share of the bound (and the rest of what must hold)
 
 	// Set by prepareEngine: the model (llamacpp: the GGUF written for
 	// the run, in ggufDir), its descriptor (JSON) and name, the octets
@@ -229,6 +237,11 @@ func parseDemoFlags(args []string, stderr io.Writer) (*demoConfig, error) {
 	modes := fs.String("modes", "kvsp,local,none", "the modes run, in turn, each with the same requests: kvsp, local (each instance's own cache), none (no cache)")
 	fs.DurationVar(&dc.minDeadline, "min-deadline", 0, "the least time a prefetch directive gives its instance to load blocks (controller.min_deadline_ms; 0: the PC's default, 10ms); past it the instance recomputes")
 	fs.BoolVar(&dc.keep, "keep", false, "keep the working directory (certificates, configuration, logs)")
+	workload := fs.String("workload", "text", "text (chats about kvsp's documentation through the gateway, the OpenAI API, on SmolLM2-135M-Instruct) or trace (the Mooncake trace's token ids through the PC, on a generated model or --engine sim)")
+	fs.StringVar(&dc.workloadFile, "workload-file", "", "text: a workload file kvsp workload text wrote (default: the embedded one, cmd/kvsp/text/workload.json)")
+	fs.IntVar(&dc.engineBlocks, "engine-blocks", textEngineBlocks, "text: each llama.cpp engine's own KV cache, in 16-token blocks (device memory holds a fraction of a fleet's prefixes: the default, 2,560 tokens, is about three prompts, a fifth of the workload's 709 distinct blocks)")
+	fs.Float64Var(&dc.requireOfBound, "require", 0, "text: fail (exit 1) unless the kvsp mode's hit ratio is at least this share of the bound and 0.2 above local's, and its TTFT p50 and p90 below local's and none's (make demo: 0.9; make demo-busy: 0.8)")
+	fs.StringVar(&dc.modelFlag, "model", "", "text: SmolLM2-135M-Instruct's GGUF (default: KVSP_SMOLLM2, or .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, err
@@ -237,6 +250,32 @@ func parseDemoFlags(args []string, stderr io.Writer) (*demoConfig, error) {
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	switch *workload {
+	case "text":
+		for _, f := range []string{"trace", "repeat", "geometry", "block-tokens", "full", "prefill-rate", "decode-rate", "max-output"} {
+			if set[f] {
+				return nil, usageError("demo: --%s is the trace workload's (--workload trace)", f)
+			}
+		}
+		if dc.engine != "llamacpp" {
+			return nil, usageError("demo: the text workload runs on llama.cpp (--engine sim runs --workload trace)")
+		}
+		dc.text, dc.blockTokens = true, textBlockTokens
+		if dc.engineBlocks < 130 || dc.engineBlocks > 1<<20 { // a 2,000-token prompt and its answer: 127 blocks
+			return nil, usageError("demo: --engine-blocks: want 130 or more (a prompt's blocks)")
+		}
+		if dc.speed == 0 {
+			dc.speed = 1
+		}
+	case "trace":
+		for _, f := range []string{"workload-file", "model", "require", "engine-blocks"} {
+			if set[f] {
+				return nil, usageError("demo: --%s is the text workload's", f)
+			}
+		}
+	default:
+		return nil, usageError("demo: --workload: want text or trace")
+	}
 	switch dc.engine {
 	case "sim":
 		if *geometry == "" {
@@ -649,6 +688,9 @@ func cmdDemo(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if dc.text {
+		return runTextDemo(dc, stdout, stderr)
+	}
 	reqs, err := openTrace(dc.trace)
 	if err != nil {
 		return err
@@ -751,28 +793,53 @@ type modeRun struct {
 	m        map[string]float64
 }
 
-// runDemoMode starts the system for mode on loopback (its own
-// certificates, configuration and ports), replays reqs through its PC,
-// and stops it.
-func runDemoMode(dc *demoConfig, mode string, reqs []traceRequest, stderr io.Writer) (*modeRun, error) {
+// demoSystem is one mode's system, running in this process: its working
+// directory, addresses, metrics and log.
+type demoSystem struct {
+	dir, addr, maddr, gateway string
+	log                       string
+	ctx                       context.Context
+	stop                      func() // idempotent: stops serving and waits
+}
+
+func (s *demoSystem) scrape() map[string]float64 {
+	return scrapeMetrics("http://" + s.maddr + "/metrics")
+}
+
+// startDemo starts the system for mode on loopback (its own
+// certificates, configuration and ports), ready when the PC has a status
+// record from every instance.
+func startDemo(dc *demoConfig, mode string, stderr io.Writer) (_ *demoSystem, err error) {
 	dir, err := os.MkdirTemp("", "kvsp-demo-"+mode+"-")
 	if err != nil {
 		return nil, err
 	}
+	s := &demoSystem{dir: dir, addr: freeAddr(), maddr: freeAddr(), stop: func() {}}
 	if dc.keep {
 		fmt.Fprintf(stderr, "working directory: %s\n", dir)
-	} else {
-		defer os.RemoveAll(dir)
 	}
-	addr, maddr := freeAddr(), freeAddr()
-	if addr == "" || maddr == "" {
+	cleanup := func() {
+		if !dc.keep {
+			os.RemoveAll(dir)
+		}
+	}
+	defer func() {
+		if err != nil {
+			s.stop()
+			cleanup()
+		}
+	}()
+	if dc.text {
+		s.gateway = freeAddr()
+	}
+	if s.addr == "" || s.maddr == "" || (dc.text && s.gateway == "") {
 		return nil, errors.New("no free loopback port")
 	}
 	cfgPath := filepath.Join(dir, "kvsp.yaml")
 	if err := os.WriteFile(filepath.Join(dir, "descriptor.json"), []byte(dc.descriptor()), 0o644); err != nil {
 		return nil, err
 	}
-	if err := os.WriteFile(cfgPath, []byte(demoConfigYAML(dc, addr, maddr, mode)), 0o644); err != nil {
+	if err := os.WriteFile(cfgPath, []byte(demoConfigYAML(dc, s.addr, s.maddr, s.gateway, mode)), 0o644); err != nil {
 		return nil, err
 	}
 	if err := cmdCerts([]string{"--config", cfgPath}, io.Discard); err != nil {
@@ -782,54 +849,65 @@ func runDemoMode(dc *demoConfig, mode string, reqs []traceRequest, stderr io.Wri
 	if err != nil {
 		return nil, err
 	}
-	defer logf.Close()
+	s.log = logf.Name()
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	s.ctx = ctx
 	ready, done := make(chan string, 1), make(chan error, 1)
 	go func() { done <- serve(ctx, []string{"--config", cfgPath}, logf, nil, ready) }()
 	select {
 	case <-ready:
 	case err := <-done:
-		return nil, fmt.Errorf("the system did not start: %w (log: %s)", err, logf.Name())
+		cancel()
+		logf.Close()
+		return nil, fmt.Errorf("the system did not start: %w (log: %s)", err, s.log)
 	}
-	stopped := false
-	defer func() {
-		if !stopped {
+	var once sync.Once
+	s.stop = func() {
+		once.Do(func() {
 			cancel()
-			<-done
-		}
-	}()
-	front, scope, compat, err := demoFront(dir, dc.descriptor())
-	if err != nil {
-		return nil, err
+			if err := <-done; err != nil {
+				fmt.Fprintf(stderr, "kvsp demo: shutdown: %v\n", err)
+			}
+			logf.Close()
+			cleanup()
+		})
 	}
-	defer front.Close()
-	// Ready when the PC has a status record from every instance.
-	for deadline := time.Now().Add(15 * time.Second); ; {
-		m := scrapeMetrics("http://" + maddr + "/metrics")
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		m := s.scrape()
 		if metricSum(m, "kvsp_http_requests_total", `code="200"`, `route="PUT /pc/instances/{instance}/status"`) >= float64(dc.instances) {
 			break
 		}
 		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("the instances did not report to the PC within 15 s (log: %s)", logf.Name())
+			return nil, fmt.Errorf("the instances did not report to the PC within 30 s (log: %s)", s.log)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	scrape := func() map[string]float64 { return scrapeMetrics("http://" + maddr + "/metrics") }
-	rp := &replayer{c: front, ctl: front.Controller("https://" + addr + "/pc/"), scope: scope, compat: compat, speed: dc.speed, maxOutput: dc.maxOutput, vocab: dc.vocab,
+	return s, nil
+}
+
+// runDemoMode starts the system for mode, replays reqs through its PC,
+// and stops it.
+func runDemoMode(dc *demoConfig, mode string, reqs []traceRequest, stderr io.Writer) (*modeRun, error) {
+	s, err := startDemo(dc, mode, stderr)
+	if err != nil {
+		return nil, err
+	}
+	defer s.stop()
+	front, scope, compat, err := demoFront(s.dir, dc.descriptor())
+	if err != nil {
+		return nil, err
+	}
+	defer front.Close()
+	rp := &replayer{c: front, ctl: front.Controller("https://" + s.addr + "/pc/"), scope: scope, compat: compat, speed: dc.speed, maxOutput: dc.maxOutput, vocab: dc.vocab,
 		status: func() string {
-			return mode + ", " + sizeName(int(metricSum(scrape(), "kvsp_instance_fetched_bytes_total"))&^(1<<10-1)) + " fetched"
+			return mode + ", " + sizeName(int(metricSum(s.scrape(), "kvsp_instance_fetched_bytes_total"))&^(1<<10-1)) + " fetched"
 		}}
 	r := &modeRun{}
 	cpu0 := processCPU()
-	r.results, r.progress, r.wall = rp.run(ctx, reqs, stderr)
+	r.results, r.progress, r.wall = rp.run(s.ctx, reqs, stderr)
 	r.cpu = processCPU() - cpu0
-	r.m = scrape()
-	cancel()
-	stopped = true
-	if err := <-done; err != nil {
-		fmt.Fprintf(stderr, "kvsp demo: shutdown: %v\n", err)
-	}
+	r.m = s.scrape()
+	s.stop()
 	return r, nil
 }
 
@@ -944,14 +1022,19 @@ func freeAddr() string {
 // demoConfigYAML is the one process's configuration for mode: every role
 // on one listener; in the local and none modes no holders (the instances
 // name none: the IS stays, with nothing to find), and in none the
-// engines run without their prefix cache.
-func demoConfigYAML(dc *demoConfig, addr, maddr, mode string) string {
+// engines run without their prefix cache. The text workload adds the
+// gateway (on gateway) in front of the PC.
+func demoConfigYAML(dc *demoConfig, addr, maddr, gateway, mode string) string {
 	b := "https://" + addr
 	var s strings.Builder
 	fmt.Fprintf(&s, "listen: %s\nmetrics_listen: %s\nhttp3: %v\nquicbulk: %v\ntransport: %s\n", addr, maddr, dc.transport == "h3", dc.transport == "quicbulk", dc.transport)
 	s.WriteString("tls: {cert: server.pem, key: server.key, client_ca: ca.pem, client_cert: self.pem, client_key: self.key}\npolicy: policy.yaml\nscopes: [{key_file: scope-a.key}]\n")
 	fmt.Fprintf(&s, "index: {base: %s/is/, max_ttl_ms: 3600000, max_lookup_keys: 4096, backend: memory}\n", b)
 	fmt.Fprintf(&s, "controller: {base: %s/pc/, index: %s/is/, state: memory, descriptors: [descriptor.json], min_deadline_ms: %d}\n", b, b, dc.minDeadline.Milliseconds())
+	if gateway != "" {
+		fmt.Fprintf(&s, "gateway:\n  listen: %s\n  controller: %s/pc/\n  library: %s\n  models:\n    - {id: %s, model: %s, block_tokens: %d, context_tokens: %d, default_max_tokens: %d, max_tokens: %d}\n",
+			gateway, b, llamaLibrary(), textModelID, dc.ggufPath, dc.blockTokens, dc.contextTokens, textAnswer, textAnswer*8)
+	}
 	holders := dc.holders
 	if mode != "kvsp" {
 		holders = 0
@@ -972,10 +1055,14 @@ func demoConfigYAML(dc *demoConfig, addr, maddr, mode string) string {
 		if holders > 0 {
 			fmt.Fprintf(&s, "    holder: %s/h%d/\n", b, (i-1)%holders+1)
 		}
-		if dc.engine == "llamacpp" {
+		switch {
+		case dc.text: // SmolLM2's blocks are 360 KiB: the offload buffer holds a long prompt's
+			fmt.Fprintf(&s, "    offload_buffer: 128MiB\n    engine: {kind: llamacpp, model: %s, library: %s, descriptor: descriptor.json, block_tokens: %d, threads: %d, batch_size: 4, kv_capacity: %d, context_tokens: %d, prefix_cache: %v, flash_attention: false}\n    links: [",
+				dc.ggufPath, llamaLibrary(), dc.blockTokens, dc.threads, dc.engineBlocks, dc.contextTokens, mode != "none")
+		case dc.engine == "llamacpp":
 			fmt.Fprintf(&s, "    engine: {kind: llamacpp, model: %s, library: %s, descriptor: descriptor.json, block_tokens: %d, threads: %d, batch_size: 4, kv_capacity: %d, context_tokens: %d, prefix_cache: %v}\n    links: [",
 				dc.ggufPath, llamaLibrary(), dc.blockTokens, dc.threads, demoEngineBlocks, dc.contextTokens, mode != "none")
-		} else {
+		default:
 			fmt.Fprintf(&s, "    engine: {kind: sim, descriptor: descriptor.json, prefill_tokens_per_s: %g, decode_tokens_per_s: %g, prefix_cache: %v}\n    links: [", dc.prefillRate, dc.decodeRate, mode != "none")
 		}
 		for h := 1; h <= holders; h++ {

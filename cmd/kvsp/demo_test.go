@@ -31,7 +31,7 @@ func TestDemo(t *testing.T) {
 	// 2048-token prefix takes 490 ms to recompute, and the directives get
 	// as long as the instance's measured links say their fetch takes
 	// (twice that), at least the recompute saved.
-	code, out, errs := runCLI(t, "demo", "-engine", "sim", "-prefill-rate", "4200", "-trace", tracePath, "-speed", "1", "-host-capacity", "64MiB", "-disk-capacity", "64MiB",
+	code, out, errs := runCLI(t, "demo", "-workload", "trace", "-engine", "sim", "-prefill-rate", "4200", "-trace", tracePath, "-speed", "1", "-host-capacity", "64MiB", "-disk-capacity", "64MiB",
 		"-json", jsonPath, "-png", pngPath)
 	if code != 0 {
 		t.Fatalf("demo: %d\n%s\n%s", code, out, errs)
@@ -158,7 +158,7 @@ func TestDemoLlama(t *testing.T) {
 	const shared, bt = 8, 64
 	tracePath := sharedPrefixTrace(t, dir, n, 12, shared)
 	jsonPath := filepath.Join(dir, "d.json")
-	code, out, errs := runCLI(t, "demo", "-trace", tracePath, "-speed", "1", "-block-tokens", strconv.Itoa(bt), "-host-capacity", "64MiB", "-disk-capacity", "0", "-json", jsonPath, "-png", "")
+	code, out, errs := runCLI(t, "demo", "-workload", "trace", "-trace", tracePath, "-speed", "1", "-block-tokens", strconv.Itoa(bt), "-host-capacity", "64MiB", "-disk-capacity", "0", "-json", jsonPath, "-png", "")
 	if code != 0 {
 		t.Fatalf("demo: %d\n%s\n%s", code, out, errs)
 	}
@@ -202,7 +202,7 @@ func TestDemoGeometry(t *testing.T) {
 	const n = 12
 	tracePath := sharedPrefixTrace(t, dir, n, 1, 4)
 	jsonPath := filepath.Join(dir, "d.json")
-	code, out, errs := runCLI(t, "demo", "-engine", "sim", "-trace", tracePath, "-speed", "1", "-geometry", "llama-3-8b", "-modes", "kvsp", "-host-capacity", "256MiB",
+	code, out, errs := runCLI(t, "demo", "-workload", "trace", "-engine", "sim", "-trace", tracePath, "-speed", "1", "-geometry", "llama-3-8b", "-modes", "kvsp", "-host-capacity", "256MiB",
 		"-disk-capacity", "0", "-json", jsonPath, "-png", "")
 	if code != 0 {
 		t.Fatalf("demo: %d\n%s\n%s", code, out, errs)
@@ -284,7 +284,7 @@ func hasSeries(counters map[string]float64, metric string) bool {
 func TestDemoBadTrace(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "bad.jsonl")
 	os.WriteFile(p, []byte(`{"timestamp": 0, "input_length": 9999, "output_length": 1, "hash_ids": [1]}`+"\n"), 0o644)
-	code, _, errs := runCLI(t, "demo", "-trace", p)
+	code, _, errs := runCLI(t, "demo", "-workload", "trace", "-trace", p)
 	if code != 1 || !strings.Contains(errs, "trace line 1") {
 		t.Fatalf("exit %d: %s", code, errs)
 	}
@@ -296,15 +296,20 @@ func TestDemoReplayUsage(t *testing.T) {
 	for _, args := range [][]string{
 		{"demo", "-speed", "-1"},
 		{"demo", "-engine", "vllm"},
-		{"demo", "-geometry", "llama-3-8b"}, // the simulated engine's
-		{"demo", "-prefill-rate", "1000"},   // likewise: llama.cpp's is measured
+		{"demo", "-workload", "trace", "-geometry", "llama-3-8b"}, // the simulated engine's
+		{"demo", "-workload", "trace", "-prefill-rate", "1000"},   // likewise: llama.cpp's is measured
 		{"demo", "-engine", "llamacpp", "-threads", "0"},
 		{"demo", "-host-capacity", "1KiB"},
 		{"demo", "-instances", "0"},
 		{"demo", "-transport", "pigeon"},
 		{"demo", "-modes", "kvsp,fast"},
-		{"demo", "-engine", "sim", "-geometry", "gpt-9"},
-		{"demo", "-block-tokens", "513"},
+		{"demo", "-workload", "trace", "-engine", "sim", "-geometry", "gpt-9"},
+		{"demo", "-workload", "trace", "-block-tokens", "513"},
+		{"demo", "-workload", "poem"},
+		{"demo", "-engine", "sim"},     // the text workload runs on llama.cpp
+		{"demo", "-trace", "t.jsonl"},  // the trace workload's
+		{"demo", "-block-tokens", "8"}, // the text workload's blocks are the model's
+		{"demo", "-workload", "trace", "-model", "m.gguf"},
 		{"demo", "-modes", "kvsp,kvsp"},
 		{"replay"},
 		{"replay", "-config", "x.yaml", "-speed", "-1"},
@@ -381,7 +386,7 @@ func demoDeployment(t *testing.T, dc *demoConfig) (dir, addr, maddr string) {
 	dir = t.TempDir()
 	addr, maddr = freeAddr(), freeAddr()
 	writeFile(t, dir, "descriptor.json", demoDescriptor)
-	serveCerts(t, writeFile(t, dir, "kvsp.yaml", demoConfigYAML(dc, addr, maddr, "kvsp")))
+	serveCerts(t, writeFile(t, dir, "kvsp.yaml", demoConfigYAML(dc, addr, maddr, "", "kvsp")))
 	return dir, addr, maddr
 }
 

@@ -23,7 +23,7 @@ func TestLongWorkloadHoldsSharing(t *testing.T) {
 	}
 	dir := t.TempDir()
 	jsonPath := filepath.Join(dir, "long.json")
-	code, out, errs := runCLI(t, "demo", "-engine", "sim", "-modes", "kvsp", "-trace", "synth", "-json", jsonPath, "-png", "")
+	code, out, errs := runCLI(t, "demo", "-workload", "trace", "-engine", "sim", "-modes", "kvsp", "-trace", "synth", "-json", jsonPath, "-png", "")
 	if code != 0 {
 		t.Fatalf("demo: %d\n%s\n%s", code, out, errs)
 	}

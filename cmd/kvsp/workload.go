@@ -39,10 +39,16 @@ var textFS embed.FS
 const (
 	textMinPrompt   = 500
 	textMaxPrompt   = 2000
-	textRequests    = 64
-	textAnswer      = 24 // max_tokens of each request
-	textStartMeanS  = 4.0
+	textRequests    = 60
+	textAnswer      = 24  // max_tokens of each request
+	textStartMeanS  = 3.5 // seconds between conversations, on average
+	textThinkS      = 8.0 // a follow-up comes 8 to 20 s after the answer it follows
+	textThinkSpanS  = 12.0
 	textBlockTokens = 16 // SmolLM2's descriptor (examples/openai)
+	// textEngineBlocks is each engine's own KV cache in the demo: 2,560
+	// tokens, about three prompts, a fifth of the workload's distinct
+	// blocks (device memory holds a fraction of a fleet's prefixes).
+	textEngineBlocks = 160
 )
 
 // textSystem is the shared system prompt of every request.
@@ -181,12 +187,12 @@ func genTextWorkload(seed uint64, tok chatTokens, model string) (*textWorkload, 
 		return nil, err
 	}
 	rng := rand.New(rand.NewPCG(seed, 0x6b767370))
-	// Popularity: a Zipf law (s = 1.2) over the documents in a seeded order.
+	// Popularity: a Zipf law (s = 1) over the documents in a seeded order.
 	rank := rng.Perm(len(docs))
 	weights := make([]float64, len(docs))
 	var total float64
 	for i, r := range rank {
-		weights[i] = 1 / math.Pow(float64(r+1), 1.2)
+		weights[i] = 1 / float64(r+1)
 		total += weights[i]
 	}
 	pick := func(not int) int {
@@ -261,7 +267,7 @@ func genTextWorkload(seed uint64, tok chatTokens, model string) (*textWorkload, 
 			prev := len(w.Requests) - 1
 			msgs = next
 			w.Requests = append(w.Requests, textRequest{ID: len(w.Requests), Conversation: conv, Turn: turn, After: &prev,
-				ThinkS: math.Round((2+rng.Float64()*4)*1000) / 1000, Documents: names, MaxTokens: textAnswer, Messages: msgs, PromptTokens: len(toks)})
+				ThinkS: math.Round((textThinkS+rng.Float64()*textThinkSpanS)*1000) / 1000, Documents: names, MaxTokens: textAnswer, Messages: msgs, PromptTokens: len(toks)})
 		}
 	}
 	if err := w.bound(tok); err != nil {
