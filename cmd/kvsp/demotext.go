@@ -165,12 +165,7 @@ func runTextDemo(dc *demoConfig, stdout, stderr io.Writer) error {
 		longest = max(longest, q.PromptTokens+q.MaxTokens)
 	}
 	dc.contextTokens = (longest + 16 + 255) &^ 255
-	var follow int
-	for _, q := range w.Requests {
-		if q.After != nil {
-			follow++
-		}
-	}
+	follow := w.followUps()
 	fmt.Fprintf(stderr, "kvsp demo: %d chat requests (%d follow-ups, %d prompt tokens, infinite-cache bound %.3f) through the gateway at %gx; %d llama.cpp instances (%d thread each) on %s (%d KiB per %d-token block), %d holders; modes %s\n",
 		len(w.Requests), follow, w.PromptTokens, w.Bound, dc.speed, dc.instances, dc.threads, dc.modelName, dc.octets>>10, dc.blockTokens, dc.holders, strings.Join(dc.modes, ", "))
 	runs := map[string][]textResult{}
@@ -187,7 +182,7 @@ func runTextDemo(dc *demoConfig, stdout, stderr io.Writer) error {
 			return fmt.Errorf("demo: mode %s: %w", mode, err)
 		}
 		runs[mode] = res
-		rep.Modes[mode] = summarizeText(dc, mode, w, res, m, wall, cpu)
+		rep.Modes[mode] = summarizeText(dc, mode, w, res, m, wall, cpu, rep.Sample)
 		rep.Errors += rep.Modes[mode].Errors
 		progress[mode] = textProgress(res)
 	}
@@ -469,7 +464,7 @@ func textProgress(res []textResult) []chart.Point {
 	return pts
 }
 
-func summarizeText(dc *demoConfig, mode string, w *textWorkload, res []textResult, m map[string]float64, wall, cpu time.Duration) *textModeReport {
+func summarizeText(dc *demoConfig, mode string, w *textWorkload, res []textResult, m map[string]float64, wall, cpu time.Duration, sample int) *textModeReport {
 	out := &textModeReport{What: modeWhat(mode), Requests: len(res), WallSeconds: wall.Seconds(), CPUSeconds: cpu.Seconds(),
 		FetchedOctets: m["kvsp_instance_fetched_bytes_total"], StoredOctets: m["kvsp_holder_puts_total"] * float64(dc.octets)}
 	var ttft, e2e []time.Duration
@@ -518,8 +513,8 @@ func summarizeText(dc *demoConfig, mode string, w *textWorkload, res []textResul
 	if s := m["kvsp_instance_engine_prefill_seconds_total"]; s > 0 {
 		out.PrefillRate = m["kvsp_instance_engine_prefilled_tokens_total"] / s
 	}
-	if i := textSample(w); i < len(res) {
-		out.Answer = res[i].text
+	if sample < len(res) {
+		out.Answer = res[sample].text
 	}
 	return out
 }

@@ -315,23 +315,34 @@ func (w *textWorkload) bound(tok chatTokens) error {
 	return nil
 }
 
-// check holds the workload to its fixed parameters.
-func (w *textWorkload) check() error {
-	var follow int
+// followUps is the number of requests that follow an answer.
+func (w *textWorkload) followUps() int {
+	n := 0
+	for _, q := range w.Requests {
+		if q.After != nil {
+			n++
+		}
+	}
+	return n
+}
+
+// check holds the workload to its fixed parameters, the system prompt
+// counted by tok.
+func (w *textWorkload) check(tok chatTokens) error {
 	docs := map[string]bool{}
 	for _, q := range w.Requests {
 		if q.PromptTokens < textMinPrompt || q.PromptTokens > textMaxPrompt {
 			return fmt.Errorf("workload: request %d has a prompt of %d tokens (want %d to %d)", q.ID, q.PromptTokens, textMinPrompt, textMaxPrompt)
 		}
-		if q.After != nil {
-			follow++
-		}
 		for _, d := range q.Documents {
 			docs[d] = true
 		}
 	}
-	sys := len(w.System) // a bound on its tokens: one octet each at least
-	mean := float64(w.PromptTokens) / float64(max(1, len(w.Requests)))
+	sys, err := tok([]textMessage{{"system", w.System}})
+	if err != nil {
+		return err
+	}
+	follow, mean := w.followUps(), float64(w.PromptTokens)/float64(max(1, len(w.Requests)))
 	switch {
 	case len(w.Requests) < 60:
 		return fmt.Errorf("workload: %d requests (want 60 or more)", len(w.Requests))
@@ -339,8 +350,8 @@ func (w *textWorkload) check() error {
 		return fmt.Errorf("workload: %d follow-ups of %d requests (want a quarter or more)", follow, len(w.Requests))
 	case len(docs) < 10:
 		return fmt.Errorf("workload: %d documents asked about (want 10 or more)", len(docs))
-	case float64(sys)/4 > mean: // about 4 octets a token: checked in tokens by the test
-		return fmt.Errorf("workload: the system prompt is more than a quarter of the mean prompt")
+	case float64(len(sys))*4 > mean:
+		return fmt.Errorf("workload: the system prompt is %d tokens, more than a quarter of the mean prompt (%.0f)", len(sys), mean)
 	}
 	return nil
 }
@@ -422,7 +433,7 @@ func cmdWorkload(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if err := w.check(); err != nil {
+	if err := w.check(tok); err != nil {
 		return err
 	}
 	b, err := json.MarshalIndent(w, "", " ")
@@ -435,13 +446,7 @@ func cmdWorkload(args []string, stdout, stderr io.Writer) error {
 	} else {
 		err = os.WriteFile(*out, b, 0o644)
 	}
-	var follow int
-	for _, q := range w.Requests {
-		if q.After != nil {
-			follow++
-		}
-	}
 	fmt.Fprintf(stderr, "%d requests (%d follow-ups), %d prompt tokens, %d distinct %d-token blocks, infinite-cache bound %.4f\n",
-		len(w.Requests), follow, w.PromptTokens, w.Blocks, w.BlockTokens, w.Bound)
+		len(w.Requests), w.followUps(), w.PromptTokens, w.Blocks, w.BlockTokens, w.Bound)
 	return err
 }

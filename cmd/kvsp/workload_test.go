@@ -36,20 +36,13 @@ func TestTextWorkload(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := w.check(); err != nil {
-		t.Fatal(err)
-	}
 	tok, _, closeVocab, err := vocabTokens(gguf)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer closeVocab()
-	sys, err := tok([]textMessage{{"system", w.System}})
-	if err != nil {
+	if err := w.check(tok); err != nil {
 		t.Fatal(err)
-	}
-	if mean := w.PromptTokens / int64(len(w.Requests)); int64(len(sys))*4 > mean {
-		t.Fatalf("the system prompt is %d tokens, more than a quarter of the mean prompt (%d)", len(sys), mean)
 	}
 	bound, blocks := w.BoundTokens, w.Blocks
 	if err := w.bound(tok); err != nil {
@@ -135,5 +128,47 @@ func TestTextCorpusChecked(t *testing.T) {
 	m["text/corpus/99-extra.md"] = &fstest.MapFile{Data: []byte("# Extra\n\nMore.\n")}
 	if _, _, err := loadTextCorpus(m); err == nil {
 		t.Fatal("a document SHA256SUMS does not list was taken")
+	}
+}
+
+// TestTextWorkloadCheck: each fixed parameter the workload misses is named.
+func TestTextWorkloadCheck(t *testing.T) {
+	sysTok := func(n int) chatTokens {
+		return func([]textMessage) ([]uint32, error) { return make([]uint32, n), nil }
+	}
+	fresh := func() *textWorkload {
+		w, err := loadTextWorkload("")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return w
+	}
+	if err := fresh().check(sysTok(145)); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		edit func(w *textWorkload)
+		tok  chatTokens
+		want string
+	}{
+		{func(w *textWorkload) { w.Requests = w.Requests[:59] }, sysTok(145), "want 60 or more"},
+		{func(w *textWorkload) { w.Requests[7].PromptTokens = 499 }, sysTok(145), "a prompt of 499"},
+		{func(w *textWorkload) {}, sysTok(400), "quarter of the mean"},
+		{func(w *textWorkload) {
+			for i := range w.Requests {
+				w.Requests[i].After = nil
+			}
+		}, sysTok(145), "follow-ups"},
+		{func(w *textWorkload) {
+			for i := range w.Requests {
+				w.Requests[i].Documents = w.Requests[0].Documents
+			}
+		}, sysTok(145), "documents asked about"},
+	} {
+		w := fresh()
+		c.edit(w)
+		if err := w.check(c.tok); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("want %q: %v", c.want, err)
+		}
 	}
 }

@@ -6,6 +6,7 @@ keys minted as an operator would."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import shutil
@@ -13,6 +14,7 @@ import ssl
 import subprocess
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import openai
@@ -110,3 +112,13 @@ def start_gateway(d: pathlib.Path, prefix_cache: bool = True) -> Gateway:
     except BaseException:
         proc.stop()
         raise
+
+
+@contextlib.contextmanager
+def serving(d: pathlib.Path, prefix_cache: bool = True) -> Iterator[Gateway]:
+    """start_gateway in d, stopped when the block ends (a module fixture's body)."""
+    g = start_gateway(d, prefix_cache)
+    try:
+        yield g
+    finally:
+        g.proc.stop()

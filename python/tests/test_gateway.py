@@ -14,26 +14,20 @@ from typing import Any
 
 import openai
 import pytest
-from gateways import MODEL, QUESTION, Gateway, start_gateway
+from gateways import MODEL, QUESTION, Gateway, serving
 
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    g = start_gateway(tmp_path_factory.mktemp("openai"))
-    try:
+    with serving(tmp_path_factory.mktemp("openai")) as g:
         yield g
-    finally:
-        g.proc.stop()
 
 
 @pytest.fixture(scope="module")
 def no_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     """The same deployment whose engines reuse no block."""
-    g = start_gateway(tmp_path_factory.mktemp("openai-no-cache"), prefix_cache=False)
-    try:
+    with serving(tmp_path_factory.mktemp("openai-no-cache"), prefix_cache=False) as g:
         yield g
-    finally:
-        g.proc.stop()
 
 
 def ask(c: openai.OpenAI, question: str, **kw: object) -> str:

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import openai
 import pytest
-from gateways import MODEL, Gateway, start_gateway
+from gateways import MODEL, Gateway, serving
 
 pytestmark = pytest.mark.slow
 
@@ -30,11 +30,8 @@ WORDS = (  # noqa: SIM905 (a text is easier to read than a column)
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    g = start_gateway(tmp_path_factory.mktemp("openai-tenancy"))
-    try:
+    with serving(tmp_path_factory.mktemp("openai-tenancy")) as g:
         yield g
-    finally:
-        g.proc.stop()
 
 
 def ttft(c: openai.OpenAI, system: str) -> tuple[float, int, int]:
