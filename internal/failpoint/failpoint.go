@@ -11,7 +11,8 @@
 // in production builds (the way etcd's gofail points are compiled in for
 // its robustness tests) and the binary that is tested is the one that
 // ships. Terms, each optionally prefixed by a count ("2*" fires twice,
-// then the point is off):
+// then the point is off), itself optionally prefixed by evaluations to
+// pass first ("7+1*return": the first seven pass, the eighth fires):
 //
 //	return         Eval returns ErrInjected (Armed reports true)
 //	return(text)   Eval returns an error with the text
@@ -58,6 +59,7 @@ type action struct {
 	err   error
 	sleep time.Duration
 	left  int64 // firings left; < 0 means unlimited, 0 spent
+	skip  int64 // evaluations that pass before the first firing
 	// released is closed when a paused point is disabled.
 	released chan struct{}
 }
@@ -184,6 +186,11 @@ func eval(name string) error {
 		mu.Unlock()
 		return nil
 	}
+	if a.skip > 0 {
+		a.skip--
+		mu.Unlock()
+		return nil
+	}
 	hits[name]++
 	if a.left > 0 {
 		a.left-- // a spent point stays in the table until disabled: a pause it holds is released then
@@ -207,6 +214,13 @@ func eval(name string) error {
 
 func parse(term string) (*action, error) {
 	a := &action{left: -1}
+	if n, rest, ok := strings.Cut(term, "+"); ok && !strings.Contains(n, "(") {
+		c, err := strconv.ParseInt(n, 10, 64)
+		if err != nil || c <= 0 {
+			return nil, fmt.Errorf("bad skip %q", n)
+		}
+		a.skip, term = c, rest
+	}
 	if n, rest, ok := strings.Cut(term, "*"); ok {
 		c, err := strconv.ParseInt(n, 10, 64)
 		if err != nil || c <= 0 {

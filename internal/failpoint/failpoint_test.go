@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"slices"
 	"syscall"
 	"testing"
 	"time"
@@ -58,9 +59,32 @@ func TestTerms(t *testing.T) {
 	}
 }
 
+// TestSkip: "N+" passes N evaluations before the term applies, so a test
+// can aim a fault at the third GET of a run (the vLLM connector's
+// corrupted block, in the middle of a prefix).
+func TestSkip(t *testing.T) {
+	t.Cleanup(Reset)
+	if err := EnableAll("a=2+1*return;b=1+return(late)"); err != nil {
+		t.Fatal(err)
+	}
+	var got []bool
+	for range 5 {
+		got = append(got, Armed("a"))
+	}
+	if want := []bool{false, false, true, false, false}; !slices.Equal(got, want) {
+		t.Fatalf("a fired %v, want %v", got, want)
+	}
+	if Armed("b") || !Armed("b") || !Armed("b") {
+		t.Fatal("b: one pass, then fires every time")
+	}
+	if Hits("a") != 1 || Hits("b") != 2 {
+		t.Fatalf("hits a=%d b=%d: passes are not firings", Hits("a"), Hits("b"))
+	}
+}
+
 func TestBadTerms(t *testing.T) {
 	t.Cleanup(Reset)
-	for _, spec := range []string{"a", "a=explode", "a=sleep(x)", "a=sleep(-1s)", "a=0*return", "a=x*return", "a=panic(now)", "a=return(x"} {
+	for _, spec := range []string{"a", "a=0+return", "a=x+1*return", "a=explode", "a=sleep(x)", "a=sleep(-1s)", "a=0*return", "a=x*return", "a=panic(now)", "a=return(x"} {
 		if err := EnableAll(spec); err == nil {
 			t.Errorf("%q accepted", spec)
 		}

@@ -43,9 +43,9 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
-def certs(config: pathlib.Path) -> None:
+def certs(config: pathlib.Path, *extra: str) -> None:
     """The CA, the certificates and the policy a configuration names."""
-    subprocess.run([str(binary()), "certs", "--config", str(config)], check=True, capture_output=True)
+    subprocess.run([str(binary()), "certs", "--config", str(config), *extra], check=True, capture_output=True)
 
 
 @dataclass
