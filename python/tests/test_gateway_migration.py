@@ -140,8 +140,10 @@ def test_stream_survives_its_instance(split: Split) -> None:
     c = split.client()
     node = split.node()
     first, second = sorted(split.instances)
-    reference, finish, _ = stream_text(c)
-    assert finish in ("stop", "length") and len(reference) > 100
+    reference, finish, chunks = stream_text(c)
+    # Long enough to be cut at chunk 20 with a good part still to come
+    # (how long depends on the machine's kernels: greedy, not portable).
+    assert finish in ("stop", "length") and chunks >= 30, (chunks, reference)
     # The answer runs on the first instance: the other drains meanwhile.
     assert node.instance(second).set_state("draining") in ("draining", "sleeping")
     time.sleep(1.5)  # its next status record: the PC places on the first only

@@ -6,7 +6,7 @@ Writes the results as JSON.
 
     python engine.py JOB.json OUT.json
 
-JOB: {"model": DIR, "config": CONNECTOR.json or null, "load": "async"|"layerwise"|null,
+JOB: {"model": DIR, "config": CONNECTOR.json or null, "dtype": "float32" (default) or "bfloat16",
       "requests": [{"tokens": [...], "salt": str or null, "max_tokens": N}]}
 """
 
@@ -57,7 +57,7 @@ def main(job_path: str, out_path: str) -> int:
     t0 = time.monotonic()
     llm = LLM(
         model=job["model"],
-        dtype="float32",
+        dtype=job.get("dtype", "float32"),
         block_size=32,
         max_model_len=1024,
         enforce_eager=True,

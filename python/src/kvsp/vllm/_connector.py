@@ -173,6 +173,12 @@ class KVSPConnector(KVConnectorBase_V1):  # type: ignore[misc]
             )
         if kv_cache_config is not None and len(kv_cache_config.kv_cache_groups) != 1:
             raise ValueError("kvsp connector: the model has several KV cache groups (hybrid attention): not supported")
+        if self._kv_transfer_config.kv_load_failure_policy != "recompute":
+            log.warning(
+                "kvsp connector: kv_load_failure_policy is %r: a block that fails its digest fails its request;"
+                ' "recompute" has vLLM compute it instead',
+                self._kv_transfer_config.kv_load_failure_policy,
+            )
         mc = vllm_config.model_config
         self.model_dir = pathlib.Path(mc.model)
         cache_dtype = str(vllm_config.cache_config.cache_dtype)
@@ -207,8 +213,8 @@ class KVSPConnector(KVConnectorBase_V1):  # type: ignore[misc]
                 self.client, self.cfg.holder, self.geometry, self.cfg.lease_ttl_ms, self.cfg.timeout_s, self.stats
             )
             self.layer_of: dict[str, int] = {}
-            self.jobs: dict[str, Future[set[int]]] = {}
-            self.sync: list[Future[set[int]]] = []
+            self.jobs: dict[str, tuple[Future[set[int]], set[int]]] = {}  # a load and its pages
+            self.sync: list[tuple[Future[set[int]], set[int]]] = []
             self.invalid: set[int] = set()
             self.staged: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -355,10 +361,12 @@ class KVSPConnector(KVConnectorBase_V1):  # type: ignore[misc]
         if sync:
             for e in self.xfer.layer_ready:
                 e.clear()
-            self.sync.append(self.pool.submit(self.xfer.load_layerwise, CompatID(meta.compat), sync))
+            pages = {b.page for j in sync for b in j.blocks}
+            self.sync.append((self.pool.submit(self.xfer.load_layerwise, CompatID(meta.compat), sync), pages))
         for job in meta.loads:
             if not job.layerwise:
-                self.jobs[job.req_id] = self.pool.submit(self.xfer.load, CompatID(meta.compat), job)
+                f = self.pool.submit(self.xfer.load, CompatID(meta.compat), job)
+                self.jobs[job.req_id] = (f, {b.page for b in job.blocks})
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         i = self.layer_of.get(layer_name)
@@ -396,13 +404,26 @@ class KVSPConnector(KVConnectorBase_V1):  # type: ignore[misc]
             self.puts.discard(f)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
-        done = {rid for rid, f in self.jobs.items() if f.done()}
+        """Loads done (their requests' ids, so vLLM schedules them or frees
+        their pages), their failed pages kept for
+        get_block_ids_with_load_errors, which vLLM calls next in the same
+        step; the step's layer-wise loads, which its last layer waited for.
+        A load that raised has every page of it failed: reported, never
+        left waiting. Saves hold no page, so none is reported as sending."""
+        done = {rid for rid, (f, _) in self.jobs.items() if f.done()}
         for rid in done:
-            self.invalid |= self.jobs.pop(rid).result()
-        for f in self.sync:
-            self.invalid |= f.result()
+            self.invalid |= _outcome(*self.jobs.pop(rid))
+        for f, pages in self.sync:
+            self.invalid |= _outcome(f, pages)
         self.sync.clear()
         return None, done or None
+
+    def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
+        """Nothing outlives the step here: a step's saves are copied out of
+        the pages before it ends, and loads go only into the pages of
+        requests waiting for them, which vLLM does not preempt. (The
+        scheduler side forgets a preempted request's allocation, so that it
+        is looked up and loaded afresh.)"""
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         bad, self.invalid = self.invalid, set()
@@ -419,3 +440,12 @@ class KVSPConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self.wait_saves(self.cfg.timeout_s * 4)
         self.pool.shutdown(wait=True)
         self.client.close()
+
+
+def _outcome(f: Future[set[int]], pages: set[int]) -> set[int]:
+    """The pages a finished load failed; all of them if it raised."""
+    try:
+        return f.result()
+    except Exception as e:
+        log.warning("kvsp connector: a load failed: %s", e)
+        return set(pages)

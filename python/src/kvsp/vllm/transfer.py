@@ -23,7 +23,7 @@ from . import pages
 from .model import KV_DTYPES
 
 log = logging.getLogger("kvsp.vllm")
-STREAMS = 16  # blocks of a layer-wise load read at once, a connection each
+STREAMS = 8  # blocks of a layer-wise load read at once, a connection each
 
 
 @dataclass
