@@ -6,10 +6,13 @@ vLLM's layouts."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import pathlib
+import time
 from typing import Any
 
+import deployment
 import pytest
 import torch
 from serving import ROOT
@@ -121,3 +124,46 @@ def test_gather_scatter_kvsp_layout(layout: str, bt: int) -> None:
 def test_shapes_refused() -> None:
     with pytest.raises(ValueError, match="neither"):
         pages.detect_layout(torch.zeros(3, 4, 32, 64), 2, 64)
+
+
+def test_scheduler_side_with_vllm_requests(tmp_path: pathlib.Path) -> None:
+    """vLLM's own Request objects through the scheduler side, against an IS
+    that does not answer (a port nothing listens on): a secret salt's
+    request is "not yet known" (None) while its lookup is in flight, never
+    blocking, then 0 once the lookup failed; an unknown salt, no salt, or a
+    LoRA adapter (Block Keys cover token ids only) is 0 at once, looked up
+    nowhere."""
+    from vllm import SamplingParams
+    from vllm.lora.request import LoRARequest
+    from vllm.v1.request import Request
+
+    (tmp_path / "kvsp").mkdir()
+    dep = deployment.start(tmp_path / "kvsp", deployment.synthetic(4, 2, 64, 16, "fp32"))
+    dep.stop()  # its certificates, and an IS that no longer answers
+    (tmp_path / "a.key").write_text("00" * 32)
+    salt = "s3cret"
+    scopes = {"salts": [{"salt_sha256": hashlib.sha256(salt.encode()).hexdigest(), "scope_key_file": "a.key"}]}
+    tls = {"cert": "kvsp/vllm.pem", "key": "kvsp/vllm.key", "ca": "kvsp/ca.pem"}
+    vc = _config(tmp_path, block_tokens=16, scopes=scopes, tls=tls, index=dep.index, timeout_s=2)
+    c = kvsp.vllm.KVSPConnector(vc, KVConnectorRole.SCHEDULER, None)
+    sp = SamplingParams(max_tokens=4)
+    tokens = list(range(100, 200))
+
+    def req(rid: str, **kw: Any) -> Request:
+        return Request(rid, tokens, sp, None, **kw)
+
+    hit = req("a", cache_salt=salt)
+    t0 = time.monotonic()
+    assert c.get_num_new_matched_tokens(hit, 0) == (None, False)
+    assert time.monotonic() - t0 < 0.5  # the lookup runs off the scheduler loop
+    end = time.monotonic() + 30
+    while (got := c.get_num_new_matched_tokens(hit, 0)) == (None, False):
+        assert time.monotonic() < end
+        time.sleep(0.05)
+    assert got == (0, False)
+    lora = LoRARequest("adapter", 1, str(tmp_path))
+    for r in (req("b", cache_salt="guess"), req("c"), req("d", cache_salt=salt, lora_request=lora)):
+        assert c.get_num_new_matched_tokens(r, 0) == (0, False)
+        assert c.reqs[r.request_id].lookup is None and c.reqs[r.request_id].scope is None
+    assert c.reqs["a"].scope is not None and len(c.reqs["a"].keys) == (len(tokens) - 1) // 16
+    c.shutdown()

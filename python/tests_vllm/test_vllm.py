@@ -116,6 +116,7 @@ def test_prefix_loaded_not_computed(run: dict[str, Any]) -> None:
     assert hit["num_cached_tokens"] == 5 * BT
     # What vLLM computed, B's connector stored: the suffix's one full block, not P's five.
     assert hit["metrics"]["vllm:kvsp_saved_tokens"] == 1 * BT
+    assert hit["metrics"].get("vllm:kvsp_save_kept_tokens", 0) == 0
     assert hit["tokens"] == ref["tokens"]
     assert hit["logprobs"] == pytest.approx(ref["logprobs"], abs=LOGPROB_TOL)
     assert hit["metrics"]["vllm:kvsp_loaded_tokens"] == 5 * BT
@@ -147,8 +148,10 @@ def test_corrupted_block_recomputed(run: dict[str, Any]) -> None:
     assert "digest mismatch" in log
     # vLLM's own account: blocks 2 to 4 (96 tokens) go back to be computed ...
     assert "Recovered from KV load failure: 1 request(s) rescheduled (96 tokens affected)" in log
-    # ... and they were: B's connector stores them with the suffix's block.
-    assert m["vllm:kvsp_saved_tokens"] == 4 * BT
+    # ... and they were: B's connector offers them to the holder again, which
+    # keeps A's copies (412), and stores the suffix's block.
+    assert m["vllm:kvsp_save_kept_tokens"] == 3 * BT
+    assert m["vllm:kvsp_saved_tokens"] == 1 * BT
     assert bad["tokens"] == ref["tokens"]
     assert bad["logprobs"] == pytest.approx(ref["logprobs"], abs=LOGPROB_TOL)
 

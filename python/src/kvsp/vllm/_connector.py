@@ -35,7 +35,7 @@ from .. import Chain, CompatID, Geometry, ScopeID
 from ..client import Client
 from ..ids import BlockKey
 from ..scope import ScopeKey
-from .config import ConnectorConfig, load_config
+from .config import ConnectorConfig, load_config, load_mode
 from .model import KV_DTYPES, describe, geometry, read_config
 from .transfer import Counters, LoadBlock, LoadJob, SaveBlock, Transfers
 
@@ -77,6 +77,7 @@ STAT_KEYS = (
     "load_failures",
     "load_seconds",
     "saved_tokens",
+    "save_kept_tokens",
     "save_failures",
 )
 
@@ -85,7 +86,8 @@ STAT_KEYS = (
 class KVSPStats(KVConnectorStats):  # type: ignore[misc]
     """Counters since the last report: lookups and their failures (scheduler),
     tokens loaded, tokens of blocks that failed to load (reported to vLLM for
-    recomputation), failed loads, seconds spent loading, tokens saved, saves
+    recomputation), failed loads, seconds spent loading, tokens stored, tokens
+    whose blocks the holder already had (412: it keeps the first copy), saves
     that failed (worker)."""
 
     def reset(self) -> None:
@@ -157,7 +159,9 @@ class KVSPConnector(KVConnectorBase_V1):  # type: ignore[misc]
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
         extra = dict(vllm_config.kv_transfer_config.kv_connector_extra_config or {})
-        self.cfg: ConnectorConfig = load_config(extra)
+        # Scope keys are read where Block Keys are made, the scheduler; the
+        # workers see scope IDs and keys only.
+        self.cfg: ConnectorConfig = load_config(extra, scopes=role == KVConnectorRole.SCHEDULER)
         self.page = int(vllm_config.cache_config.block_size)
         bt = self.cfg.block_tokens
         if self.page % bt:
@@ -197,6 +201,9 @@ class KVSPConnector(KVConnectorBase_V1):  # type: ignore[misc]
             timeout=self.cfg.timeout_s,
         )
         self.pool = ThreadPoolExecutor(self.cfg.threads, thread_name_prefix="kvsp")
+        # Loads on their own threads: a backlog of PUTs never delays the
+        # blocks a forward waits for.
+        self.load_pool = ThreadPoolExecutor(self.cfg.threads, thread_name_prefix="kvsp-load")
         self.stats = Counters()
         self.puts: set[Future[None]] = set()
         self.lock = threading.Lock()
@@ -216,6 +223,8 @@ class KVSPConnector(KVConnectorBase_V1):  # type: ignore[misc]
             self.jobs: dict[str, tuple[Future[set[int]], set[int]]] = {}  # a load and its pages
             self.sync: list[tuple[Future[set[int]], set[int]]] = []
             self.invalid: set[int] = set()
+            self.timed_out = False
+            self.sync_reqs: dict[str, set[int]] = {}  # this step's layer-wise loads: request -> pages
             self.staged: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     # ---------------------------------------------------------------- scheduler
@@ -223,8 +232,17 @@ class KVSPConnector(KVConnectorBase_V1):  # type: ignore[misc]
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         bt = self.cfg.block_tokens
         st = self.reqs.get(request.request_id)
+        if st is not None and request.num_computed_tokens == 0:
+            # Asked afresh (a preempted request resumed, or a load that
+            # failed from its first block): whatever was allocated is gone.
+            st.allocated, st.loading = False, {}
         if st is None:
-            st = _Req(request, self.cfg.scopes.scope_for(request.cache_salt))
+            scope = self.cfg.scopes.scope_for(request.cache_salt)
+            if request.lora_request is not None or request.mm_features or request.prompt_embeds is not None:
+                # Block Keys cover token ids only: an adapter, images or
+                # embeddings behind the same ids would make other KV.
+                scope = None
+            st = _Req(request, scope)
             self.reqs[request.request_id] = st
             if st.scope is not None:
                 st.chain = Chain(st.scope, self.compat, bt)
@@ -238,6 +256,7 @@ class KVSPConnector(KVConnectorBase_V1):  # type: ignore[misc]
                 return None, False  # asked again next step: the scheduler loop never waits on the IS
             try:
                 st.hit, st.replicas = st.lookup.result()
+                st.hit = min(st.hit, len(st.replicas), len(st.keys))
             except Exception as e:  # the IS unreachable or refusing: compute, as without a cache
                 log.warning("kvsp connector: lookup failed: %s", e)
                 self.stats.add(lookup_failures=1)
@@ -330,6 +349,12 @@ class KVSPConnector(KVConnectorBase_V1):  # type: ignore[misc]
         return KVSPStats(data=d) if any(d.values()) else None
 
     @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
+        """Layer-wise loads wait in every attention layer
+        (wait_for_layer_load), which a captured CUDA graph would skip."""
+        return load_mode(extra_config) == "layerwise"
+
+    @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats | None:
         return KVSPStats(data=dict(data)) if data is not None else KVSPStats()
 
@@ -362,16 +387,21 @@ class KVSPConnector(KVConnectorBase_V1):  # type: ignore[misc]
             for e in self.xfer.layer_ready:
                 e.clear()
             pages = {b.page for j in sync for b in j.blocks}
-            self.sync.append((self.pool.submit(self.xfer.load_layerwise, CompatID(meta.compat), sync), pages))
+            self.sync_reqs = {j.req_id: {b.page for b in j.blocks} for j in sync}
+            self.sync.append((self.load_pool.submit(self.xfer.load_layerwise, CompatID(meta.compat), sync), pages))
         for job in meta.loads:
             if not job.layerwise:
-                f = self.pool.submit(self.xfer.load, CompatID(meta.compat), job)
+                f = self.load_pool.submit(self.xfer.load, CompatID(meta.compat), job)
                 self.jobs[job.req_id] = (f, {b.page for b in job.blocks})
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         i = self.layer_of.get(layer_name)
         if i is not None and not self.xfer.layer_ready[i].wait(self.cfg.timeout_s * 4):
+            # The forward goes on, over pages that may not hold the blocks:
+            # all of this step's loaded pages are reported invalid, so vLLM
+            # discards what it computes from them and computes them again.
             log.warning("kvsp connector: layer %d did not arrive in time", i)
+            self.timed_out = True
 
     def save_kv_layer(
         self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: AttentionMetadata, **kwargs: Any
@@ -394,7 +424,23 @@ class KVSPConnector(KVConnectorBase_V1):  # type: ignore[misc]
             return
         staged = [self.staged.get(i) or self.xfer.gather(i, meta.saves) for i in range(len(self.xfer.kv))]
         self.staged.clear()
-        f = self.pool.submit(self.xfer.put, CompatID(meta.compat), meta.saves, staged)
+        saves = meta.saves
+        if self.sync:
+            # What this step computed after a layer-wise load depends on
+            # the loaded prefix: if that load failed, it is not stored (the
+            # holder keeps a block's first copy).
+            bad: set[int] = set()
+            for lf, pages in self.sync:
+                bad |= pages if self.timed_out else _outcome(lf, pages)
+            failed = {rid for rid, pages in self.sync_reqs.items() if pages & bad}
+            keep = [n for n, sv in enumerate(saves) if sv.req_id not in failed]
+            if len(keep) < len(saves):
+                idx = torch.tensor(keep, dtype=torch.long)
+                staged = [(k[idx], v[idx]) for k, v in staged]
+                saves = [saves[n] for n in keep]
+            if not saves:
+                return
+        f = self.pool.submit(self.xfer.put, CompatID(meta.compat), saves, staged)
         with self.lock:
             self.puts.add(f)
         f.add_done_callback(self._put_done)
@@ -414,8 +460,9 @@ class KVSPConnector(KVConnectorBase_V1):  # type: ignore[misc]
         for rid in done:
             self.invalid |= _outcome(*self.jobs.pop(rid))
         for f, pages in self.sync:
-            self.invalid |= _outcome(f, pages)
+            self.invalid |= pages if self.timed_out else _outcome(f, pages)
         self.sync.clear()
+        self.timed_out = False
         return None, done or None
 
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
@@ -439,6 +486,7 @@ class KVSPConnector(KVConnectorBase_V1):  # type: ignore[misc]
     def shutdown(self) -> None:
         self.wait_saves(self.cfg.timeout_s * 4)
         self.pool.shutdown(wait=True)
+        self.load_pool.shutdown(wait=True)
         self.client.close()
 
 

@@ -53,9 +53,19 @@ class ConnectorConfig:
     threads: int = 4  # concurrent loads and saves
 
 
-def load_config(extra: Mapping[str, object]) -> ConnectorConfig:
+def load_mode(extra: Mapping[str, object]) -> str:
+    """``load`` alone (vLLM asks before the connector exists), read
+    without the scope keys."""
+    try:
+        return load_config(extra, scopes=False).load
+    except Exception:
+        return "async"  # the connector's start refuses the configuration, by name
+
+
+def load_config(extra: Mapping[str, object], scopes: bool = True) -> ConnectorConfig:
     """The configuration from vLLM's ``kv_connector_extra_config``: a file it
-    names as ``config``, or its own members."""
+    names as ``config``, or its own members. With scopes False the scope key
+    files are not read (a worker needs none)."""
     if "config" in extra:
         if set(extra) != {"config"}:
             raise invalid("kvsp connector: config names a file; give the other members in it, not beside it")
@@ -75,11 +85,11 @@ def load_config(extra: Mapping[str, object]) -> ConnectorConfig:
             raise invalid(f"kvsp connector: config: not JSON: {e}") from None
         if not isinstance(conf, dict):
             raise invalid("kvsp connector: config: a JSON object")
-        return parse_config(conf, p.resolve().parent)
-    return parse_config(extra, pathlib.Path.cwd())
+        return parse_config(conf, p.resolve().parent, scopes)
+    return parse_config(extra, pathlib.Path.cwd(), scopes)
 
 
-def parse_config(conf: Mapping[str, object], base: pathlib.Path) -> ConnectorConfig:
+def parse_config(conf: Mapping[str, object], base: pathlib.Path, scopes: bool = True) -> ConnectorConfig:
     """Check every member; an unknown one is refused by name (a misspelt
     key would otherwise fall back to a default silently)."""
     extra = set(conf) - _MEMBERS
@@ -109,8 +119,8 @@ def parse_config(conf: Mapping[str, object], base: pathlib.Path) -> ConnectorCon
     bt = conf["block_tokens"]
     if not isinstance(bt, int) or isinstance(bt, bool) or not 1 <= bt <= 4096:
         raise invalid("kvsp connector: block_tokens: an integer in 1..4096")
-    scopes = conf.get("scopes", {})
-    if not isinstance(scopes, dict):
+    sc = conf.get("scopes", {})
+    if not isinstance(sc, dict):
         raise invalid("kvsp connector: scopes: an object (salts, default_scope_key_file)")
     model = conf.get("model")
     if model is not None and (not isinstance(model, str) or not model):
@@ -135,7 +145,7 @@ def parse_config(conf: Mapping[str, object], base: pathlib.Path) -> ConnectorCon
         ca=paths["ca"],
         server_identity=ident,
         block_tokens=bt,
-        scopes=SaltScopes.from_config(scopes, base),
+        scopes=SaltScopes.from_config(sc, base) if scopes else SaltScopes(),
         model=model,
         lease_ttl_ms=ttl,
         timeout_s=float(timeout),

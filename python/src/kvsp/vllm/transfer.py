@@ -137,8 +137,10 @@ class Transfers:
                 try:
                     ref = BlockRef(compat, ScopeID(job.scope_id), BlockKey(b.key))
                     with self.client.holder(b.holder).get_block(ref, g, layer_digests=b.layer_digests) as s:
-                        for layer in s:
-                            self._scatter(layer.index, b, layer.k, layer.v)
+                        got = [layer.index for layer in s if self._scatter(layer.index, b, layer.k, layer.v)]
+                    if got != list(range(g.layers)):
+                        raise ValueError(f"the holder sent layers {got[:1]}..{got[-1:]}, not all {g.layers}")
+                    _sync(self.kv[0])
                 except Exception as e:
                     log.warning("kvsp connector: block %d of %s: %s", i, job.req_id, e)
                     bad = {x.page for x in job.blocks[i:]}
@@ -184,11 +186,14 @@ class Transfers:
                             continue
                         try:
                             x = next(s[1])
+                            if x.index != layer:
+                                raise ValueError(f"the holder sent layer {x.index} where {layer} was due")
                             self._scatter(x.index, b, x.k, x.v)
                         except Exception as e:
                             log.warning("kvsp connector: block %d of %s: %s", i, j.req_id, e)
                             failed[j.req_id] = min(failed.get(j.req_id, len(j.blocks)), i)
                     if at + STREAMS >= len(blocks):
+                        _sync(self.kv[layer])  # the copies done before the forward reads the layer
                         self.layer_ready[layer].set()
                 for (j, i, _b), s in zip(group, streams, strict=True):
                     if s is None:
@@ -205,6 +210,8 @@ class Transfers:
             log.warning("kvsp connector: layer-wise load: %s", e)
             failed.update({j.req_id: 0 for j in jobs if j.req_id not in failed})
         finally:
+            if self.kv:
+                _sync(self.kv[0])
             for ev in self.layer_ready:
                 ev.set()
             self._release(leases)
@@ -217,12 +224,13 @@ class Transfers:
             self.stats.add(loaded_tokens=loaded * bt, load_seconds=time.monotonic() - t0)
         return bad
 
-    def _scatter(self, layer: int, b: LoadBlock, k: memoryview, v: memoryview) -> None:
+    def _scatter(self, layer: int, b: LoadBlock, k: memoryview, v: memoryview) -> bool:
         g = self.geometry
         t = self.kv[layer]
         kt = pages.from_bytes(k, t.dtype, g.block_tokens, g.kv_heads, g.head_dim)
         vt = pages.from_bytes(v, t.dtype, g.block_tokens, g.kv_heads, g.head_dim)
         pages.scatter(t, self.layout, b.page, b.offset, kt.to(t.device), vt.to(t.device))
+        return True
 
     def gather(self, layer: int, saves: list[SaveBlock]) -> tuple[torch.Tensor, torch.Tensor]:
         bt = self.geometry.block_tokens
@@ -242,8 +250,10 @@ class Transfers:
                 for k, v in staged:
                     w.write_layer(pages.as_bytes(k[n]), pages.as_bytes(v[n]))
                 d = w.close()
-                h.put_block(BlockRef(compat, ScopeID(s.scope_id), BlockKey(s.key)), buf.getbuffer(), d.container)
-                self.stats.add(saved_tokens=g.block_tokens)
+                if h.put_block(BlockRef(compat, ScopeID(s.scope_id), BlockKey(s.key)), buf.getbuffer(), d.container):
+                    self.stats.add(saved_tokens=g.block_tokens)
+                else:
+                    self.stats.add(save_kept_tokens=g.block_tokens)
             except IncompatibleError as e:
                 log.warning(
                     "kvsp connector: %s: the holder needs this model's descriptor in its descriptors "
@@ -256,3 +266,10 @@ class Transfers:
             except Exception as e:
                 log.warning("kvsp connector: saving a block of %s: %s", s.req_id, e)
                 self.stats.add(save_failures=1)
+
+
+def _sync(t: torch.Tensor) -> None:
+    """On a GPU, wait for this thread's copies into t: vLLM's forward runs
+    on its own stream, which does not wait for ours."""
+    if t.is_cuda:
+        torch.cuda.current_stream(t.device).synchronize()
