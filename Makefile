@@ -156,7 +156,7 @@ sim: ## the deterministic simulation: DS1 for SEEDS seeds (default 1000) and F10
 	KVSP_SIM_SEEDS=$(SEEDS) KVSP_F10_SEEDS=$(F10_SEEDS) $(GO) test -tags nogpu -timeout 0 -count 1 -v -run '^(TestDS1_|TestF10_)' ./internal/dsim/ 2>&1 | tee $(BIN)/sim.log | grep -v -E '^(=== RUN|    --- PASS)'; st=$${PIPESTATUS[0]}; \
 	$(GO) build -o $(BIN)/kvsp-nightly ./internal/nightly && $(BIN)/kvsp-nightly verdict -stage sim -command 'make sim SEEDS=$(SEEDS) F10_SEEDS=$(F10_SEEDS)' -status $$st -start $$start -out $(BIN) $(BIN)/sim.log
 
-nightly: deps ## make chaos, make soak, make sim and make long in sequence (about 60 minutes), then one dated report of them in bin/ (nightly-DATE.json and .md); the last line names any failed stage and row. go run ./internal/nightly install bin/nightly-DATE.json puts a passing report in docs/nightly/ and the README
+nightly: deps ## make chaos, make soak, make sim and make long in sequence (about 60 minutes), then one dated report of them in bin/ (nightly-DATE.json and .md); the last line names any failed stage and row. go run ./internal/nightly install bin/nightly-DATE.json puts a passing report in docs/nightly/ and its figures in docs/reliability.md
 	@rm -f $(BIN)/chaos.json $(BIN)/soak.json $(BIN)/sim.json $(BIN)/long.json
 	-@$(MAKE) --no-print-directory chaos
 	-@$(MAKE) --no-print-directory soak

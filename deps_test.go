@@ -94,6 +94,7 @@ var mayImport = map[string][]string{
 	"internal/h2":         {},
 	"internal/kvsptest":   {"internal/h2", "internal/mtls", "internal/pki", "server"},
 	"internal/mtls":       {},
+	"internal/docs":       {},
 	"internal/mutants":    {},
 	"internal/nightly":    {"internal/figures"},
 	"internal/pki":        {},

@@ -1,6 +1,6 @@
 // Command nightly reads the -v logs of the reliability targets (make
 // chaos, make soak, make sim) into results and reports, so that the
-// figures the README quotes come from a run and cannot drift from it.
+// figures docs/reliability.md quotes come from a run and cannot drift from it.
 //
 //	nightly verdict -stage chaos -status $? -start T LOG...
 //	    the stage's result from its log, written to bin/<stage>.json, and
@@ -10,8 +10,8 @@
 //	    one dated report of the stages (nightly-<date>.json and .md) in
 //	    out; exits 1 naming the failed stages if any failed.
 //	nightly install REPORT.json
-//	    copies the report to docs/nightly/ and rewrites the README's
-//	    "Last full run" section from it (TestREADMEQuotesTheReport checks
+//	    copies the report to docs/nightly/ and rewrites docs/reliability.md's
+//	    "Last full run" section from it (TestDocQuotesTheReport checks
 //	    the two agree).
 //
 // make nightly runs the three stages in sequence and then report.
@@ -141,21 +141,25 @@ func installCmd(args []string) error {
 	if err := os.WriteFile(filepath.Join(root, "docs/nightly/report.md"), []byte(r.Markdown()), 0o644); err != nil {
 		return err
 	}
-	readme := filepath.Join(root, "README.md")
-	b, err := os.ReadFile(readme)
+	doc := filepath.Join(root, reliabilityDoc)
+	b, err := os.ReadFile(doc)
 	if err != nil {
 		return err
 	}
-	nb, err := replaceSection(string(b), r.READMESection())
+	nb, err := replaceSection(string(b), r.DocSection())
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(readme, []byte(nb), 0o644)
+	return os.WriteFile(doc, []byte(nb), 0o644)
 }
 
 // reportPath is the committed copy of the last report, from the
 // repository's root.
 const reportPath = "docs/nightly/report.json"
+
+// reliabilityDoc is the page whose "Last full run" section install
+// rewrites, from the repository's root.
+const reliabilityDoc = "docs/reliability.md"
 
 func repoRoot() (string, error) {
 	dir, err := os.Getwd()

@@ -86,12 +86,12 @@ func (r *Report) Markdown() string {
 	return b.String()
 }
 
-// READMESection is what the README's "Last full run" section holds,
-// between its markers.
-func (r *Report) READMESection() string {
+// DocSection is what the "Last full run" section of docs/reliability.md
+// holds, between its markers (its link relative to docs/).
+func (r *Report) DocSection() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "Last full run: `make nightly` on %s (commit %s, %s, this machine: %s, loopback). Its report is\n", r.Date[:10], r.Commit, r.Go, r.Machine)
-	fmt.Fprintf(&b, "[`%s`](%s); `TestREADMEQuotesTheReport` (internal/nightly) fails if a figure here is not the report's.\n\n", reportPath, reportPath)
+	fmt.Fprintf(&b, "[`%s`](%s); `TestDocQuotesTheReport` (internal/nightly) fails if a figure here is not the report's.\n\n", reportPath, strings.TrimPrefix(reportPath, "docs/"))
 	r.body(&b)
 	return b.String()
 }
@@ -140,12 +140,12 @@ const (
 	endMarker   = "<!-- nightly:end -->\n"
 )
 
-// section returns the README's section between the markers.
+// section returns the reliability page's section between the markers.
 func section(readme string) (string, error) {
 	i := strings.Index(readme, beginMarker)
 	j := strings.Index(readme, endMarker)
 	if i < 0 || j < i {
-		return "", fmt.Errorf("nightly: the README has no section between %q and %q", strings.TrimSpace(beginMarker), strings.TrimSpace(endMarker))
+		return "", fmt.Errorf("nightly: %s has no section between %q and %q", reliabilityDoc, strings.TrimSpace(beginMarker), strings.TrimSpace(endMarker))
 	}
 	return readme[i+len(beginMarker) : j], nil
 }

@@ -8,10 +8,10 @@ import (
 	"testing"
 )
 
-// TestREADMEQuotesTheReport: the README's "Last full run" section is the
+// TestDocQuotesTheReport: docs/reliability.md's "Last full run" section is the
 // committed report's, rendered, and every figure in it is in the report,
 // so a figure cannot be edited by hand or outlive its run.
-func TestREADMEQuotesTheReport(t *testing.T) {
+func TestDocQuotesTheReport(t *testing.T) {
 	root := filepath.Join("..", "..")
 	var r Report
 	if err := readJSON(filepath.Join(root, reportPath), &r); err != nil {
@@ -20,7 +20,7 @@ func TestREADMEQuotesTheReport(t *testing.T) {
 	if !r.OK() {
 		t.Fatalf("the committed report is of a failed run: %s", r.Verdict())
 	}
-	b, err := os.ReadFile(filepath.Join(root, "README.md"))
+	b, err := os.ReadFile(filepath.Join(root, reliabilityDoc))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -28,8 +28,8 @@ func TestREADMEQuotesTheReport(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := r.READMESection(); sec != want {
-		t.Errorf("the README's section is not the report's (go run ./internal/nightly install %s rewrites it):\n got %s\nwant %s", reportPath, sec, want)
+	if want := r.DocSection(); sec != want {
+		t.Errorf("the page's section is not the report's (go run ./internal/nightly install %s rewrites it):\n got %s\nwant %s", reportPath, sec, want)
 	}
 	raw, err := os.ReadFile(filepath.Join(root, reportPath))
 	if err != nil {
@@ -37,7 +37,7 @@ func TestREADMEQuotesTheReport(t *testing.T) {
 	}
 	for _, n := range regexp.MustCompile(`[0-9][0-9.,]*[0-9]|[0-9]`).FindAllString(sec, -1) {
 		if !strings.Contains(string(raw), strings.ReplaceAll(n, ",", "")) {
-			t.Errorf("the README quotes %s, which the report does not hold", n)
+			t.Errorf("%s quotes %s, which the report does not hold", reliabilityDoc, n)
 		}
 	}
 	if md, err := os.ReadFile(filepath.Join(root, "docs/nightly/report.md")); err != nil || string(md) != r.Markdown() {
