@@ -22,8 +22,12 @@ import (
 
 // Config is one process's configuration.
 type Config struct {
+	// Listen is the address (host:port) every role of the process is
+	// served on: HTTPS with mutual TLS.
 	Listen string `yaml:"listen"`
-	HTTP3  bool   `yaml:"http3"`
+	// HTTP3 also serves HTTP/3 on the listen port's UDP socket (advertised
+	// by Alt-Svc).
+	HTTP3 bool `yaml:"http3"`
 	// QUICBulk serves the quicbulk path (ALPN kvsp-bulk/1) on the
 	// listen port's UDP socket.
 	QUICBulk bool `yaml:"quicbulk"`
@@ -38,19 +42,32 @@ type Config struct {
 	QUICConns int `yaml:"quic_conns"`
 	// UDPBufferBytes is the UDP socket buffer asked for (HTTP/3, quicbulk);
 	// default 8 MiB. What the kernel grants less is logged.
-	UDPBufferBytes int          `yaml:"udp_buffer_bytes"`
-	MetricsListen  string       `yaml:"metrics_listen"`
-	TLS            TLS          `yaml:"tls"`
-	Policy         string       `yaml:"policy"`
-	Scopes         []ScopeFile  `yaml:"scopes"`
-	Redis          *Redis       `yaml:"redis"`
-	Index          *Index       `yaml:"index"`
-	Controller     *Controller  `yaml:"controller"`
-	Holders        []Holder     `yaml:"holders"`
-	Instances      []Instance   `yaml:"instances"`
-	Gateway        *Gateway     `yaml:"gateway"`
-	Dir            string       `yaml:"-"` // the file's directory
-	ScopeKeys      []ScopeEntry `yaml:"-"` // loaded from Scopes
+	UDPBufferBytes int `yaml:"udp_buffer_bytes"`
+	// MetricsListen is the Prometheus listener's address (plain HTTP,
+	// /metrics); empty: none.
+	MetricsListen string `yaml:"metrics_listen"`
+	// TLS names the process's certificates and the CA it trusts.
+	TLS TLS `yaml:"tls"`
+	// Policy is the policy file: principals, their roles, scopes and
+	// speaks_for, API key hashes (reloaded on SIGHUP).
+	Policy string `yaml:"policy"`
+	// Scopes are the scope keys this process may use (the PC, instances);
+	// never given to the IS.
+	Scopes []ScopeFile `yaml:"scopes"`
+	// Redis is the index's Redis or Valkey (index.backend: redis).
+	Redis *Redis `yaml:"redis"`
+	// Index is the Index Service role, when this process hosts it.
+	Index *Index `yaml:"index"`
+	// Controller is the Placement Controller role, when this process hosts it.
+	Controller *Controller `yaml:"controller"`
+	// Holders are the holders this process hosts.
+	Holders []Holder `yaml:"holders"`
+	// Instances are the instance agents this process hosts.
+	Instances []Instance `yaml:"instances"`
+	// Gateway is the OpenAI-compatible API, when this process serves it.
+	Gateway   *Gateway     `yaml:"gateway"`
+	Dir       string       `yaml:"-"` // the file's directory
+	ScopeKeys []ScopeEntry `yaml:"-"` // loaded from Scopes
 
 	// MinWriteRate is the rate (octets per second, "1MiB" allowed) at
 	// which a client must read every response once WriteGraceMs has
@@ -59,23 +76,33 @@ type Config struct {
 	// its HTTP/1.1 connection closed) and its handler stopped (RELIABILITY
 	// B11); time a handler spends producing does not count. Defaults
 	// 1 MiB/s and 5000 ms; 0 turns it off.
-	MinWriteRate *Size  `yaml:"min_write_rate"`
+	MinWriteRate *Size `yaml:"min_write_rate"`
+	// WriteGraceMs is how long a response's writes may wait for their
+	// reader before min_write_rate applies; default 5000.
 	WriteGraceMs uint64 `yaml:"write_grace_ms"`
 }
 
 // TLS names the PEM files: the listener's certificate, the CA bundle of
 // peers, and the certificate this process presents when it calls others.
 type TLS struct {
-	Cert       string `yaml:"cert"`
-	Key        string `yaml:"key"`
-	ClientCA   string `yaml:"client_ca"`
+	// Cert is the listener's certificate (PEM).
+	Cert string `yaml:"cert"`
+	// Key is its private key.
+	Key string `yaml:"key"`
+	// ClientCA is the CA bundle peers' certificates are verified against.
+	ClientCA string `yaml:"client_ca"`
+	// ClientCert is the certificate the process presents when it calls
+	// others (may be cert).
 	ClientCert string `yaml:"client_cert"`
-	ClientKey  string `yaml:"client_key"`
+	// ClientKey is its private key.
+	ClientKey string `yaml:"client_key"`
 }
 
 // ScopeFile is a scope key this process may use (PC, instances); it is
 // never given to the IS.
 type ScopeFile struct {
+	// KeyFile holds a scope key (32 octets in hex); kvsp certs writes a
+	// missing one.
 	KeyFile string `yaml:"key_file"`
 }
 
@@ -88,9 +115,12 @@ type ScopeEntry struct {
 // Redis is the shared store of the index's redis backend (standalone: one
 // address; Redis Cluster: the seed nodes).
 type Redis struct {
-	Addrs        []string `yaml:"addrs"`
-	Username     string   `yaml:"username"`
-	PasswordFile string   `yaml:"password_file"`
+	// Addrs are host:port of a standalone server, or a Redis Cluster's seed nodes.
+	Addrs []string `yaml:"addrs"`
+	// Username is the ACL user, if any.
+	Username string `yaml:"username"`
+	// PasswordFile holds the password (a trailing newline is removed).
+	PasswordFile string `yaml:"password_file"`
 	// TLSCA, when set, connects with TLS and verifies the server against
 	// this CA bundle (records are as confidential as prompts).
 	TLSCA string `yaml:"tls_ca"`
@@ -110,10 +140,14 @@ func (r *Redis) Password() (string, error) {
 
 // Index configures the Index Service role.
 type Index struct {
-	Base          string `yaml:"base"`
-	MaxTTLMs      uint64 `yaml:"max_ttl_ms"`
-	MaxLookupKeys int    `yaml:"max_lookup_keys"`
-	Backend       string `yaml:"backend"`
+	// Base is the IS's base URI (https, ending in /).
+	Base string `yaml:"base"`
+	// MaxTTLMs is the longest ttl_ms a published record may ask for.
+	MaxTTLMs uint64 `yaml:"max_ttl_ms"`
+	// MaxLookupKeys is the most Block Keys one lookup may carry.
+	MaxLookupKeys int `yaml:"max_lookup_keys"`
+	// Backend is memory (this process) or redis (shared, at redis).
+	Backend string `yaml:"backend"`
 	// Snapshot, for the memory backend, is a file loaded at start and
 	// written at shutdown.
 	Snapshot string `yaml:"snapshot"`
@@ -127,20 +161,25 @@ type Index struct {
 	// MaxHolderRecords bounds one holder's live records (429 beyond it)
 	// and MaxResponseBytes a lookup's answer (413), against amplification
 	// (RELIABILITY B9); defaults in controlplane/index.
-	MaxHolderRecords int  `yaml:"max_holder_records"`
+	MaxHolderRecords int `yaml:"max_holder_records"`
+	// MaxResponseBytes: see max_holder_records.
 	MaxResponseBytes Size `yaml:"max_response_bytes"`
 }
 
 // Controller configures the Placement Controller role.
 type Controller struct {
-	Base  string `yaml:"base"`
+	// Base is the PC's base URI.
+	Base string `yaml:"base"`
+	// Index is the IS the PC looks prefixes up at.
 	Index string `yaml:"index"`
 	// State is where instance epochs and sessions are kept: memory (lost
 	// on restart), bolt (a file at state_path, created 0600) or etcd
 	// (shared by a high-availability group of PCs, of which one leads).
-	State     string `yaml:"state"`
+	State string `yaml:"state"`
+	// StatePath is the bolt file (state: bolt).
 	StatePath string `yaml:"state_path"`
-	Etcd      *Etcd  `yaml:"etcd"`
+	// Etcd is the group's etcd cluster (state: etcd).
+	Etcd *Etcd `yaml:"etcd"`
 	// Descriptors are the models it places (their block_tokens), beyond
 	// those of the holders and instances of the same process.
 	Descriptors []string `yaml:"descriptors"`
@@ -170,12 +209,20 @@ const (
 
 // Holder configures one holder role.
 type Holder struct {
-	Base        string     `yaml:"base"`
-	Index       string     `yaml:"index"`
-	RecordTTLMs uint64     `yaml:"record_ttl_ms"`
-	Descriptors []string   `yaml:"descriptors"`
-	Tiers       []Tier     `yaml:"tiers"`
-	LeaseQuota  LeaseQuota `yaml:"lease_quota"`
+	// Base is the holder's base URI, as published in its records.
+	Base string `yaml:"base"`
+	// Index is the IS it publishes its records at.
+	Index string `yaml:"index"`
+	// RecordTTLMs is the ttl_ms asked for its records, refreshed before
+	// they expire.
+	RecordTTLMs uint64 `yaml:"record_ttl_ms"`
+	// Descriptors are the models it stores (a PUT of another compat_id is
+	// refused, 409); none: any, up to max_block_size.
+	Descriptors []string `yaml:"descriptors"`
+	// Tiers are its storage tiers: device, host, local-storage.
+	Tiers []Tier `yaml:"tiers"`
+	// LeaseQuota is its per-client lease quota.
+	LeaseQuota LeaseQuota `yaml:"lease_quota"`
 	// MasterKeyFile wraps the local-storage tier's data keys; when absent
 	// one is generated in the tier's path (mode 0600).
 	MasterKeyFile string `yaml:"master_key_file"`
@@ -189,7 +236,9 @@ type Holder struct {
 	// below which a block PUT's body is cut with 408 once BodyGraceMs has
 	// passed, its memory reservation released (RELIABILITY B8); defaults
 	// 1 MiB/s and 1000 ms.
-	MinBodyRate Size   `yaml:"min_body_rate"`
+	MinBodyRate Size `yaml:"min_body_rate"`
+	// BodyGraceMs is how long a PUT's body may be slow before
+	// min_body_rate applies; default 1000.
 	BodyGraceMs uint64 `yaml:"body_grace_ms"`
 	// MaxBlockSize bounds a block of a model the holder has no descriptor
 	// for: without descriptors, a holder stores any compat_id (a cache
@@ -211,13 +260,20 @@ type RDMA struct {
 
 // Tier is one storage tier of a holder.
 type Tier struct {
-	Name         kvsp.Tier `yaml:"name"`
-	Capacity     Size      `yaml:"capacity"`
-	ReadMbitPerS uint64    `yaml:"read_mbit_per_s"`
-	Path         string    `yaml:"path"`
+	// Name is the tier: device, host or local-storage.
+	Name kvsp.Tier `yaml:"name"`
+	// Capacity is the octets the tier holds.
+	Capacity Size `yaml:"capacity"`
+	// ReadMbitPerS is its read rate, published in records' residency for
+	// placement's estimates.
+	ReadMbitPerS uint64 `yaml:"read_mbit_per_s"`
+	// Path is the local-storage tier's directory (each layer encrypted).
+	Path string `yaml:"path"`
 	// Device tier only: the accelerator's ordinal, and how many leading
 	// layers of each block it takes (0: all; the rest go to host memory).
 	Device int `yaml:"device"`
+	// Layers is how many leading layers of each block the device tier
+	// takes (0: all; the rest go to host memory).
 	Layers int `yaml:"layers"`
 }
 
@@ -226,9 +282,12 @@ type Tier struct {
 // capacity (so one client cannot pin the whole tier), 60 s and 1024
 // leases.
 type LeaseQuota struct {
-	Octets    Size   `yaml:"octets"`
-	MaxTTLMs  uint64 `yaml:"max_ttl_ms"`
-	MaxLeases int    `yaml:"max_leases"`
+	// Octets is what one client may hold leased.
+	Octets Size `yaml:"octets"`
+	// MaxTTLMs is the longest lease.
+	MaxTTLMs uint64 `yaml:"max_ttl_ms"`
+	// MaxLeases is the leases one client may hold.
+	MaxLeases int `yaml:"max_leases"`
 }
 
 // Etcd configures the etcd cluster of a PC group (state: etcd).
@@ -245,14 +304,19 @@ type Etcd struct {
 
 // Instance configures one inference instance agent.
 type Instance struct {
-	Base       string `yaml:"base"`
+	// Base is the instance's base URI.
+	Base string `yaml:"base"`
+	// Controller is the PC it reports its status to and takes directives from.
 	Controller string `yaml:"controller"`
 	// Controllers are the other PCs of the controller's group, to fail
 	// over to.
 	Controllers []string `yaml:"controllers"`
-	Index       string   `yaml:"index"`
-	Holder      string   `yaml:"holder"`
-	Engine      Engine   `yaml:"engine"`
+	// Index is the IS it looks prefixes up and states digests at.
+	Index string `yaml:"index"`
+	// Holder is the holder the blocks it computes are PUT to.
+	Holder string `yaml:"holder"`
+	// Engine is its engine.
+	Engine Engine `yaml:"engine"`
 	// Links are the instance's links to holders, reported in its status
 	// so placement can estimate fetch times (R-ST-17).
 	Links []Link `yaml:"links"`
@@ -277,9 +341,12 @@ type Instance struct {
 
 // Link is an instance's link to a holder.
 type Link struct {
-	Holder   string `yaml:"holder"`
+	// Holder is a holder's base URI, as in its records.
+	Holder string `yaml:"holder"`
+	// MbitPerS is the link's rate.
 	MbitPerS uint64 `yaml:"mbit_per_s"`
-	RTTUs    uint64 `yaml:"rtt_us"`
+	// RTTUs is its round-trip time in microseconds.
+	RTTUs uint64 `yaml:"rtt_us"`
 }
 
 // Engine configures an instance's engine.
@@ -292,11 +359,16 @@ type Engine struct {
 	// Descriptor is the model's descriptor file: required for sim and
 	// connected; for llamacpp it is derived from the model, and a file
 	// given here must be the same descriptor.
-	Descriptor        string  `yaml:"descriptor"`
+	Descriptor string `yaml:"descriptor"`
+	// PrefillTokensPerS is the engine's prefill rate, reported in status
+	// (the sim engine runs at it).
 	PrefillTokensPerS float64 `yaml:"prefill_tokens_per_s"`
-	DecodeTokensPerS  float64 `yaml:"decode_tokens_per_s"`
-	AttachSocket      string  `yaml:"attach_socket"`
-	Device            int     `yaml:"device"`
+	// DecodeTokensPerS is its decode rate, likewise.
+	DecodeTokensPerS float64 `yaml:"decode_tokens_per_s"`
+	// AttachSocket (connected) is where the engine attaches its KV pool.
+	AttachSocket string `yaml:"attach_socket"`
+	// Device (connected) is the GPU ordinal of the engine's memory.
+	Device int `yaml:"device"`
 	// PrefixCache, false, has the engine (sim or llamacpp) reuse no
 	// resident block at prefill (every prompt token computed, as an
 	// engine run without prefix caching): kvsp demo's no-cache mode.
@@ -311,16 +383,26 @@ type Engine struct {
 	// llamacpp: the GGUF file, its name when its metadata has none, the
 	// library's directory (default .cache/llama.cpp, where make deps puts
 	// it), and the engine's sizes (zero: engine/llamacpp's defaults).
-	Model          string `yaml:"model"`
-	Name           string `yaml:"name"`
-	Library        string `yaml:"library"`
-	ContextTokens  int    `yaml:"context_tokens"`
-	BatchSize      int    `yaml:"batch_size"`
-	PrefillChunk   int    `yaml:"prefill_chunk"`
-	Threads        int    `yaml:"threads"`
-	KVCapacity     int    `yaml:"kv_capacity"`
-	FlashAttention bool   `yaml:"flash_attention"`
-	BlockTokens    int    `yaml:"block_tokens"`
+	Model string `yaml:"model"`
+	// Name (llamacpp) is the model's name when its GGUF has none.
+	Name string `yaml:"name"`
+	// Library (llamacpp) is llama.cpp's directory; default .cache/llama.cpp.
+	Library string `yaml:"library"`
+	// ContextTokens (llamacpp) is the context's size in tokens.
+	ContextTokens int `yaml:"context_tokens"`
+	// BatchSize (llamacpp) is the sequences decoded at once.
+	BatchSize int `yaml:"batch_size"`
+	// PrefillChunk (llamacpp) is the prompt tokens prefilled between two
+	// decode steps.
+	PrefillChunk int `yaml:"prefill_chunk"`
+	// Threads (llamacpp) is llama.cpp's CPU threads.
+	Threads int `yaml:"threads"`
+	// KVCapacity (llamacpp) is the blocks the engine keeps resident.
+	KVCapacity int `yaml:"kv_capacity"`
+	// FlashAttention (llamacpp) runs flash attention (V not transposed).
+	FlashAttention bool `yaml:"flash_attention"`
+	// BlockTokens (llamacpp) is the derived descriptor's block_tokens.
+	BlockTokens int `yaml:"block_tokens"`
 }
 
 // Gateway serves the OpenAI-compatible API (package gateway) at
@@ -329,10 +411,14 @@ type Engine struct {
 // requests at Controller (and the others of its group) and calls the
 // instances with the process's identity.
 type Gateway struct {
-	Listen      string         `yaml:"listen"`
-	Controller  string         `yaml:"controller"`
-	Controllers []string       `yaml:"controllers"`
-	Models      []GatewayModel `yaml:"models"`
+	// Listen is the API's address (https://LISTEN/v1).
+	Listen string `yaml:"listen"`
+	// Controller is the PC it places requests at.
+	Controller string `yaml:"controller"`
+	// Controllers are the other PCs of its group, to fail over to.
+	Controllers []string `yaml:"controllers"`
+	// Models are the models it serves.
+	Models []GatewayModel `yaml:"models"`
 	// Library is llama.cpp's directory (default: KVSP_LLAMACPP_LIB, or
 	// .cache/llama.cpp at the repository), for the models' tokenizers.
 	Library string `yaml:"library"`
@@ -345,15 +431,20 @@ type Gateway struct {
 // GatewayModel is a model the gateway serves: the GGUF its instances run
 // (its tokenizer and chat template are read from it, without the weights).
 type GatewayModel struct {
-	ID          string `yaml:"id"`
-	Model       string `yaml:"model"`
-	BlockTokens int    `yaml:"block_tokens"`
+	// ID is the model's name in the API (a request's model, GET /v1/models).
+	ID string `yaml:"id"`
+	// Model is the GGUF file its instances run.
+	Model string `yaml:"model"`
+	// BlockTokens is the instances' block_tokens.
+	BlockTokens int `yaml:"block_tokens"`
 	// ContextTokens bounds a request's prompt and output (the instances'
 	// context_tokens); DefaultMaxTokens is the output limit of a request
 	// that sets none, MaxTokens the largest it may set.
-	ContextTokens    int `yaml:"context_tokens"`
+	ContextTokens int `yaml:"context_tokens"`
+	// DefaultMaxTokens: see context_tokens.
 	DefaultMaxTokens int `yaml:"default_max_tokens"`
-	MaxTokens        int `yaml:"max_tokens"`
+	// MaxTokens: see context_tokens.
+	MaxTokens int `yaml:"max_tokens"`
 }
 
 func (g *Gateway) validate() error {
