@@ -33,7 +33,11 @@ func BenchmarkPlace(b *testing.B) {
 	defer mem.Close()
 	const instances, holders, blocks, cached, prompts = 64, 16, 128, 64, 256
 	c, err := New(Config{Scopes: []kvsp.ScopeKey{key}, BlockTokens: map[kvsp.CompatID]int{compatA: 16},
-		Index: BackendIndex{B: mem}, Instances: discard{}, MaxPending: 1 << 30})
+		Index: BackendIndex{B: mem}, Instances: discard{}, MaxPending: 1 << 30,
+		// The decision alone: one principal's placements, never generated,
+		// hold no room past their making (the admission control's share
+		// and queue limits have their own tests, RELIABILITY L5).
+		MaxShare: 1, PlacementTTL: time.Nanosecond})
 	if err != nil {
 		b.Fatal(err)
 	}
