@@ -130,3 +130,26 @@ def test_import_needs_no_vllm() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     assert out.split() == ["False", "False"]
+
+
+def test_digests_are_gos(tmp_path: pathlib.Path) -> None:
+    """model_digest and tokenizer_digest as Go's kvsp digest computes them
+    (A-31: nested weight files, a link to one followed, indexes and
+    configuration left out, names ordered by bytes, not by locale)."""
+    from serving import binary
+
+    m = _model(tmp_path / "m")
+    (m / "sub").mkdir()
+    (m / "sub" / "B.bin").write_bytes(b"upper")
+    (m / "a.bin").write_bytes(b"lower")
+    (m / "model-10.safetensors").write_bytes(b"ten")
+    (tmp_path / "elsewhere.pt").write_bytes(b"linked")
+    (m / "linked.pt").symlink_to(tmp_path / "elsewhere.pt")
+    d = describe(m, block_tokens=16, kv_dtype="bf16")
+
+    def go(*args: str) -> str:
+        out = subprocess.run([str(binary()), "digest", *args], check=True, capture_output=True, text=True)
+        return out.stdout.strip()
+
+    assert d.model_digest == go("model", str(m))
+    assert d.tokenizer_digest == go("file", str(m / "tokenizer.json"))
