@@ -3,7 +3,9 @@ package kvsp
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strings"
+	"time"
 
 	"github.com/go-json-experiment/json"
 	"github.com/go-json-experiment/json/jsontext"
@@ -117,4 +119,16 @@ func checkInt(name string, v uint64) error {
 
 func invalidf(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrInvalid}, args...)...)
+}
+
+// Millis is a count of milliseconds from the wire (ttl_ms, deadline_ms,
+// lease_ms: up to 2^53-1) as a Duration, saturated at the largest one
+// (292 years) rather than wrapped to a negative one: time.Duration(ms) *
+// time.Millisecond overflows past 2^63 ns, about 106 days, and a TTL of
+// 2^53 ms became an already expired record.
+func Millis(ms uint64) time.Duration {
+	if ms > uint64(math.MaxInt64/int64(time.Millisecond)) {
+		return math.MaxInt64
+	}
+	return time.Duration(ms) * time.Millisecond
 }

@@ -23,9 +23,23 @@ import (
 // the PC cannot be reached or answers 502, 503 or 504. It returns the
 // session id, why its output ended and how its prompt was served.
 func (c *Client) RunSession(ctx context.Context, ctl *Controller, q *kvsp.PlaceRequest, retry time.Duration, deliver func(index uint64, token uint32) error) (SessionResult, error) {
+	return c.RunSessionWithin(ctx, ctl, q, retry, 0, deliver)
+}
+
+// RunSessionWithin is RunSession that waits at most wait (0: as long as
+// ctx allows) for a placement: the first, while the PC answers 429, 502,
+// 503 or 504 or cannot be reached, and each after a stream ended early,
+// while the PC has not moved the session. Past it, it returns the last
+// answer (a front end answers 503 and the client comes back later).
+func (c *Client) RunSessionWithin(ctx context.Context, ctl *Controller, q *kvsp.PlaceRequest, retry, wait time.Duration, deliver func(index uint64, token uint32) error) (SessionResult, error) {
 	var res SessionResult
+	expired := func(since time.Time) bool { return wait > 0 && time.Since(since) >= wait }
+	start := time.Now()
 	at, err := ctl.Place(ctx, q)
 	for err != nil && transient(err) { // the PC is restarting, or unreachable for a moment
+		if expired(start) {
+			return res, err
+		}
 		select {
 		case <-ctx.Done():
 			return res, errors.Join(err, ctx.Err())
@@ -75,17 +89,24 @@ func (c *Client) RunSession(ctx context.Context, ctl *Controller, q *kvsp.PlaceR
 		if errors.As(err, &de) {
 			return res, de.err // the caller's: it stops the session (the instance sees its front end leave)
 		}
-		if errors.Is(err, kvsp.ErrInvalid) {
+		var p *kvsp.Problem
+		if errors.Is(err, kvsp.ErrInvalid) || errors.As(err, &p) && p.Status >= 400 && p.Status < 500 && p.Status != 404 && p.Status != 409 && p.Status != 429 {
+			// Refused, not failed: asking the PC again changes nothing (a
+			// 404 or 409 may say the session moved; a 429, wait).
 			return res, err
 		}
 		c.log.Debug("session stream ended early; asking the PC where it continues", "session", session.String(), "instance", at.Instance, "epoch", at.Epoch, "next", next, "err", err)
 		// Where does the session continue? The PC answers the same
 		// instance until it has detected the failure.
+		asked := time.Now()
 		for {
 			select {
 			case <-ctx.Done():
 				return res, ctx.Err()
 			case <-time.After(retry):
+			}
+			if expired(asked) {
+				return res, fmt.Errorf("%w: session %s not moved within %s: %v", kvsp.ErrUnavailable, session, wait, err)
 			}
 			moved, err := ctl.Place(ctx, &cont)
 			if errors.Is(err, kvsp.ErrInvalidState) {

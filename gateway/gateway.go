@@ -21,6 +21,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -66,6 +67,10 @@ type Config struct {
 	// Retry is the pause between a session's placement attempts; default
 	// 100 ms.
 	Retry time.Duration
+	// PlaceWait bounds how long a request waits for a placement (no
+	// instance with room, the PC unreachable, a session not yet moved)
+	// before it is answered 503 with Retry-After; default 30 s.
+	PlaceWait time.Duration
 }
 
 // Gateway serves the API.
@@ -97,6 +102,9 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.Retry <= 0 {
 		cfg.Retry = 100 * time.Millisecond
 	}
+	if cfg.PlaceWait <= 0 {
+		cfg.PlaceWait = 30 * time.Second
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -120,21 +128,49 @@ func New(cfg Config) (*Gateway, error) {
 	return g, nil
 }
 
+// endpoints are the gateway's routes; the name labels its metrics.
+var endpoints = []struct{ method, path, name string }{
+	{http.MethodGet, "/v1/models", "models"},
+	{http.MethodPost, "/v1/chat/completions", "chat"},
+	{http.MethodPost, "/v1/completions", "completions"},
+}
+
+// Routes returns the gateway's routes, "METHOD /path", sorted: what
+// api/openapi.yaml must describe, and only that.
+func Routes() []string {
+	var out []string
+	for _, e := range endpoints {
+		out = append(out, e.method+" "+e.path)
+	}
+	slices.Sort(out)
+	return out
+}
+
 // ServeHTTP implements http.Handler.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Cache-Control", "no-store")
 	var endpoint string
+	known := false
+	for _, e := range endpoints {
+		if r.URL.Path == e.path {
+			known = true
+			if r.Method == e.method {
+				endpoint = e.name
+			}
+		}
+	}
 	switch {
-	case r.URL.Path == "/v1/models" && r.Method == http.MethodGet:
-		endpoint = "models"
-	case r.URL.Path == "/v1/chat/completions" && r.Method == http.MethodPost:
-		endpoint = "chat"
-	case r.URL.Path == "/v1/completions" && r.Method == http.MethodPost:
-		endpoint = "completions"
-	case r.URL.Path == "/v1/models" || r.URL.Path == "/v1/chat/completions" || r.URL.Path == "/v1/completions":
+	case endpoint == "" && known:
+		var allow []string
+		for _, e := range endpoints {
+			if e.path == r.URL.Path {
+				allow = append(allow, e.method)
+			}
+		}
+		w.Header().Set("Allow", strings.Join(allow, ", ")) // RFC 9110 section 15.5.6
 		writeError(w, &apiError{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error", Message: r.Method + " is not allowed here"})
 		return
-	default:
+	case endpoint == "":
 		writeError(w, &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Message: "unknown URL: " + r.URL.Path})
 		return
 	}
@@ -220,6 +256,10 @@ func (g *Gateway) admit(key *server.APIKey, n, max int) (release func(used int),
 		return nil, &apiError{Status: http.StatusTooManyRequests, Type: "requests", Code: str("rate_limit_exceeded"),
 			Message: fmt.Sprintf("this key runs at most %d requests at once", key.MaxConcurrent)}
 	}
+	if key.MaxTokensPerMinute > 0 && n+max > key.MaxTokensPerMinute {
+		// Never admitted, however long the client waits: not a 429.
+		return nil, invalid("max_tokens", "", "the prompt's %d tokens and max_tokens %d are more than this key's %d tokens a minute", n, max, key.MaxTokensPerMinute)
+	}
 	if key.MaxTokensPerMinute > 0 && g.used[key]+n+max > key.MaxTokensPerMinute {
 		return nil, &apiError{Status: http.StatusTooManyRequests, Type: "tokens", Code: str("rate_limit_exceeded"),
 			Message: fmt.Sprintf("this key's requests may take %d tokens a minute", key.MaxTokensPerMinute)}
@@ -256,7 +296,9 @@ func (g *Gateway) complete(w http.ResponseWriter, r *http.Request, key *server.A
 			return writeError(w, &apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error", Code: str("request_too_large"),
 				Message: fmt.Sprintf("the request body is larger than %d octets", g.cfg.MaxBody)})
 		}
-		return http.StatusBadRequest // the client went away mid-body
+		// The client went away mid-body, or sent a body that cannot be
+		// read (a malformed chunk): answered, whoever may still read it.
+		return writeError(w, invalid("", "", "the request body could not be read"))
 	}
 	q, e := parseRequest(body, chat)
 	if e != nil {
@@ -300,7 +342,6 @@ func (g *Gateway) complete(w http.ResponseWriter, r *http.Request, key *server.A
 	}
 	release, e := g.admit(key, len(toks), maxTokens)
 	if e != nil {
-		w.Header().Set("Retry-After", "1")
 		return writeError(w, e)
 	}
 	used := 0
@@ -325,7 +366,7 @@ func (g *Gateway) complete(w http.ResponseWriter, r *http.Request, key *server.A
 	ctx, cancel := context.WithCancelCause(r.Context())
 	defer cancel(nil)
 	pol := g.cfg.Policy.Policy()
-	res, err := g.cfg.Client.RunSession(ctx, g.ctl, pq, g.cfg.Retry, func(i uint64, tok uint32) error {
+	res, err := g.cfg.Client.RunSessionWithin(ctx, g.ctl, pq, g.cfg.Retry, g.cfg.PlaceWait, func(i uint64, tok uint32) error {
 		if p := g.cfg.Policy.Policy(); p != pol { // reloaded: is the key still in force?
 			if p.APIKey(bearer) == nil {
 				return errRevoked
@@ -391,7 +432,16 @@ func apiErrorOf(err error, param string) *apiError {
 			return &apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: str("overloaded"), Message: "no instance can run the request now; try again shortly"}
 		}
 	}
-	return &apiError{Status: http.StatusBadGateway, Type: "server_error", Message: "the request could not be run: " + errors.Unwrap(err).Error()}
+	if errors.Is(err, kvsp.ErrUnavailable) { // no placement within PlaceWait
+		return &apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: str("overloaded"), Message: "no instance can run the request now; try again shortly"}
+	}
+	// The kind of failure, not its text: an error's text may name
+	// internal addresses.
+	kind := "the PC or the instance failed"
+	if u := errors.Unwrap(err); u != nil && p != nil {
+		kind = u.Error()
+	}
+	return &apiError{Status: http.StatusBadGateway, Type: "server_error", Message: "the request could not be run: " + kind}
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -402,6 +452,9 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 func writeError(w http.ResponseWriter, e *apiError) int {
+	if (e.Status == http.StatusTooManyRequests || e.Status == http.StatusServiceUnavailable) && w.Header().Get("Retry-After") == "" {
+		w.Header().Set("Retry-After", "1") // every 429 and 503 says when to come back (api/openapi.yaml)
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(e.Status)
 	w.Write(errBody(e))

@@ -1,8 +1,14 @@
 package gateway
 
 import (
+	"errors"
+	"io"
+	"net/http/httptest"
 	"strings"
 	"testing"
+	"testing/iotest"
+
+	"github.com/kvsp/kvsp/server"
 )
 
 // TestTextStreamHoldsSplitCharacters: octets of one character split
@@ -83,6 +89,8 @@ func TestParseRequestRefusals(t *testing.T) {
 		{`{"model":"m","messages":[{"role":"user","content":"x"}],"stop":["a","b","c","d","e"]}`, "stop", true},
 		{`{"model":"m","messages":[{"role":"user","content":"x"}],"stream_options":{"include_usage":true}}`, "stream_options", true},
 		{`{"model":"m","messages":[{"role":"user","content":"x"}],"presence_penalty":0.5}`, "presence_penalty", true},
+		{`{"model":"m","messages":[{"role":"user","content":"x"}]}}`, "", true},
+		{`{"model":"m","prompt":"x"}]`, "", false},
 		{`{"model":"m","prompt":["a","b"]}`, "prompt", false},
 		{`{"model":"m","prompt":"a","suffix":"b"}`, "suffix", false},
 		{`{"model":"m","prompt":"a","echo":true}`, "echo", false},
@@ -98,5 +106,44 @@ func TestParseRequestRefusals(t *testing.T) {
 		`"stream":true,"stream_options":{"include_usage":true},"user":"u","seed":null}`), true)
 	if e != nil || !q.greedy || q.maxTokens != 9 || q.messages[0] != (message{"system", "ab"}) || len(q.stops) != 1 || !q.usage {
 		t.Fatalf("a request of neutral values: %+v %v", q, e)
+	}
+}
+
+// TestErrorsSayWhatToDo: a method the path does not serve is 405 with
+// Allow; every 429 and 503 carries Retry-After, and a 400 does not; a body
+// that cannot be read is answered 400, not an empty 200; a request that
+// could never fit its key's tokens a minute is 400, not a 429 the client
+// would retry for ever (what schemathesis and a review of api/openapi.yaml
+// found).
+func TestErrorsSayWhatToDo(t *testing.T) {
+	g := &Gateway{cfg: Config{MaxBody: 1 << 10}, inflight: map[*server.APIKey]int{}, used: map[*server.APIKey]int{}, failures: map[string]int{}}
+	w := httptest.NewRecorder()
+	g.ServeHTTP(w, httptest.NewRequest("DELETE", "/v1/models", nil))
+	if w.Code != 405 || w.Header().Get("Allow") != "GET" {
+		t.Errorf("DELETE /v1/models: %d Allow %q", w.Code, w.Header().Get("Allow"))
+	}
+	for status, retry := range map[int]string{400: "", 429: "1", 503: "1"} {
+		w := httptest.NewRecorder()
+		writeError(w, &apiError{Status: status, Type: "x", Message: "m"})
+		if w.Header().Get("Retry-After") != retry {
+			t.Errorf("%d: Retry-After %q, want %q", status, w.Header().Get("Retry-After"), retry)
+		}
+	}
+	w = httptest.NewRecorder()
+	r := httptest.NewRequest("POST", "/v1/completions", io.MultiReader(strings.NewReader(`{"model"`), iotest.ErrReader(errors.New("bad chunk"))))
+	if status := g.complete(w, r, nil, "", false); status != 400 || w.Code != 400 || !strings.Contains(w.Body.String(), "could not be read") {
+		t.Errorf("an unreadable body: %d %d %s", status, w.Code, w.Body)
+	}
+	key := &server.APIKey{MaxTokensPerMinute: 100}
+	if _, e := g.admit(key, 90, 20); e == nil || e.Status != 400 {
+		t.Errorf("110 tokens on a key of 100 a minute: %+v, want 400", e)
+	}
+	release, e := g.admit(key, 50, 20)
+	if e != nil {
+		t.Fatal(e)
+	}
+	defer release(20)
+	if _, e := g.admit(key, 50, 20); e == nil || e.Status != 429 {
+		t.Errorf("140 tokens within the minute on a key of 100: %+v, want 429", e)
 	}
 }

@@ -88,7 +88,7 @@ func parseRequest(body []byte, chat bool) (*request, *apiError) {
 	}
 	var fields map[string]json.RawMessage
 	dec := json.NewDecoder(bytes.NewReader(body))
-	if err := dec.Decode(&fields); err != nil || fields == nil || dec.More() {
+	if err := dec.Decode(&fields); err != nil || fields == nil || len(bytes.TrimLeft(body[dec.InputOffset():], " \t\r\n")) != 0 {
 		return nil, invalid("", "", "the body is not a JSON object")
 	}
 	for name, v := range fields {

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"time"
 
 	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/server"
@@ -29,7 +28,7 @@ func (h *Holder) createLease(w http.ResponseWriter, r *http.Request) error {
 		}
 		octets += e.octets
 	}
-	ls, err := h.leases.grant(p.ID, ids, octets, time.Duration(q.TTLMs)*time.Millisecond)
+	ls, err := h.leases.grant(p.ID, ids, octets, kvsp.Millis(q.TTLMs))
 	if err != nil {
 		if errors.Is(err, kvsp.ErrLeaseQuota) {
 			h.m.leaseRejected.Inc()
@@ -46,7 +45,7 @@ func (h *Holder) renewLease(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	p := server.PrincipalFrom(r.Context())
-	ls, err := h.leases.renew(p.ID, r.PathValue("id"), time.Duration(q.TTLMs)*time.Millisecond, p.MayUseScope)
+	ls, err := h.leases.renew(p.ID, r.PathValue("id"), kvsp.Millis(q.TTLMs), p.MayUseScope)
 	if err != nil {
 		return err
 	}

@@ -227,7 +227,7 @@ func (h *Holder) apply(op pubOp) error {
 		return err
 	}
 	op.e.mu.Lock()
-	op.e.published = time.Now().Add(time.Duration(got.TTLMs) * time.Millisecond)
+	op.e.published = time.Now().Add(kvsp.Millis(got.TTLMs))
 	op.e.mu.Unlock()
 	if h.log.Enabled(ctx, slog.LevelDebug) { // one per record: its arguments are not built for nothing
 		h.log.Debug("replica published", "scope", rec.ScopeID, "compat", rec.CompatID, "block", rec.BlockKey, "ttl_ms", got.TTLMs)

@@ -155,7 +155,7 @@ func (h *Holder) createRDMARead(w http.ResponseWriter, r *http.Request) error {
 	}
 	ttl := rdmaDefaultTTL
 	if q.TTLMs > 0 {
-		ttl = min(time.Duration(q.TTLMs)*time.Millisecond, rdmaMaxTTL)
+		ttl = min(kvsp.Millis(q.TTLMs), rdmaMaxTTL)
 	}
 	res, release, err := h.store.acquire(e, g)
 	if err != nil {

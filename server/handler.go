@@ -542,8 +542,8 @@ func writeProblem(w http.ResponseWriter, err error, id string) {
 	h.Set("Content-Type", kvsp.MediaTypeProblem)
 	h.Set("Cache-Control", "no-store")
 	h.Set("X-Content-Type-Options", "nosniff")
-	if p.Status == http.StatusTooManyRequests && h.Get("Retry-After") == "" {
-		h.Set("Retry-After", "1")
+	if (p.Status == http.StatusTooManyRequests || p.Status == http.StatusServiceUnavailable) && h.Get("Retry-After") == "" {
+		h.Set("Retry-After", "1") // both are for a while (RFC 9110 section 10.2.3); a client waits, not hammers
 	}
 	w.WriteHeader(p.Status)
 	w.Write(body)

@@ -274,7 +274,9 @@ func (r *Router) Handle(method, path string, rt Route, h HandlerFunc) {
 	slices.Sort(ms)
 	r.s.methods[full] = ms
 	if !seen {
-		r.s.mux.Handle(full, r.s.wrap(full, Route{MaxBody: -1}, func(w http.ResponseWriter, req *http.Request) error {
+		// Any other method is 405, whatever its body (never read: the
+		// default limit only bounds what a handler would read).
+		r.s.mux.Handle(full, r.s.wrap(full, Route{}, func(w http.ResponseWriter, req *http.Request) error {
 			r.s.mu.Lock()
 			allow := strings.Join(r.s.methods[full], ", ")
 			r.s.mu.Unlock()
@@ -282,6 +284,22 @@ func (r *Router) Handle(method, path string, rt Route, h HandlerFunc) {
 			return fmt.Errorf("%w: allowed: %s", kvsp.ErrMethodNotAllowed, allow)
 		}))
 	}
+}
+
+// Routes returns every route mounted, "METHOD /base/path" with ServeMux
+// wildcards, sorted (the catch-all and the 405 answers of each path are
+// not routes): what api/openapi.yaml must describe, and only that.
+func (s *Server) Routes() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for path, ms := range s.methods {
+		for _, m := range ms {
+			out = append(out, m+" "+path)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // Handler returns the server's handler, for tests that bring their own

@@ -103,6 +103,9 @@ func echoRoutes(s *server.Server) {
 		return server.WriteJSON(w, 200, &kvsp.LookupResponse{Replicas: [][]kvsp.ReplicaRecord{}})
 	})
 	r.Handle("DELETE", "lookup", server.Route{}, func(w http.ResponseWriter, req *http.Request) error { return nil })
+	r.Handle("GET", "busy", server.Route{}, func(w http.ResponseWriter, req *http.Request) error {
+		return fmt.Errorf("%w: backend down", kvsp.ErrUnavailable)
+	})
 	r.Handle("PUT", "stale", server.Route{}, func(w http.ResponseWriter, req *http.Request) error {
 		return kvsp.NewProblem(kvsp.ErrStaleEpoch, "epoch 3 is below 4").With("epoch", 4)
 	})
@@ -419,10 +422,12 @@ func TestProblemDetails(t *testing.T) {
 	}{
 		{"unknown path", "GET", "/nowhere", "", "", 404, "about:blank"},
 		{"R-HTTP-1 method", "GET", "/t/lookup", "", "", 405, "about:blank"},
+		{"R-HTTP-1 method with a body", "PUT", "/t/lookup", kvsp.MediaType, lookup, 405, "about:blank"}, // not 413: the body is not this route's
 		{"A-29 media type", "POST", "/t/lookup", "application/json", lookup, 415, "about:blank"},
 		{"R-REC-2 bad body", "POST", "/t/lookup", kvsp.MediaType, `{"Scope_ID":"x"}`, 400, "about:blank"},
 		{"A-29 duplicate", "POST", "/t/lookup", kvsp.MediaType, strings.Replace(lookup, "{", `{"block_keys":[],`, 1), 400, "about:blank"},
 		{"A-12 stale epoch", "PUT", "/t/stale", "", "", 409, "https://iana.org/assignments/kvsp#kvsp-stale-epoch"},
+		{"503 unavailable", "GET", "/t/busy", "", "", 503, "about:blank"},
 	} {
 		resp, body, err := get(c, x.method, e.url(x.path), x.ctype, x.body)
 		if err != nil {
@@ -438,6 +443,9 @@ func TestProblemDetails(t *testing.T) {
 		}
 		if x.status == 405 && resp.Header.Get("Allow") != "DELETE, POST" {
 			t.Errorf("405 Allow = %q", resp.Header.Get("Allow"))
+		}
+		if x.status == 503 && resp.Header.Get("Retry-After") != "1" { // api/openapi.yaml: every 503 says when to come back
+			t.Errorf("503 Retry-After = %q", resp.Header.Get("Retry-After"))
 		}
 		if x.status == 409 && (!errors.Is(p, kvsp.ErrStaleEpoch) || p.Extensions["epoch"] != float64(4)) {
 			t.Errorf("stale epoch problem: %s", body)

@@ -35,7 +35,7 @@ func NewStatusTable() *StatusTable { return &StatusTable{m: make(map[string]stat
 func (t *StatusTable) Update(st kvsp.InstanceStatus) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.m[st.Instance] = statusEntry{st, time.Now().Add(time.Duration(st.TTLMs) * time.Millisecond)}
+	t.m[st.Instance] = statusEntry{st, time.Now().Add(kvsp.Millis(st.TTLMs))}
 }
 
 // Status implements StatusSource.

@@ -138,7 +138,7 @@ func (s *Service) stateDigest(w http.ResponseWriter, r *http.Request) error {
 	if !p.SpeaksFor(rec.Producer) {
 		return fmt.Errorf("%w: not authorized to state digests for this producer", kvsp.ErrForbidden)
 	}
-	ttl := min(time.Duration(rec.TTLMs)*time.Millisecond, s.cfg.MaxTTL)
+	ttl := min(kvsp.Millis(rec.TTLMs), s.cfg.MaxTTL)
 	rec.TTLMs = remainingMs(ttl)
 	if err := s.b.Pin(r.Context(), &rec, ttl); err != nil {
 		if errors.Is(err, ErrProducerConflict) {
@@ -187,7 +187,7 @@ func (s *Service) publish(w http.ResponseWriter, r *http.Request) error {
 			return fmt.Errorf("%w: layer_digests do not hash to the digest", kvsp.ErrInvalid)
 		}
 	}
-	ttl := time.Duration(rec.TTLMs) * time.Millisecond
+	ttl := kvsp.Millis(rec.TTLMs)
 	if ttl > s.cfg.MaxTTL {
 		ttl = s.cfg.MaxTTL
 		rec.TTLMs = remainingMs(ttl)

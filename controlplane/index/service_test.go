@@ -23,6 +23,7 @@ const (
 	pol2 = kvsptest.Policy + `  - {id: "spiffe://kvsp.test/holder/h2", roles: [holder], speaks_for: ["https://127.0.0.1/h2/"], scopes: [` + kvsptest.Scope + `]}
   - {id: "spiffe://kvsp.test/holder/h1-other", roles: [holder], speaks_for: ["https://127.0.0.1/h1/"], scopes: [aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa]}
   - {id: "spiffe://kvsp.test/client/b", roles: [client], scopes: [bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb]}
+  - {id: "spiffe://kvsp.test/instance/ii1", roles: [instance], speaks_for: ["https://127.0.0.1/ii1/"], scopes: [` + kvsptest.Scope + `]}
 `
 )
 
@@ -101,6 +102,30 @@ func TestPublishRules(t *testing.T) {
 	}
 	if err := f.client(t, "spiffe://kvsp.test/holder/h2").Withdraw(ctx, h1, kvsp.BlockKey{1, 1}); !errors.Is(err, kvsp.ErrForbidden) {
 		t.Fatalf("h2 withdrawing for h1: %v", err)
+	}
+}
+
+// TestTTLsPastDurationsRange: ttl_ms may be anything up to 2^53-1 (A-33),
+// past what a time.Duration holds (about 106 days of milliseconds); such
+// a TTL is capped at index.max_ttl_ms, for a replica and for a producer's
+// statement alike, never wrapped into a negative one that answered
+// ttl_ms 0 (what schemathesis found on PUT producers/{key}).
+func TestTTLsPastDurationsRange(t *testing.T) {
+	f := start(t)
+	ctx := context.Background()
+	got, _, err := f.client(t, kvsptest.Holder1).Publish(ctx, rec(h1, 7, kvsp.MaxJSONInt))
+	if err != nil || got.TTLMs != 60000 {
+		t.Fatalf("publish: %+v %v", got, err)
+	}
+	for _, ttl := range []uint64{kvsp.MaxJSONInt, 1 << 44} {
+		st, err := f.client(t, "spiffe://kvsp.test/instance/ii1").StateDigest(ctx, &kvsp.ProducerRecord{BlockKey: kvsp.BlockKey{8, byte(ttl)}, ScopeID: scope,
+			CompatID: kvsp.CompatID{1}, Producer: "https://127.0.0.1/ii1/", Digest: kvsp.Digest{2}, TTLMs: ttl})
+		if err != nil || st.TTLMs != 60000 {
+			t.Fatalf("statement of ttl_ms %d: %+v %v", ttl, st, err)
+		}
+	}
+	if kvsp.Millis(kvsp.MaxJSONInt) <= 0 || kvsp.Millis(1500) != 1500*time.Millisecond {
+		t.Fatal("kvsp.Millis")
 	}
 }
 

@@ -180,3 +180,28 @@ func (w *rig) sweep(t *testing.T) {
 	go func() { w.ctl.Run(ctx, 20*time.Millisecond); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
 }
+
+// TestPlacementWaitIsBounded: with no instance to run it (its one
+// instance sleeping), a session waits
+// for a placement only as long as it is given (the gateway's PlaceWait),
+// then returns the PC's 503: a front end answers its client rather than
+// hold the request for ever (what schemathesis found: a chat completion
+// hung while the fuzzed deployment had no instance with room).
+func TestPlacementWaitIsBounded(t *testing.T) {
+	w := newRig(t, rigOptions{})
+	w.runAgents(t, "/ii1/")
+	if _, err := w.pc.SetState(context.Background(), kvsp.StateDraining); err != nil { // sleeping: no new sessions
+		t.Fatal(err)
+	}
+	q := &kvsp.PlaceRequest{ScopeID: w.scopeKey.ID(), CompatID: w.compat, Tokens: prompt(2), MaxTokens: 5}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err := w.front.RunSessionWithin(ctx, w.front.Controller(w.url("/pc/")), q, 20*time.Millisecond, 300*time.Millisecond, func(uint64, uint32) error { return nil })
+	// Placed before the PC heard of the state (the instance refuses it:
+	// 409, and the PC does not move it), or refused by the PC (503):
+	// either way unavailable, within the wait.
+	if !errors.Is(err, kvsp.ErrUnavailable) || ctx.Err() != nil || time.Since(start) > 5*time.Second {
+		t.Fatalf("no instance with room: %v after %s (want unavailable after about 300 ms)", err, time.Since(start))
+	}
+}

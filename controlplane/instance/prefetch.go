@@ -148,7 +148,7 @@ func (a *Agent) Prefetch(d *kvsp.PrefetchDirective, body []byte) error {
 		st := x.status()
 		if st.State == kvsp.PrefetchPending {
 			pending++
-		} else if x.finishedBefore(received.Add(-time.Duration(x.d.LeaseMs) * time.Millisecond)) {
+		} else if x.finishedBefore(received.Add(-kvsp.Millis(x.d.LeaseMs))) {
 			delete(a.directives, id) // kept lease_ms after completion
 		}
 	}
@@ -159,7 +159,7 @@ func (a *Agent) Prefetch(d *kvsp.PrefetchDirective, body []byte) error {
 	a.directives[d.Directive] = x
 	// deadline_ms counts from receipt. Transfers under way at the
 	// deadline may finish within the lease (run says why).
-	ctx, cancel := context.WithDeadline(context.Background(), received.Add(time.Duration(d.DeadlineMs)*time.Millisecond))
+	ctx, cancel := context.WithDeadline(context.Background(), received.Add(kvsp.Millis(d.DeadlineMs)))
 	x.received = received
 	go func() {
 		defer cancel()
@@ -408,7 +408,7 @@ func (a *Agent) run(ctx context.Context, x *directive) {
 	}
 	x.pins = kept
 	if len(kept) > 0 { // the request that does not come does not hold them long
-		x.hold = time.AfterFunc(time.Duration(d.LeaseMs)*time.Millisecond, func() { a.unpinKeys(x.takePins()) })
+		x.hold = time.AfterFunc(kvsp.Millis(d.LeaseMs), func() { a.unpinKeys(x.takePins()) })
 	}
 	for i, b := range d.Blocks[len(x.loaded):] {
 		x.failed = append(x.failed, b.BlockKey)

@@ -203,7 +203,7 @@ func (a *Agent) reshard(ctx context.Context, r *kvsp.Reshard, may func(kvsp.Scop
 		return nil, err
 	}
 	s.planned = max(s.planned, r.To)
-	deadline := received.Add(time.Duration(r.DeadlineMs) * time.Millisecond * (100 - reshardMargin) / 100)
+	deadline := received.Add(kvsp.Millis(r.DeadlineMs * (100 - reshardMargin) / 100)) // deadline_ms <= 2^53: no overflow
 	fctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	p, err := a.fetchRanges(fctx, r)

@@ -5,7 +5,6 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
-	"time"
 
 	"github.com/kvsp/kvsp"
 	"github.com/kvsp/kvsp/server"
@@ -44,7 +43,7 @@ func (c *Controller) putMap(w http.ResponseWriter, r *http.Request) error {
 		return fmt.Errorf("%w: the path's map is not the body's", kvsp.ErrInvalid)
 	}
 	res, err := c.Reshard(r.Context(), &ReshardRequest{Next: u.Map, ScopeID: u.ScopeID, CompatID: u.CompatID, Tokens: u.Tokens,
-		Deadline: time.Duration(u.DeadlineMs) * time.Millisecond})
+		Deadline: kvsp.Millis(u.DeadlineMs)})
 	if err != nil {
 		return err
 	}

@@ -628,7 +628,7 @@ func (c *Controller) lost(s *Session) (from string, epoch uint64, lost, failed b
 	}
 	st, ok := c.reg.Get(from)
 	failed = !ok || st.State == kvsp.StateFailed
-	if failed && ok && c.stalled(time.Now(), time.Duration(st.Status.TTLMs)*time.Millisecond) {
+	if failed && ok && c.stalled(time.Now(), kvsp.Millis(st.Status.TTLMs)) {
 		return from, epoch, false, false // no fresh evidence yet: the PC's silence, not the instance's
 	}
 	restarted := ok && epoch != 0 && st.Status.Instance != "" && st.Status.Epoch != epoch
@@ -1114,7 +1114,7 @@ func (c *Controller) prefetch(ctx context.Context, uri string, q *kvsp.PlaceRequ
 	deadline = min(deadline, c.cfg.MaxDeadline)
 	d.DeadlineMs = uint64((deadline + time.Millisecond - 1) / time.Millisecond)
 	// Pending at the instance until done, at the latest its deadline.
-	switch err := c.reg.reserve(uri, c.cfg.MaxPending, c.cfg.MaxShare, who, time.Now().Add(time.Duration(d.DeadlineMs)*time.Millisecond)); err {
+	switch err := c.reg.reserve(uri, c.cfg.MaxPending, c.cfg.MaxShare, who, time.Now().Add(kvsp.Millis(d.DeadlineMs))); err {
 	case nil:
 	case errShare: // L5: the principal or scope holds its share of them
 		c.m.directives.WithLabelValues("share").Inc()

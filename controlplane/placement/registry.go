@@ -194,7 +194,7 @@ func (r *Registry) PutFrom(st *kvsp.InstanceStatus, reporter string) (kvsp.Insta
 	in.st.Started = nil
 	in.reporter = reporter
 	in.st.Links = append([]kvsp.Link(nil), st.Links...)
-	in.expires = now.Add(time.Duration(st.TTLMs) * time.Millisecond)
+	in.expires = now.Add(kvsp.Millis(st.TTLMs))
 	if st.State != kvsp.StateActive {
 		in.draining = false // it has moved on
 	}
