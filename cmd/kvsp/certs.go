@@ -56,8 +56,9 @@ func cmdCerts(args []string, stdout io.Writer) error {
 		engines = append(engines, s)
 		return nil
 	})
+	perRole := fl.Bool("per-role", false, "also one identity per role (role-ROLE.pem, role-ROLE.key): controller, index, holder, instance, client and producer, each with that role alone, every scope, speaking for the configuration's bases of its role")
 	if err := fl.Parse(args); err != nil || *path == "" || fl.NArg() != 0 {
-		return usageError("certs takes --config FILE [--trust-domain D] [--validity DURATION] [--engine NAME ...]")
+		return usageError("certs takes --config FILE [--trust-domain D] [--validity DURATION] [--engine NAME ...] [--per-role]")
 	}
 	data, err := os.ReadFile(*path)
 	if err != nil {
@@ -185,6 +186,34 @@ func cmdCerts(args []string, stdout io.Writer) error {
 		}
 		fmt.Fprintf(stdout, "wrote %s for %s (roles producer, client)\n", filepath.Join(dir, name+".pem"), id)
 		pf.Principals = append(pf.Principals, policyPrincipal{ID: id, Roles: []string{"producer", "client"}, Scopes: nonNil(scopes)})
+	}
+	if *perRole {
+		// One identity per role: what a deployment that gives each
+		// component its own certificate sees, for tests of authorization
+		// and of the API contract (api/openapi.yaml's x-kvsp-roles).
+		for _, role := range []string{"controller", "index", "holder", "instance", "client", "producer"} {
+			id := "spiffe://" + *trust + "/role/" + role
+			leaf, err := ca.Issue(pki.LeafOptions{URIs: []string{id}, NotAfter: time.Now().Add(*validity)})
+			if err != nil {
+				return err
+			}
+			if err := leaf.WriteFiles(filepath.Join(dir, "role-"+role+".pem"), filepath.Join(dir, "role-"+role+".key")); err != nil {
+				return err
+			}
+			var speaks []string
+			switch role {
+			case "holder":
+				for _, h := range c.Holders {
+					speaks = append(speaks, h.Base)
+				}
+			case "instance":
+				for _, x := range c.Instances {
+					speaks = append(speaks, x.Base)
+				}
+			}
+			fmt.Fprintf(stdout, "wrote %s for %s (role %s)\n", filepath.Join(dir, "role-"+role+".pem"), id, role)
+			pf.Principals = append(pf.Principals, policyPrincipal{ID: id, Roles: []string{role}, SpeaksFor: speaks, Scopes: nonNil(scopes)})
+		}
 	}
 	if c.Gateway != nil && len(scopes) > 0 {
 		// A development API key for the first scope, beside the

@@ -84,6 +84,35 @@ func TestCertsEngine(t *testing.T) {
 	}
 }
 
+// TestCertsPerRole: --per-role issues one identity per role, that role
+// alone, every scope; the holder and instance identities speak for the
+// configuration's holders and instances, and no other does (the API
+// contract's tests call each operation as the role x-kvsp-roles names).
+func TestCertsPerRole(t *testing.T) {
+	dir := t.TempDir()
+	cfg := writeFile(t, dir, "kvsp.yaml", testConfig)
+	writeFile(t, dir, "descriptor.json", appendixDescriptor)
+	if code, out, errs := runCLI(t, "certs", "--config", cfg, "--per-role"); code != 0 || !strings.Contains(out, "role-producer.pem for spiffe://kvsp.local/role/producer (role producer)") {
+		t.Fatalf("certs --per-role: %d %s %s", code, out, errs)
+	}
+	pol, _ := os.ReadFile(filepath.Join(dir, "policy.yaml"))
+	key, _ := os.ReadFile(filepath.Join(dir, "scope-a.key"))
+	sk, _ := kvsp.ScopeKeyFromFile(key)
+	for role, speaks := range map[string]string{"controller": "", "index": "", "holder": "https://127.0.0.1:8443/h1/', 'https://127.0.0.1:8443/h2/", "instance": "https://127.0.0.1:8443/ii1/", "client": "", "producer": ""} {
+		if _, err := os.Stat(filepath.Join(dir, "role-"+role+".key")); err != nil {
+			t.Errorf("no key for %s", role)
+		}
+		want := "- id: spiffe://kvsp.local/role/" + role + "\n    roles: [" + role + "]\n"
+		if speaks != "" {
+			want += "    speaks_for: ['" + speaks + "']\n"
+		}
+		want += "    scopes: [" + sk.ID().String() + "]"
+		if !strings.Contains(string(pol), want) {
+			t.Errorf("policy lacks %q:\n%s", want, pol)
+		}
+	}
+}
+
 // TestCertsThenServe: the README's flow. `kvsp certs` writes what the
 // configuration names; `kvsp serve` then serves its roles behind mutual
 // TLS, and stops cleanly when told.
