@@ -156,14 +156,24 @@ sim: ## the deterministic simulation: DS1 for SEEDS seeds (default 1000) and F10
 	KVSP_SIM_SEEDS=$(SEEDS) KVSP_F10_SEEDS=$(F10_SEEDS) $(GO) test -tags nogpu -timeout 0 -count 1 -v -run '^(TestDS1_|TestF10_)' ./internal/dsim/ 2>&1 | tee $(BIN)/sim.log | grep -v -E '^(=== RUN|    --- PASS)'; st=$${PIPESTATUS[0]}; \
 	$(GO) build -o $(BIN)/kvsp-nightly ./internal/nightly && $(BIN)/kvsp-nightly verdict -stage sim -command 'make sim SEEDS=$(SEEDS) F10_SEEDS=$(F10_SEEDS)' -status $$st -start $$start -out $(BIN) $(BIN)/sim.log
 
-nightly: deps ## make chaos, make soak, make sim and make long in sequence (about 60 minutes), then one dated report of them in bin/ (nightly-DATE.json and .md); the last line names any failed stage and row; then make docs-long. go run ./internal/nightly install bin/nightly-DATE.json puts a passing report in docs/nightly/ and its figures in docs/reliability.md
-	@rm -f $(BIN)/chaos.json $(BIN)/soak.json $(BIN)/sim.json $(BIN)/long.json
+nightly: deps ## make chaos, make soak, make sim, make long and make api-fuzz in sequence (about 75 minutes), then one dated report of them in bin/ (nightly-DATE.json and .md); the last line names any failed stage and row; then make docs-long. go run ./internal/nightly install bin/nightly-DATE.json puts a passing report in docs/nightly/ and its figures in docs/reliability.md
+	@rm -f $(BIN)/chaos.json $(BIN)/soak.json $(BIN)/sim.json $(BIN)/long.json $(BIN)/api-fuzz.json
 	-@$(MAKE) --no-print-directory chaos
 	-@$(MAKE) --no-print-directory soak
 	-@$(MAKE) --no-print-directory sim
 	-@$(MAKE) --no-print-directory long
-	@$(GO) build -o $(BIN)/kvsp-nightly ./internal/nightly && $(BIN)/kvsp-nightly report -out $(BIN) $(BIN)/chaos.json $(BIN)/soak.json $(BIN)/sim.json $(BIN)/long.json
+	-@$(MAKE) --no-print-directory api-fuzz
+	@$(GO) build -o $(BIN)/kvsp-nightly ./internal/nightly && $(BIN)/kvsp-nightly report -out $(BIN) $(BIN)/chaos.json $(BIN)/soak.json $(BIN)/sim.json $(BIN)/long.json $(BIN)/api-fuzz.json
 	@$(MAKE) --no-print-directory docs-long
+
+API_FUZZ_EXAMPLES ?= 200
+api-fuzz: deps build ## issue 52's long run: schemathesis against api/openapi.yaml on a fresh kvsp serve, every phase (examples, coverage: boundaries, missing members, undeclared methods; fuzzing, API_FUZZ_EXAMPLES per operation and mode), the stateful links; operations, requests and failures in bin/api-fuzz.json (make test runs a short one)
+	@mkdir -p $(BIN); start=$$(date +%s); \
+	$(VENV)/bin/pip install -q --no-deps --no-build-isolation --force-reinstall ./python; \
+	cd python && KVSP_BIN=$(BIN)/kvsp KVSP_VECTORS_BIN=$(BIN)/kvsp-vectors KVSP_API_FUZZ_EXAMPLES=$(API_FUZZ_EXAMPLES) KVSP_API_FUZZ_PHASES=examples,coverage,fuzzing \
+		KVSP_API_FUZZ_REPORT=$(BIN)/api-fuzz-figures.json $(CURDIR)/$(VENV)/bin/pytest tests/test_api_fuzz.py -p no:cacheprovider -q -s 2>&1 | tee $(BIN)/api-fuzz.log | grep -E '^(kvsp-figures|FAILED|[0-9]+ (passed|failed))'; st=$${PIPESTATUS[0]}; \
+		echo "--- $$([ $$st -eq 0 ] && echo PASS || echo FAIL): TestAPIFuzz ($$(( $$(date +%s) - start )).00s)" >> $(BIN)/api-fuzz.log; \
+	$(GO) build -o $(BIN)/kvsp-nightly $(CURDIR)/internal/nightly && $(BIN)/kvsp-nightly verdict -stage api-fuzz -command 'make api-fuzz API_FUZZ_EXAMPLES=$(API_FUZZ_EXAMPLES)' -status $$st -start $$start -out $(BIN) $(BIN)/api-fuzz.log
 
 docs-long: deps build ## every shell block of README.md and docs/, the long ones too (make demo, make test, the benchmarks, make test-vllm: hours); make test runs the short ones (internal/docs TestShellBlocks)
 	KVSP_DOCS_LONG=1 $(GO) test -count=1 -timeout 6h -v -run '^TestShellBlocks$$' ./internal/docs/

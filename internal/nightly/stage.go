@@ -70,6 +70,8 @@ func rowOf(test string) string {
 		return "chaos"
 	case "TestLongWorkloadHoldsSharing": // make long: sharing over a longer workload (issue 47)
 		return "long"
+	case "TestAPIFuzz": // make api-fuzz: schemathesis against api/openapi.yaml (issue 52), its pytest run as one test
+		return "api-fuzz"
 	}
 	return ""
 }
@@ -195,6 +197,8 @@ func rowOrder(id string) int {
 		return 1 << 20
 	case "long":
 		return 1<<20 + 1
+	case "api-fuzz":
+		return 1<<20 + 2
 	}
 	i := strings.IndexAny(id, "0123456789")
 	if i < 0 {
