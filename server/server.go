@@ -183,7 +183,8 @@ func New(cfg Config) (*Server, error) {
 		logs:    newLimiter(time.Now),
 	}
 	// Anything no role serves: 404 problem, after authentication.
-	s.mux.Handle("/", s.wrap("/", Route{MaxBody: -1}, func(w http.ResponseWriter, r *http.Request) error {
+	// Whatever its body (never read): 404, not 413.
+	s.mux.Handle("/", s.wrap("/", Route{}, func(w http.ResponseWriter, r *http.Request) error {
 		// Not a KVSP resource, so not kvsp-not-found (which names blocks,
 		// leases, sessions and directives).
 		return &kvsp.Problem{Type: "about:blank", Title: "Not Found", Status: http.StatusNotFound, Detail: "no such resource"}

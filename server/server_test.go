@@ -421,6 +421,7 @@ func TestProblemDetails(t *testing.T) {
 		typ                             string
 	}{
 		{"unknown path", "GET", "/nowhere", "", "", 404, "about:blank"},
+		{"unknown path with a body", "PUT", "/t/x/..", kvsp.MediaType, lookup, 404, "about:blank"},
 		{"R-HTTP-1 method", "GET", "/t/lookup", "", "", 405, "about:blank"},
 		{"R-HTTP-1 method with a body", "PUT", "/t/lookup", kvsp.MediaType, lookup, 405, "about:blank"}, // not 413: the body is not this route's
 		{"A-29 media type", "POST", "/t/lookup", "application/json", lookup, 415, "about:blank"},
