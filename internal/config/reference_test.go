@@ -26,36 +26,45 @@ const (
 func fieldDocs(t *testing.T) map[string]map[string]string {
 	t.Helper()
 	fset := token.NewFileSet()
-	pkgs, err := parser.ParseDir(fset, ".", func(fi os.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, parser.ParseComments)
+	names, err := filepath.Glob("*.go")
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]map[string]string{}
-	for _, p := range pkgs {
-		for _, f := range p.Files {
-			ast.Inspect(f, func(n ast.Node) bool {
-				ts, ok := n.(*ast.TypeSpec)
-				if !ok {
-					return true
-				}
-				st, ok := ts.Type.(*ast.StructType)
-				if !ok {
-					return true
-				}
-				m := map[string]string{}
-				for _, fl := range st.Fields.List {
-					text := fl.Doc.Text()
-					if text == "" {
-						text = fl.Comment.Text()
-					}
-					for _, name := range fl.Names {
-						m[name.Name] = strings.Join(strings.Fields(text), " ")
-					}
-				}
-				out[ts.Name.Name] = m
-				return true
-			})
+	var files []*ast.File
+	for _, name := range names {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
 		}
+		f, err := parser.ParseFile(fset, name, nil, parser.ParseComments)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, f)
+	}
+	out := map[string]map[string]string{}
+	for _, f := range files {
+		ast.Inspect(f, func(n ast.Node) bool {
+			ts, ok := n.(*ast.TypeSpec)
+			if !ok {
+				return true
+			}
+			st, ok := ts.Type.(*ast.StructType)
+			if !ok {
+				return true
+			}
+			m := map[string]string{}
+			for _, fl := range st.Fields.List {
+				text := fl.Doc.Text()
+				if text == "" {
+					text = fl.Comment.Text()
+				}
+				for _, name := range fl.Names {
+					m[name.Name] = strings.Join(strings.Fields(text), " ")
+				}
+			}
+			out[ts.Name.Name] = m
+			return true
+		})
 	}
 	return out
 }
