@@ -49,7 +49,7 @@ from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from schemathesis.checks import CheckContext
 from schemathesis.config._checks import MissingRequiredHeaderConfig, NegativeDataRejectionConfig
-from schemathesis.specs.openapi.checks import positive_data_acceptance
+from schemathesis.specs.openapi.checks import ignored_auth, missing_required_header, positive_data_acceptance
 from serving import ROOT, Proc, binary, certs, free_ports
 
 import kvsp
@@ -418,6 +418,16 @@ def valid_requests_accepted(ctx: CheckContext, response: Any, case: Any) -> bool
     raise AssertionError(f"a request valid under its schema refused {s}: {detail[:300]}")
 
 
+def excluded(case: Any) -> list[Any]:
+    """The checks left out: ours replace two; on the gateway, the ones that
+    send bad keys over and over (its per-peer lockout answers them 429
+    after 20 a minute, by design; python/tests/test_gateway.py checks
+    its 401s)."""
+    if "gateway" in case.operation.definition.raw.get("tags", []):
+        return [*EXCLUDED, ignored_auth, missing_required_header]
+    return EXCLUDED
+
+
 def _run(case: Any, dep: Deployment) -> None:
     op = case.operation.definition.raw
     if op.get("x-kvsp-requires") == "rdma":
@@ -429,7 +439,7 @@ def _run(case: Any, dep: Deployment) -> None:
     session = requests.Session()
     try:
         response = case.call(session=session, **kw)
-        case.validate_response(response, transport_kwargs={**kw, "session": session}, excluded_checks=EXCLUDED)
+        case.validate_response(response, transport_kwargs={**kw, "session": session}, excluded_checks=excluded(case))
     except Exception as e:
         FIGURES["failures"].append(f"{case.operation.label}: {str(e)[:300]}")
         raise
@@ -451,9 +461,18 @@ def _restore(case: Any, dep: Deployment) -> None:
         ).raise_for_status()
 
 
+# make test's short run sends the same requests each time (a failure
+# there is the code's, not the draw's); make api-fuzz draws afresh.
+RANDOM = "KVSP_API_FUZZ_EXAMPLES" in os.environ
+
+
 @SCHEMA.parametrize()
 @settings(
-    deadline=None, suppress_health_check=list(HealthCheck), database=None, phases=[Phase.explicit, Phase.generate]
+    derandomize=not RANDOM,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    database=None,
+    phases=[Phase.explicit, Phase.generate],
 )
 def test_operation(case: Any, deployment: Deployment) -> None:
     _run(case, deployment)
@@ -486,6 +505,9 @@ def test_roles_not_listed_are_refused(deployment: Deployment) -> None:
     assert checked >= 50
 
 
+@pytest.mark.skipif(
+    not RANDOM, reason="make api-fuzz runs the links: their walk depends on what the operations before it left"
+)
 def test_stateful(deployment: Deployment) -> None:
     """The document's links, followed: a replica published, then looked
     up; a lease granted, then renewed and released; a request placed, then
@@ -513,7 +535,9 @@ def test_stateful(deployment: Deployment) -> None:
 
         def validate_response(self, response: Any, case: Any, additional_checks: Any = None, **kwargs: Any) -> None:
             try:
-                case.validate_response(response, transport_kwargs={**dep.call_kwargs(case)}, excluded_checks=EXCLUDED)
+                case.validate_response(
+                    response, transport_kwargs={**dep.call_kwargs(case)}, excluded_checks=excluded(case)
+                )
             except Exception as e:
                 FIGURES["failures"].append(f"stateful {case.operation.label}: {str(e)[:300]}")
                 raise
