@@ -9,11 +9,8 @@ checks the document's paths against the router."""
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import re
-import subprocess
-from collections.abc import Iterator
 from typing import Any
 
 import jsonschema
@@ -24,6 +21,7 @@ from hypothesis import strategies as st
 from openapi_spec_validator import OpenAPIV31SpecValidator
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
+from test_properties import Go, go  # noqa: F401 (go: the Go helper fixture, bin/kvsp-vectors -serve)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DOC: dict[str, Any] = yaml.safe_load((ROOT / "api" / "openapi.yaml").read_text())
@@ -143,32 +141,10 @@ def test_base_uri_pattern_vector(case: dict[str, Any]) -> None:
         assert not _base_uri_valid(case["input"]), case["input"]
 
 
-@pytest.fixture(scope="module")
-def go_base_uri() -> Iterator[Any]:
-    binary = pathlib.Path(os.environ.get("KVSP_VECTORS_BIN", ROOT / "bin" / "kvsp-vectors"))
-    if not binary.exists():
-        pytest.fail(f"{binary} is missing: make test-python builds it")
-    proc = subprocess.Popen([str(binary), "-serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    assert proc.stdin is not None and proc.stdout is not None
-    stdin, stdout = proc.stdin, proc.stdout
-
-    def ask(uri: str) -> dict[str, Any]:
-        stdin.write(json.dumps({"op": "base_uri", "input": uri}).encode() + b"\n")
-        stdin.flush()
-        out: dict[str, Any] = json.loads(stdout.readline())
-        return out
-
-    try:
-        yield ask
-    finally:
-        stdin.close()
-        proc.wait(timeout=10)
-
-
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(uri=st.from_regex(BASE_URI, fullmatch=True))
-def test_base_uri_pattern_is_gos(go_base_uri: Any, uri: str) -> None:
+def test_base_uri_pattern_is_gos(go: Go, uri: str) -> None:  # noqa: F811 (the fixture)
     """What the pattern admits (what schemathesis sends as valid), Go
     takes as it is: a base URI already normalised (IPv6 literals too)."""
-    got = go_base_uri(uri)
+    got = go.ask({"op": "base_uri", "input": uri})
     assert got.get("ok") and got.get("value") == uri, (uri, got)
