@@ -35,6 +35,14 @@ var producers = []Role{RoleInstance, RoleProducer}
 // 128 x fp32 is 80 MiB; holders may set their own).
 const MaxBlockBody = 1 << 30
 
+// MaxCheckpointBody bounds a Session Checkpoint's body (PUT checkpoint,
+// POST resume): a session of 2^20 tokens (kvsp.MaxGenerateTokens, the
+// most a context holds) is 11.5 MB as 10-digit generated token ids, or
+// 17.6 MB of Block Keys as a prompt in blocks of 4 tokens. The default
+// 1 MiB refused the checkpoints of a session past about 100,000 output
+// tokens (found by make api-fuzz), which could then not be resumed.
+const MaxCheckpointBody = 24 << 20
+
 // KVSPRoutes is the resource table. Role packages mount their handlers
 // from it, so authorization stays in one place.
 var KVSPRoutes = []KVSPRoute{
@@ -47,10 +55,10 @@ var KVSPRoutes = []KVSPRoute{
 	{RoleHolder, "PUT", "leases/{id}", anyone, 0},
 	{RoleHolder, "DELETE", "leases/{id}", anyone, -1},
 	{RoleController, "PUT", "instances/{instance}/status", []Role{RoleInstance}, 0},
-	{RoleController, "PUT", "sessions/{session}/checkpoint", []Role{RoleInstance}, 0},
+	{RoleController, "PUT", "sessions/{session}/checkpoint", []Role{RoleInstance}, MaxCheckpointBody},
 	{RoleInstance, "POST", "prefetch", []Role{RoleController}, 0},
 	{RoleInstance, "GET", "prefetch/{id}", []Role{RoleController}, -1},
-	{RoleInstance, "POST", "sessions/{session}/resume", []Role{RoleController}, 0},
+	{RoleInstance, "POST", "sessions/{session}/resume", []Role{RoleController}, MaxCheckpointBody},
 	{RoleInstance, "POST", "reshard", []Role{RoleController}, 0},
 	{RoleInstance, "PUT", "state", []Role{RoleController}, 0},
 }

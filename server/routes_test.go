@@ -364,3 +364,22 @@ func TestMountRole(t *testing.T) {
 		}
 	})
 }
+
+// TestCheckpointBodiesFit: the two routes whose body is a Session
+// Checkpoint (PUT checkpoint at the PC, POST resume at the instance) take
+// one of a session of 2^20 tokens (TestCheckpointOfTheLongestSession
+// sends one to the PC); the default 1 MiB refused them.
+func TestCheckpointBodiesFit(t *testing.T) {
+	n := 0
+	for _, rt := range server.KVSPRoutes {
+		if rt.Path == "sessions/{session}/checkpoint" || rt.Path == "sessions/{session}/resume" {
+			n++
+			if rt.MaxBody < server.MaxCheckpointBody {
+				t.Errorf("%s %s: body limit %d, under MaxCheckpointBody", rt.Method, rt.Path, rt.MaxBody)
+			}
+		}
+	}
+	if n != 2 {
+		t.Fatalf("%d checkpoint routes, want 2", n)
+	}
+}
