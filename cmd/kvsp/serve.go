@@ -236,7 +236,7 @@ func newInstance(x *config.Instance, c *client.Client, keys []kvsp.ScopeKey, log
 		eng = ce
 	default:
 		sc := sim.Config{Descriptor: d, PrefillTokensPerS: x.Engine.PrefillTokensPerS, DecodeTokensPerS: x.Engine.DecodeTokensPerS,
-			NoPrefixCache: x.Engine.PrefixCache != nil && !*x.Engine.PrefixCache}
+			NoPrefixCache: x.Engine.PrefixCache != nil && !*x.Engine.PrefixCache, ContextTokens: uint64(x.Engine.ContextTokens)}
 		if a := x.Engine.AnswerTokens; len(a) == 2 {
 			sc.AnswerTokens = [2]int{a[0], a[1]}
 		}

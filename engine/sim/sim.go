@@ -44,6 +44,11 @@ type Config struct {
 	// always gets the same length, across resumption too), unless
 	// max_tokens comes first. Zero: answers run to max_tokens.
 	AnswerTokens [2]int
+	// ContextTokens, when set, is a session's context window: its prompt
+	// and max_tokens together (Check refuses a request beyond it, and the
+	// instance's status reports it, so the PC refuses it before placing:
+	// RELIABILITY B14). Zero: no window, as before.
+	ContextTokens uint64
 }
 
 // Engine is a simulated engine.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -425,4 +426,64 @@ func TestAnswerTokensEndAtEndOfGeneration(t *testing.T) {
 			t.Fatalf("without AnswerTokens: finish %q, %v", finish, err)
 		}
 	})
+}
+
+// TestContextWindow: with context_tokens, the simulated engine reports
+// its window in Limits (the instance's status carries it, so the PC
+// refuses a request beyond it before placing: RELIABILITY B14) and Check
+// refuses a prompt past it, or max_tokens past what the prompt leaves,
+// naming the member; a prompt sent as block keys and tail counts its
+// blocks' tokens. Without a window nothing is bounded, as before (make
+// api-fuzz found a placed generate of 2^20 tokens on a window-less sim).
+func TestContextWindow(t *testing.T) {
+	e, err := New(Config{Descriptor: desc, PrefillTokensPerS: 42000, DecodeTokensPerS: 1000, ContextTokens: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := e.Limits(), (engine.Limits{ContextTokens: 64, MaxOutputTokens: 63}); got != want {
+		t.Fatalf("limits %+v, want %+v", got, want)
+	}
+	tokens := func(n, max int) *engine.Request {
+		r := request(n, engine.Sampler{Method: engine.Greedy})
+		r.MaxTokens = max
+		return &r
+	}
+	keyed := func(blocks, tail, max int) *engine.Request {
+		return &engine.Request{Keys: make([]kvsp.BlockKey, blocks), Tail: make([]uint32, tail), MaxTokens: max}
+	}
+	for _, tc := range []struct {
+		name   string
+		req    *engine.Request
+		member string // "" accepted
+	}{
+		{"within", tokens(40, 24), ""},
+		{"prompt past the window", tokens(65, 1), "tokens"},
+		{"max_tokens past what the prompt leaves", tokens(40, 25), "max_tokens"},
+		{"keys and tail within", keyed(3, 4, 12), ""},
+		{"keys and tail past the window", keyed(4, 1, 1), "tokens"},
+		{"keys and tail leave too little", keyed(3, 4, 13), "max_tokens"},
+	} {
+		err := e.Check(tc.req)
+		switch {
+		case tc.member == "" && err != nil:
+			t.Errorf("%s: %v", tc.name, err)
+		case tc.member != "" && (!errors.Is(err, kvsp.ErrInvalid) || !strings.HasPrefix(problemDetail(err), tc.member+":")):
+			t.Errorf("%s: %v; want invalid naming %s", tc.name, err, tc.member)
+		}
+	}
+	open := newEngine(t, 4, 64)
+	if got := open.Limits(); got != (engine.Limits{}) {
+		t.Fatalf("no window: limits %+v", got)
+	}
+	if err := open.Check(tokens(1<<20, 1<<20)); err != nil {
+		t.Fatalf("no window: %v", err)
+	}
+}
+
+func problemDetail(err error) string {
+	var p *kvsp.Problem
+	if errors.As(err, &p) {
+		return p.Detail
+	}
+	return ""
 }

@@ -388,7 +388,8 @@ type Engine struct {
 	Name string `yaml:"name"`
 	// Library (llamacpp) is llama.cpp's directory; default .cache/llama.cpp.
 	Library string `yaml:"library"`
-	// ContextTokens (llamacpp) is the context's size in tokens.
+	// ContextTokens (llamacpp, sim) is the context's size in tokens: a
+	// session's prompt and max_tokens together. sim: default none.
 	ContextTokens int `yaml:"context_tokens"`
 	// BatchSize (llamacpp) is the sequences decoded at once.
 	BatchSize int `yaml:"batch_size"`
@@ -988,6 +989,9 @@ func (x *Instance) validate(f string, bases basePaths, sockets map[string]string
 	case "sim":
 		if x.Engine.PrefillTokensPerS <= 0 || x.Engine.DecodeTokensPerS <= 0 {
 			return fieldErr(f+".engine", "prefill_tokens_per_s and decode_tokens_per_s must be positive")
+		}
+		if x.Engine.ContextTokens < 0 || x.Engine.ContextTokens > 1<<20 {
+			return fieldErr(f+".engine.context_tokens", "want 0 (none) to 1048576")
 		}
 	case "connected":
 		if x.Engine.AttachSocket == "" {
