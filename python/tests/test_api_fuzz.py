@@ -397,7 +397,7 @@ WIDER_THAN_SCHEMA = re.compile(
     "|".join(
         [
             r"first exceeds last|with a <= b",  # a range's ends (LayerRange, TokenRange, ?layers=a-b)
-            r"not contiguous",  # a shard map's shards
+            r"not contiguous|multiples of block_tokens",  # a shard map's shards, in the model's blocks
             r"container|KVB1",  # a block body's structure (a KVB1 container for the compat id's geometry)
             r"start < end",
             r"overlap",  # ranges against each other
