@@ -1016,3 +1016,63 @@ func TestS9_NoAuthorizationOracleInGETs(t *testing.T) {
 		t.Fatalf("authorized GETs probed the storage %d times, want 2: the counter does not count", n)
 	}
 }
+
+// TestF2_EvictionBetweenProbeAndLease (RELIABILITY F2): a lease request
+// found its block, and an eviction took it before the lease pinned it; the
+// lease was granted and the leased GET found nothing (make chaos, once in
+// 5 minutes of TestF2_EvictionRacingLeases). The failpoint
+// holder/lease-granting holds the request between the two while a PUT
+// evicts the block: the lease is refused 404 and none is left behind; a
+// lease of a block still held is granted and its GET served (the paired
+// positive).
+func TestF2_EvictionBetweenProbeAndLease(t *testing.T) {
+	f := start(t, 2*blockSize())
+	ctx := context.Background()
+	a := f.hold[kvsptest.ClientA]
+	put := func(k byte) {
+		data, blk := makeBlock(uint64(k), 0, 4)
+		if err := a.PutBlock(ctx, ref(k), bytes.NewReader(data), int64(len(data)), blk.ContainerDigest()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lease := func(k byte) (*kvsp.LeaseResponse, error) {
+		return a.Lease(ctx, &kvsp.LeaseRequest{ScopeID: scope, CompatID: compat, TTLMs: 5000, BlockKeys: []kvsp.BlockKey{ref(k).Key}})
+	}
+	put(1)
+	put(2)
+	failpoint.Enable("holder/lease-granting", "1*pause")
+	t.Cleanup(failpoint.Reset)
+	type answer struct {
+		ls  *kvsp.LeaseResponse
+		err error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		ls, err := lease(1)
+		done <- answer{ls, err}
+	}()
+	for failpoint.Hits("holder/lease-granting") == 0 {
+		time.Sleep(time.Millisecond) // the request reaching the point: a real server's goroutine
+	}
+	put(3) // the holder is full: block 1, the least recently used, is evicted
+	failpoint.Disable("holder/lease-granting")
+	got := <-done
+	if !errors.Is(got.err, kvsp.ErrNotFound) {
+		t.Fatalf("a lease of a block evicted before it was pinned: %+v, %v; want 404", got.ls, got.err)
+	}
+	if n := gather(t, f.reg, "kvsp_holder_active_leases"); n != 0 {
+		t.Fatalf("%v leases left behind by the refused request", n)
+	}
+	ls, err := lease(3)
+	if err != nil {
+		t.Fatalf("a lease of a held block: %v", err)
+	}
+	s, err := a.GetBlock(ctx, ref(3), geom, client.GetOptions{})
+	if err != nil {
+		t.Fatalf("the leased GET: %v", err)
+	}
+	s.Close()
+	if err := a.ReleaseLease(ctx, ls.Lease); err != nil {
+		t.Fatal(err)
+	}
+}
