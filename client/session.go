@@ -90,9 +90,11 @@ func (c *Client) RunSessionWithin(ctx context.Context, ctl *Controller, q *kvsp.
 			return res, de.err // the caller's: it stops the session (the instance sees its front end leave)
 		}
 		var p *kvsp.Problem
-		if errors.Is(err, kvsp.ErrInvalid) || errors.As(err, &p) && p.Status >= 400 && p.Status < 500 && p.Status != 404 && p.Status != 409 && p.Status != 429 {
+		if errors.Is(err, kvsp.ErrInvalid) || errors.As(err, &p) && p.Status >= 400 && p.Status < 500 && p.Status != 403 && p.Status != 404 && p.Status != 409 && p.Status != 429 {
 			// Refused, not failed: asking the PC again changes nothing (a
-			// 404 or 409 may say the session moved; a 429, wait).
+			// 403, 404 or 409 may say the session moved: a grant of its
+			// former placement, or an instance that no longer has it; a
+			// 429, wait).
 			return res, err
 		}
 		c.log.Debug("session stream ended early; asking the PC where it continues", "session", session.String(), "instance", at.Instance, "epoch", at.Epoch, "next", next, "err", err)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -46,7 +47,19 @@ import (
 func TestDS1_Simulation(t *testing.T) {
 	x := identities(t, 3, 3)
 	var total ds1Stats
-	for _, seed := range seedList("KVSP_SIM_SEEDS", 10) {
+	list := seedList("KVSP_SIM_SEEDS", 10)
+	// Seeds that once failed run in make test too. 73: a stream refused
+	// 403 (the grant of the session's former placement) ended the session
+	// instead of asking the PC where it went on (client.RunSessionWithin,
+	// found by make sim on 2026-12-07).
+	if os.Getenv("KVSP_SIM_SEED") == "" {
+		for _, s := range []uint64{73} {
+			if !slices.Contains(list, s) {
+				list = append(list, s)
+			}
+		}
+	}
+	for _, seed := range list {
 		stop := watchdog(seed, 2*time.Minute)
 		ok := t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			defer stop()
