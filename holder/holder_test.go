@@ -119,6 +119,15 @@ func makeBlock(seed uint64, first, count uint32) ([]byte, *container.Block) {
 	return buf.Bytes(), b
 }
 
+// putBlock stores makeBlock(k)'s block under ref(k) through h.
+func putBlock(t *testing.T, h *client.Holder, k byte) {
+	t.Helper()
+	data, blk := makeBlock(uint64(k), 0, 4)
+	if err := h.PutBlock(context.Background(), ref(k), bytes.NewReader(data), int64(len(data)), blk.ContainerDigest()); err != nil {
+		t.Fatalf("put %d: %v", k, err)
+	}
+}
+
 func ref(k byte) client.BlockRef {
 	return client.BlockRef{Compat: compat, Scope: scope, Key: kvsp.BlockKey{k, 9}}
 }
@@ -397,12 +406,7 @@ func TestEvictionSparesLeases(t *testing.T) {
 	f := start(t, 2*blockSize())
 	ctx := context.Background()
 	a := f.hold[kvsptest.ClientA]
-	put := func(k byte) {
-		data, blk := makeBlock(uint64(k), 0, 4)
-		if err := a.PutBlock(ctx, ref(k), bytes.NewReader(data), int64(len(data)), blk.ContainerDigest()); err != nil {
-			t.Fatalf("put %d: %v", k, err)
-		}
-	}
+	put := func(k byte) { putBlock(t, a, k) }
 	put(1)
 	put(2)
 	if _, err := a.Lease(ctx, &kvsp.LeaseRequest{ScopeID: scope, CompatID: compat, BlockKeys: []kvsp.BlockKey{ref(1).Key}, TTLMs: 5000}); err != nil {

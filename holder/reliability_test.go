@@ -1029,12 +1029,7 @@ func TestF2_EvictionBetweenProbeAndLease(t *testing.T) {
 	f := start(t, 2*blockSize())
 	ctx := context.Background()
 	a := f.hold[kvsptest.ClientA]
-	put := func(k byte) {
-		data, blk := makeBlock(uint64(k), 0, 4)
-		if err := a.PutBlock(ctx, ref(k), bytes.NewReader(data), int64(len(data)), blk.ContainerDigest()); err != nil {
-			t.Fatal(err)
-		}
-	}
+	put := func(k byte) { putBlock(t, a, k) }
 	lease := func(k byte) (*kvsp.LeaseResponse, error) {
 		return a.Lease(ctx, &kvsp.LeaseRequest{ScopeID: scope, CompatID: compat, TTLMs: 5000, BlockKeys: []kvsp.BlockKey{ref(k).Key}})
 	}
